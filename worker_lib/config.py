@@ -1,0 +1,264 @@
+"""Configuration: frozen, keyword-only dataclasses, one per area.
+
+Defaults follow KCL 3.x (reference/kcl3x-facts.md §9) unless a comment says why not. The environment is read
+only in the ``from_env()`` class methods; everything else receives configuration explicitly. Every dataclass
+validates itself on construction and raises :class:`~worker_lib.errors.ConfigError` with one clear line.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from .errors import ConfigError
+
+_APP_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,200}$")
+
+
+class InitialPosition(enum.Enum):
+    """Where a lease for a newly discovered shard starts reading."""
+
+    LATEST = "LATEST"
+    TRIM_HORIZON = "TRIM_HORIZON"
+    AT_TIMESTAMP = "AT_TIMESTAMP"
+
+    @classmethod
+    def parse(cls, value: str) -> InitialPosition:
+        try:
+            return cls(value.strip().upper())
+        except ValueError:
+            raise ConfigError(
+                f"invalid initial position {value!r}: expected LATEST, TRIM_HORIZON or AT_TIMESTAMP"
+            ) from None
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+
+
+def validate_app_name(app: str) -> str:
+    """Application names become DynamoDB table names (3–255 chars of [A-Za-z0-9_.-]); suffixes need room."""
+    if not _APP_NAME.match(app):
+        raise ConfigError(
+            f"invalid application name {app!r}: use 3-200 characters of letters, digits, '_', '-' and '.'"
+        )
+    return app
+
+
+def parse_timestamp(value: str) -> datetime:
+    """An ISO-8601 timestamp (``Z`` accepted); naive values are taken as UTC."""
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"invalid timestamp {value!r}: expected ISO-8601, e.g. 2026-01-31T12:00:00Z") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AwsConfig:
+    """How to reach AWS (or an emulator).
+
+    region: AWS region; ``AWS_REGION`` / ``AWS_DEFAULT_REGION``; default ``us-east-1``.
+    endpoint_url: one endpoint for every service (local emulators); ``SHARDLEASE_ENDPOINT_URL``.
+    connect_timeout_s / read_timeout_s: botocore timeouts (5 s / 10 s) — short, so that a dead endpoint is
+      reported within seconds rather than a minute.
+    max_attempts: botocore attempts including the first (standard retry mode, 5).
+    """
+
+    region: str = "us-east-1"
+    endpoint_url: str | None = None
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0
+    max_attempts: int = 5
+    retry_mode: str = "standard"
+    max_pool_connections: int = 32
+
+    def __post_init__(self) -> None:
+        if not self.region:
+            raise ConfigError("region must not be empty")
+        if self.endpoint_url is not None and not re.match(r"^https?://[^\s/]+", self.endpoint_url):
+            raise ConfigError(f"invalid endpoint URL {self.endpoint_url!r}: expected http(s)://host:port")
+        if self.max_attempts < 1:
+            raise ConfigError("max_attempts must be at least 1")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ConfigError("timeouts must be positive")
+        if self.retry_mode not in ("standard", "adaptive", "legacy"):
+            raise ConfigError(f"invalid retry mode {self.retry_mode!r}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> AwsConfig:
+        e = _env(env)
+        values: dict[str, object] = {
+            "region": e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "endpoint_url": e.get("SHARDLEASE_ENDPOINT_URL") or None,
+            "max_attempts": _env_int(e, "SHARDLEASE_AWS_MAX_ATTEMPTS", 5),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseConfig:
+    """Lease timing (KCL: failoverTimeMillis and what derives from it).
+
+    failover_time_ms: lease duration; a lease whose counter has not moved for this long is expired (10 000).
+    epsilon_ms: safety margin subtracted from the renewal interval (25).
+    max_leases_for_worker: hard cap per worker (None = unlimited, as KCL).
+    """
+
+    failover_time_ms: int = 10_000
+    epsilon_ms: int = 25
+    max_leases_for_worker: int | None = None
+    graceful_handoff_timeout_ms: int = 30_000
+    graceful_handoff_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.failover_time_ms < 1_000:
+            raise ConfigError(f"failover_time_ms={self.failover_time_ms} is too short (minimum 1000)")
+        if not 0 <= self.epsilon_ms < self.failover_time_ms // 3:
+            raise ConfigError("epsilon_ms must be between 0 and a third of failover_time_ms")
+        if self.max_leases_for_worker is not None and self.max_leases_for_worker < 1:
+            raise ConfigError("max_leases_for_worker must be at least 1")
+        if self.graceful_handoff_timeout_ms < 0:
+            raise ConfigError("graceful_handoff_timeout_ms must not be negative")
+
+    @property
+    def renewer_interval_ms(self) -> int:
+        """KCL: failover / 3 − epsilon (3308 ms by default)."""
+        return self.failover_time_ms // 3 - self.epsilon_ms
+
+    @property
+    def assignment_interval_ms(self) -> int:
+        """KCL: leaseAssignmentIntervalMillis = 2 × failover time (20 s)."""
+        return 2 * self.failover_time_ms
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseConfig:
+        e = _env(env)
+        cap = _env_int(e, "SHARDLEASE_MAX_LEASES_FOR_WORKER", 0)
+        return cls(
+            failover_time_ms=_env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
+            max_leases_for_worker=cap or None,
+            graceful_handoff_timeout_ms=_env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderLockConfig:
+    """The leader lock in ``<app>-CoordinatorState``.
+
+    lease_duration_ms: how long a lock holder is leader after its last successful heartbeat (30 s). KCL uses
+      120 s with observation-based expiry; ours is time-based so that a Lambda living < 1 min can take over
+      from a dead leader at its first invocation (docs/design.md, "Leader lock").
+    heartbeat_interval_ms: how often the holder extends the lock (10 s; must be ≤ a third of the duration).
+    max_clock_skew_ms: the bound we assume on wall-clock disagreement between hosts (1 s). A holder stops
+      treating itself as leader this long before the expiry others will see.
+    poll_interval_ms: how often a contender re-reads the lock while waiting (1 s).
+    """
+
+    lease_duration_ms: int = 30_000
+    heartbeat_interval_ms: int = 10_000
+    max_clock_skew_ms: int = 1_000
+    poll_interval_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        if self.lease_duration_ms < 1_000:
+            raise ConfigError("lease_duration_ms must be at least 1000")
+        if not 0 < self.heartbeat_interval_ms * 3 <= self.lease_duration_ms:
+            raise ConfigError("heartbeat_interval_ms must be positive and at most a third of lease_duration_ms")
+        if not 0 <= self.max_clock_skew_ms < self.lease_duration_ms // 3:
+            raise ConfigError("max_clock_skew_ms must be below a third of lease_duration_ms")
+        if self.poll_interval_ms <= 0:
+            raise ConfigError("poll_interval_ms must be positive")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderLockConfig:
+        e = _env(env)
+        return cls(
+            lease_duration_ms=_env_int(e, "SHARDLEASE_LEADER_LOCK_DURATION_MS", 30_000),
+            heartbeat_interval_ms=_env_int(e, "SHARDLEASE_LEADER_HEARTBEAT_MS", 10_000),
+            max_clock_skew_ms=_env_int(e, "SHARDLEASE_MAX_CLOCK_SKEW_MS", 1_000),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardSyncConfig:
+    """Shard sync on the leader.
+
+    initial_position / initial_timestamp: where leases for newly discovered, non-descendant shards start.
+    interval_ms: how often the leader syncs (KCL shardSyncIntervalMillis, 60 s).
+    cleanup_enabled: delete finished leases once their children have started (KCL default on).
+    delete_unknown_shard_leases: delete leases of shards that ListShards no longer returns (trimmed).
+    """
+
+    initial_position: InitialPosition = InitialPosition.LATEST
+    initial_timestamp: datetime | None = None
+    interval_ms: int = 60_000
+    cleanup_enabled: bool = True
+    delete_unknown_shard_leases: bool = True
+    list_shards_page_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.initial_position is InitialPosition.AT_TIMESTAMP and self.initial_timestamp is None:
+            raise ConfigError("initial position AT_TIMESTAMP needs a timestamp (--timestamp ISO)")
+        if self.initial_position is not InitialPosition.AT_TIMESTAMP and self.initial_timestamp is not None:
+            raise ConfigError("a timestamp is only valid with initial position AT_TIMESTAMP")
+        if self.interval_ms < 1_000:
+            raise ConfigError("shard sync interval_ms must be at least 1000")
+        if not 1 <= self.list_shards_page_size <= 10_000:
+            raise ConfigError("list_shards_page_size must be within 1..10000")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ShardSyncConfig:
+        e = _env(env)
+        position = InitialPosition.parse(e.get("SHARDLEASE_INITIAL_POSITION", "LATEST"))
+        raw_ts = e.get("SHARDLEASE_INITIAL_TIMESTAMP")
+        return cls(
+            initial_position=position,
+            initial_timestamp=parse_timestamp(raw_ts) if raw_ts else None,
+            interval_ms=_env_int(e, "SHARDLEASE_SHARD_SYNC_INTERVAL_MS", 60_000),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppConfig:
+    """What names an application: its name (= lease table name) and its stream."""
+
+    app: str
+    stream: str = ""
+    aws: AwsConfig = field(default_factory=AwsConfig)
+
+    def __post_init__(self) -> None:
+        validate_app_name(self.app)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AppConfig:
+        e = _env(env)
+        app = e.get("SHARDLEASE_APP", "")
+        if not app:
+            raise ConfigError("SHARDLEASE_APP is not set")
+        return cls(app=app, stream=e.get("SHARDLEASE_STREAM", ""), aws=AwsConfig.from_env(e))

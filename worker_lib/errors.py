@@ -1,0 +1,61 @@
+"""One error hierarchy for the whole package.
+
+Rules (see DESIGN.md and the style notes in README.md):
+
+* Losing a conditional write is a normal outcome and is returned as ``False`` / ``None``, never raised.
+* Infrastructure failures (unreachable endpoint, throttling that outlived retries, a missing table, bad
+  credentials) raise a subclass of :class:`ShardleaseError`, always chained (``raise ... from exc``) to the
+  botocore error that caused them.
+* Every error's ``str()`` is one line fit to print on a terminal: the CLI prints it as is.
+"""
+
+from __future__ import annotations
+
+
+class ShardleaseError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(ShardleaseError, ValueError):
+    """A configuration value or command-line argument is invalid."""
+
+
+class DependencyError(ShardleaseError):
+    """An AWS dependency (DynamoDB, Kinesis, CloudWatch) failed in a way retries did not hide."""
+
+
+class EndpointUnreachableError(DependencyError):
+    """The endpoint could not be connected to (wrong URL, emulator not running, no network)."""
+
+
+class CredentialsError(DependencyError):
+    """No usable AWS credentials were found, or they were rejected."""
+
+
+class ThrottledError(DependencyError):
+    """The service throttled the call and the retry budget ran out."""
+
+
+class TableMissingError(DependencyError):
+    """A table this package needs does not exist (run ``shardlease create-tables``)."""
+
+
+class TableSchemaError(DependencyError):
+    """A table exists but its keys or indexes do not match what shardlease expects."""
+
+
+class StreamMissingError(DependencyError):
+    """The Kinesis stream does not exist."""
+
+
+class InvalidStateError(ShardleaseError):
+    """An item or a request is not in a state that allows the operation (a bug or a foreign writer)."""
+
+
+class CorruptItemError(ShardleaseError):
+    """A table item cannot be read as the entity it claims to be. Readers log and skip such items."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"item {key!r} is not a valid record: {reason}")
+        self.key = key
+        self.reason = reason

@@ -1,0 +1,78 @@
+"""The lease-store seam: what the leader and the workers need from the lease table.
+
+Every mutating operation is a conditional write. Losing the condition is a normal outcome and returns
+``None`` (or ``False``); infrastructure failures raise :class:`~worker_lib.errors.DependencyError` subclasses.
+Methods that succeed return the lease as it now is in the table, so callers never guess the new counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ..models import Checkpoint, Lease
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseScan:
+    """The result of a full scan: the leases, and what was skipped and why (keys only — never payloads)."""
+
+    leases: list[Lease]
+    skipped_foreign: list[str] = field(default_factory=list)
+    skipped_corrupt: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    table_name: str
+
+    # --- reading ---------------------------------------------------------------------------------------------
+    def get_lease(self, lease_key: str) -> Lease | None:
+        """A strongly consistent read; ``None`` if absent, foreign or corrupt."""
+
+    def scan(self, *, segments: int = 1) -> LeaseScan:
+        """Every lease (paginated; ``segments`` > 1 scans in parallel), skipping foreign and corrupt items."""
+
+    def list_leases(self, *, segments: int = 1) -> list[Lease]:
+        """``scan(...).leases``."""
+
+    def list_lease_keys_for_owner(self, owner: str) -> list[str]:
+        """Keys of leases whose ``leaseOwner`` is ``owner``, through the GSI (eventually consistent)."""
+
+    def is_empty(self) -> bool:
+        """Whether the table holds no lease."""
+
+    # --- writing ---------------------------------------------------------------------------------------------
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        """``attribute_not_exists(leaseKey)``; False if a lease with that key exists."""
+
+    def create_leases_if_absent(self, leases: Iterable[Lease]) -> list[Lease]:
+        """Create each lease that does not exist yet; returns those created."""
+
+    def renew_lease(self, lease: Lease, owner: str, *, throughput_kbps: float | None = None) -> Lease | None:
+        """Owner's heartbeat: counter c → c+1 (and throughput). Handles lost replies and handoffs (§1)."""
+
+    def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
+        """Fenced checkpoint by the processing owner: counter must still be ``lease.lease_counter``."""
+
+    def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
+        """First phase of a two-phase checkpoint: store ``pendingCheckpoint`` (fenced like ``checkpoint``)."""
+
+    def assign_lease(self, lease: Lease, new_owner: str, *, expected_counter: int | None = None) -> Lease | None:
+        """Leader: give ``lease`` to ``new_owner`` if its owner and checkpoint owner are still as observed."""
+
+    def initiate_graceful_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+        """Leader: ``leaseOwner`` = new, ``checkpointOwner`` = current owner; counter untouched."""
+
+    def complete_handoff(self, lease: Lease, old_owner: str) -> Lease | None:
+        """Old owner (or the leader after the handoff deadline): drop ``checkpointOwner`` for the new owner."""
+
+    def evict_lease(self, lease: Lease, owner: str) -> Lease | None:
+        """Owner gives the lease up at once (shutdown): ``leaseOwner`` removed, counter + 1."""
+
+    def update_child_shard_ids(self, lease: Lease, child_shard_ids: Iterable[str]) -> Lease | None:
+        """Record the children of a finished shard (``childShardIds``)."""
+
+    def delete_lease(self, lease: Lease, *, only_if_finished: bool = True) -> bool:
+        """Delete; with ``only_if_finished`` the checkpoint must be SHARD_END in the table."""

@@ -1,0 +1,161 @@
+"""Value types shared by the stores, the leader and the workers. No I/O here."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class SentinelCheckpoint(enum.Enum):
+    """Checkpoint values that are not sequence numbers (KCL's ExtendedSequenceNumber sentinels)."""
+
+    TRIM_HORIZON = "TRIM_HORIZON"
+    LATEST = "LATEST"
+    AT_TIMESTAMP = "AT_TIMESTAMP"
+    SHARD_END = "SHARD_END"
+
+
+SENTINELS = frozenset(s.value for s in SentinelCheckpoint)
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Checkpoint:
+    """A position in a shard: a sequence number or sentinel, plus the KPL sub-sequence number.
+
+    Ordering is only meaningful between two real sequence numbers of one shard.
+    """
+
+    sequence: str
+    sub_sequence: int = 0
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self.sequence in SENTINELS
+
+    @property
+    def is_shard_end(self) -> bool:
+        return self.sequence == SentinelCheckpoint.SHARD_END.value
+
+    @property
+    def is_real(self) -> bool:
+        """True once processing has actually moved (a sequence number or SHARD_END).
+
+        Lease cleanup uses this: a child whose checkpoint is still TRIM_HORIZON / LATEST / AT_TIMESTAMP has not
+        started, so its parent's lease must stay.
+        """
+        return not self.is_sentinel or self.is_shard_end
+
+    def is_after(self, other: Checkpoint) -> bool:
+        """Whether ``self`` is strictly later than ``other`` (sequence numbers compare as integers)."""
+        if self.is_shard_end:
+            return not other.is_shard_end
+        if self.is_sentinel or other.is_sentinel:
+            return False
+        a, b = int(self.sequence), int(other.sequence)
+        return a > b or (a == b and self.sub_sequence > other.sub_sequence)
+
+    @classmethod
+    def sentinel(cls, value: SentinelCheckpoint) -> Checkpoint:
+        return cls(sequence=value.value)
+
+    def __str__(self) -> str:
+        return self.sequence if not self.sub_sequence else f"{self.sequence}/{self.sub_sequence}"
+
+
+TRIM_HORIZON = Checkpoint.sentinel(SentinelCheckpoint.TRIM_HORIZON)
+LATEST = Checkpoint.sentinel(SentinelCheckpoint.LATEST)
+AT_TIMESTAMP = Checkpoint.sentinel(SentinelCheckpoint.AT_TIMESTAMP)
+SHARD_END = Checkpoint.sentinel(SentinelCheckpoint.SHARD_END)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """One item of the lease table, as KCL 3.x writes it (reference/kcl3x-facts.md §1).
+
+    ``extra`` keeps attributes this version does not model (as raw DynamoDB attribute values) so that a table
+    written by another KCL version round-trips unchanged.
+    """
+
+    lease_key: str
+    lease_counter: int = 0
+    lease_owner: str | None = None
+    checkpoint: Checkpoint = TRIM_HORIZON
+    pending_checkpoint: Checkpoint | None = None
+    owner_switches_since_checkpoint: int = 0
+    parent_shard_ids: frozenset[str] = frozenset()
+    child_shard_ids: frozenset[str] = frozenset()
+    starting_hash_key: str | None = None
+    ending_hash_key: str | None = None
+    throughput_kbps: float | None = None
+    checkpoint_owner: str | None = None
+    entity_type: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def shard_id(self) -> str:
+        """The shard id; in multi-stream keys (``account:stream:epoch:shardId``) the last component."""
+        return self.lease_key.rsplit(":", 1)[-1]
+
+    @property
+    def actual_owner(self) -> str | None:
+        """Who is really processing the shard: the old owner while a graceful handoff is in progress."""
+        return self.checkpoint_owner or self.lease_owner
+
+    @property
+    def is_handoff_in_progress(self) -> bool:
+        return self.checkpoint_owner is not None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.checkpoint.is_shard_end
+
+    def with_(self, **changes: Any) -> Lease:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """What ListShards tells us about one shard."""
+
+    shard_id: str
+    parent_shard_id: str | None = None
+    adjacent_parent_shard_id: str | None = None
+    starting_hash_key: str = "0"
+    ending_hash_key: str = str(2**128 - 1)
+    starting_sequence_number: str = "0"
+    ending_sequence_number: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.ending_sequence_number is None
+
+    @property
+    def parent_ids(self) -> tuple[str, ...]:
+        return tuple(p for p in (self.parent_shard_id, self.adjacent_parent_shard_id) if p)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerMetricStats:
+    """One item of ``<app>-WorkerMetricStats`` (reference §2).
+
+    stats: metric name (``C`` CPU, ``M`` memory, ``NI``/``NO`` network, ...) → last ≤ 10 window averages,
+      newest last; −1 marks a window with no samples.
+    operating_range: metric name → list whose first value is the maximum utilisation (default 100).
+    """
+
+    worker_id: str
+    last_update_epoch_s: int
+    stats: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    operating_range: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    entity_type: str | None = None
+
+    @property
+    def is_default_metric_worker(self) -> bool:
+        """KCL: a worker reporting no metrics at all is balanced by throughput alone."""
+        return not self.stats and not self.operating_range
+
+    def has_failed_metric(self) -> bool:
+        """KCL excludes a worker from assignment when any metric list ends in −1."""
+        return any(values and values[-1] == -1 for values in self.stats.values())
