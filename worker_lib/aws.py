@@ -57,7 +57,7 @@ def client(service: str, aws: AwsConfig, boto3_session: boto3.Session | None = N
         region_name=aws.region,
         connect_timeout=aws.connect_timeout_s,
         read_timeout=aws.read_timeout_s,
-        retries={"mode": aws.retry_mode, "max_attempts": aws.max_attempts},
+        retries={"mode": aws.retry_mode, "max_attempts": aws.max_attempts},  # type: ignore[arg-type]
         max_pool_connections=aws.max_pool_connections,
     )
     kwargs: dict[str, Any] = {"config": cfg}
@@ -86,7 +86,8 @@ def translate(exc: BaseException, *, operation: str, resource: str = "") -> Depe
     """Map a botocore/boto3 exception to our hierarchy with a one-line message."""
     what = f"{operation} on {resource}" if resource else operation
     if isinstance(exc, botocore.exceptions.EndpointConnectionError | botocore.exceptions.ConnectionClosedError):
-        return EndpointUnreachableError(f"{what}: cannot reach endpoint {getattr(exc, 'kwargs', {}).get('endpoint_url', '')}".rstrip())
+        endpoint = getattr(exc, "kwargs", {}).get("endpoint_url", "")
+        return EndpointUnreachableError(f"{what}: cannot reach endpoint {endpoint}".rstrip())
     if isinstance(exc, botocore.exceptions.ConnectTimeoutError | botocore.exceptions.ReadTimeoutError):
         return EndpointUnreachableError(f"{what}: endpoint timed out")
     if isinstance(exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
@@ -104,8 +105,8 @@ def translate(exc: BaseException, *, operation: str, resource: str = "") -> Depe
             return StreamMissingError(f"{what}: stream not found")
         return TableMissingError(f"{what}: table not found (run `shardlease create-tables`)")
     if isinstance(exc, botocore.exceptions.ClientError):
-        message = str(exc.response.get("Error", {}).get("Message", "")).splitlines()[0:1]
-        return DependencyError(f"{what}: {code or 'error'}: {message[0] if message else ''}".rstrip(": "))
+        lines = str(exc.response.get("Error", {}).get("Message", "")).splitlines()
+        return DependencyError(f"{what}: {code or 'error'}: {lines[0] if lines else ''}".rstrip(": "))
     if isinstance(exc, botocore.exceptions.BotoCoreError):
         return DependencyError(f"{what}: {exc}")
     return DependencyError(f"{what}: {type(exc).__name__}: {exc}")

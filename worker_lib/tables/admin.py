@@ -86,7 +86,8 @@ def _enable_pitr(ddb: Any, name: str) -> None:
             TableName=name, PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True}
         )
     except Exception as exc:  # emulators (dynalite) lack the API; a missing backup setting is not fatal
-        log.warning("could not enable point-in-time recovery on %s: %s", name, aws.translate(exc, operation="UpdateContinuousBackups"))
+        reason = aws.translate(exc, operation="UpdateContinuousBackups")
+        log.warning("could not enable point-in-time recovery on %s: %s", name, reason)
 
 
 def _describe(ddb: Any, name: str) -> dict[str, Any] | None:

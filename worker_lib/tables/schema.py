@@ -125,8 +125,12 @@ LEASES = TableSpec(
     indexes=(LEASE_OWNER_INDEX,),
     point_in_time_recovery=True,
 )
-WORKER_METRICS = TableSpec(kind=TableKind.WORKER_METRICS, suffix="-WorkerMetricStats", hash_key=WorkerMetricsAttr.WORKER_ID)
-COORDINATOR_STATE = TableSpec(kind=TableKind.COORDINATOR_STATE, suffix="-CoordinatorState", hash_key=CoordinatorAttr.KEY)
+WORKER_METRICS = TableSpec(
+    kind=TableKind.WORKER_METRICS, suffix="-WorkerMetricStats", hash_key=WorkerMetricsAttr.WORKER_ID
+)
+COORDINATOR_STATE = TableSpec(
+    kind=TableKind.COORDINATOR_STATE, suffix="-CoordinatorState", hash_key=CoordinatorAttr.KEY
+)
 
 
 def all_specs() -> tuple[TableSpec, ...]:

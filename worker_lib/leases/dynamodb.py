@@ -1,0 +1,435 @@
+"""The lease store over DynamoDB: every write conditional, every botocore error translated.
+
+Write conditions follow KCL 3.x (reference/kcl3x-facts.md §1), tightened where that costs nothing:
+renewals and checkpoints also require the caller to be the processing owner, and the leader may require the
+counter it observed so that a lease renewed after its scan is never taken.
+
+Lost replies: a write that DynamoDB applied but whose reply was lost is retried by botocore, and the retry
+fails its condition. Every write therefore re-reads the item after a failed condition and reports success when
+the item already shows exactly the state this write would have produced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from .. import aws
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import AwsConfig
+from ..errors import CorruptItemError, InvalidStateError
+from ..models import SHARD_END, Checkpoint, Lease
+from ..tables.schema import LEASE_OWNER_INDEX, lease_table_name
+from ..tables.schema import LeaseAttr as A
+from . import serializer
+from .serializer import Item, number
+from .store import LeaseScan
+
+if TYPE_CHECKING:
+    import boto3
+
+log = logging.getLogger(__name__)
+
+
+class _Update:
+    """Builds one UpdateItem request with placeholder names for every attribute (several are reserved words)."""
+
+    def __init__(self) -> None:
+        self.sets: list[str] = []
+        self.removes: list[str] = []
+        self.adds: list[str] = []
+        self.conditions: list[str] = []
+        self.names: dict[str, str] = {}
+        self.values: dict[str, dict[str, Any]] = {}
+
+    def name(self, attr: str) -> str:
+        placeholder = f"#{attr}"
+        self.names[placeholder] = attr
+        return placeholder
+
+    def value(self, tag: str, attr_value: dict[str, Any]) -> str:
+        placeholder = f":{tag}"
+        self.values[placeholder] = attr_value
+        return placeholder
+
+    def set(self, attr: str, attr_value: dict[str, Any]) -> _Update:
+        self.sets.append(f"{self.name(attr)} = {self.value('set_' + attr, attr_value)}")
+        return self
+
+    def remove(self, attr: str) -> _Update:
+        self.removes.append(self.name(attr))
+        return self
+
+    def add(self, attr: str, amount: int) -> _Update:
+        self.adds.append(f"{self.name(attr)} {self.value('add_' + attr, number(amount))}")
+        return self
+
+    def require_equal(self, attr: str, attr_value: dict[str, Any]) -> _Update:
+        self.conditions.append(f"{self.name(attr)} = {self.value('cond_' + attr, attr_value)}")
+        return self
+
+    def require_absent(self, attr: str) -> _Update:
+        self.conditions.append(f"attribute_not_exists({self.name(attr)})")
+        return self
+
+    def require_present(self, attr: str) -> _Update:
+        self.conditions.append(f"attribute_exists({self.name(attr)})")
+        return self
+
+    def require_equal_or_absent(self, attr: str, expected: str | None) -> _Update:
+        if expected is None:
+            return self.require_absent(attr)
+        return self.require_equal(attr, {"S": expected})
+
+    def require(self, expression: str) -> _Update:
+        self.conditions.append(expression)
+        return self
+
+    def request(self, table: str, lease_key: str) -> dict[str, Any]:
+        clauses = []
+        if self.sets:
+            clauses.append("SET " + ", ".join(self.sets))
+        if self.removes:
+            clauses.append("REMOVE " + ", ".join(self.removes))
+        if self.adds:
+            clauses.append("ADD " + ", ".join(self.adds))
+        request: dict[str, Any] = {
+            "TableName": table,
+            "Key": {A.LEASE_KEY: {"S": lease_key}},
+            "UpdateExpression": " ".join(clauses),
+            "ExpressionAttributeNames": self.names,
+            "ReturnValues": "ALL_NEW",
+        }
+        if self.conditions:
+            request["ConditionExpression"] = " AND ".join(f"({c})" for c in self.conditions)
+        if self.values:
+            request["ExpressionAttributeValues"] = self.values
+        return request
+
+
+class DynamoDBLeaseStore:
+    """:class:`~worker_lib.leases.store.LeaseStore` over the ``<app>`` lease table."""
+
+    def __init__(
+        self,
+        app: str,
+        *,
+        aws_config: AwsConfig | None = None,
+        boto3_session: boto3.Session | None = None,
+        client: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.table_name = lease_table_name(app)
+        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._clock = clock
+
+    # --- reading ---------------------------------------------------------------------------------------------
+    def get_lease(self, lease_key: str) -> Lease | None:
+        item = self._get_item(lease_key)
+        if item is None or serializer.is_foreign(item):
+            return None
+        try:
+            return serializer.from_item(item)
+        except CorruptItemError as exc:
+            log.warning("skipping corrupt lease item: %s", exc)
+            return None
+
+    def get_raw_item(self, lease_key: str) -> Item | None:
+        """The item exactly as stored (for tools and compatibility tests)."""
+        return self._get_item(lease_key)
+
+    def _get_item(self, lease_key: str) -> Item | None:
+        with aws.translated("GetItem", self.table_name):
+            response = self._client.get_item(
+                TableName=self.table_name, Key={A.LEASE_KEY: {"S": lease_key}}, ConsistentRead=True
+            )
+        item = response.get("Item")
+        return dict(item) if item else None
+
+    def scan(self, *, segments: int = 1) -> LeaseScan:
+        if segments < 1:
+            raise ValueError("segments must be at least 1")
+        if segments == 1:
+            items = self._scan_segment(None, None)
+        else:
+            with ThreadPoolExecutor(max_workers=min(segments, 16), thread_name_prefix="lease-scan") as pool:
+                parts = list(pool.map(lambda s: self._scan_segment(s, segments), range(segments)))
+            items = [item for part in parts for item in part]
+        leases: list[Lease] = []
+        foreign: list[str] = []
+        corrupt: list[str] = []
+        for item in items:
+            key = serializer.item_key(item)
+            if serializer.is_foreign(item):
+                foreign.append(key)
+                continue
+            try:
+                leases.append(serializer.from_item(item))
+            except CorruptItemError as exc:
+                corrupt.append(key)
+                log.warning("skipping corrupt lease item: %s", exc)
+        if foreign:
+            log.debug("skipped %d items of other entity types in %s", len(foreign), self.table_name)
+        leases.sort(key=lambda lease: lease.lease_key)
+        return LeaseScan(leases=leases, skipped_foreign=foreign, skipped_corrupt=corrupt)
+
+    def _scan_segment(self, segment: int | None, total: int | None) -> list[Item]:
+        kwargs: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
+        if segment is not None:
+            kwargs.update(Segment=segment, TotalSegments=total)
+        items: list[Item] = []
+        while True:
+            with aws.translated("Scan", self.table_name):
+                response = self._client.scan(**kwargs)
+            items.extend(response.get("Items", []))
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return items
+            kwargs["ExclusiveStartKey"] = last
+
+    def list_leases(self, *, segments: int = 1) -> list[Lease]:
+        return self.scan(segments=segments).leases
+
+    def list_lease_keys_for_owner(self, owner: str) -> list[str]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": LEASE_OWNER_INDEX.name,
+            "KeyConditionExpression": "#owner = :owner",
+            "ExpressionAttributeNames": {"#owner": A.LEASE_OWNER},
+            "ExpressionAttributeValues": {":owner": {"S": owner}},
+        }
+        keys: list[str] = []
+        while True:
+            with aws.translated("Query", f"{self.table_name}/{LEASE_OWNER_INDEX.name}"):
+                response = self._client.query(**kwargs)
+            keys.extend(item[A.LEASE_KEY]["S"] for item in response.get("Items", []) if A.LEASE_KEY in item)
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return sorted(keys)
+            kwargs["ExclusiveStartKey"] = last
+
+    def is_empty(self) -> bool:
+        """True when no *lease* exists (foreign entity items do not count)."""
+        kwargs: dict[str, Any] = {"TableName": self.table_name, "Limit": 100}
+        while True:
+            with aws.translated("Scan", self.table_name):
+                response = self._client.scan(**kwargs)
+            if any(not serializer.is_foreign(item) for item in response.get("Items", [])):
+                return False
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return True
+            kwargs["ExclusiveStartKey"] = last
+
+    # --- writing ---------------------------------------------------------------------------------------------
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        try:
+            self._client.put_item(
+                TableName=self.table_name,
+                Item=serializer.to_item(lease),
+                ConditionExpression="attribute_not_exists(#k)",
+                ExpressionAttributeNames={"#k": A.LEASE_KEY},
+            )
+        except Exception as exc:
+            if aws.is_conditional_check_failed(exc):
+                # A lost reply looks the same as a concurrent creator; either way the lease exists now.
+                return False
+            aws.raise_translated(exc, operation="PutItem", resource=self.table_name)
+        return True
+
+    def create_leases_if_absent(self, leases: Iterable[Lease]) -> list[Lease]:
+        return [lease for lease in leases if self.create_lease_if_absent(lease)]
+
+    def renew_lease(self, lease: Lease, owner: str, *, throughput_kbps: float | None = None) -> Lease | None:
+        in_handoff = lease.checkpoint_owner == owner
+        result = self._renew_once(lease, owner, in_handoff=in_handoff, throughput_kbps=throughput_kbps)
+        if result is not None:
+            return result
+        current = self.get_lease(lease.lease_key)
+        if current is None:
+            return None
+        if (
+            not in_handoff
+            and current.checkpoint_owner == owner
+            and current.lease_owner != owner
+            and current.lease_counter == lease.lease_counter
+        ):
+            # The leader started a graceful handoff away from us (counter untouched): keep renewing as the
+            # checkpoint owner so the lease does not expire while we finish and checkpoint.
+            return self._renew_once(current, owner, in_handoff=True, throughput_kbps=throughput_kbps)
+        if current.lease_counter == lease.lease_counter + 1 and current.actual_owner == owner and (
+            throughput_kbps is None or _close(current.throughput_kbps, throughput_kbps)
+        ) and current.checkpoint == lease.checkpoint:
+            return current  # our write was applied and its reply lost
+        return None
+
+    def _renew_once(
+        self, lease: Lease, owner: str, *, in_handoff: bool, throughput_kbps: float | None
+    ) -> Lease | None:
+        update = _Update().require_equal(A.LEASE_COUNTER, number(lease.lease_counter))
+        if in_handoff:
+            update.require_equal(A.CHECKPOINT_OWNER, {"S": owner})
+        else:
+            update.require_equal(A.LEASE_OWNER, {"S": owner}).require_absent(A.CHECKPOINT_OWNER)
+        update.set(A.LEASE_COUNTER, number(lease.lease_counter + 1))
+        if throughput_kbps is not None:
+            update.set(A.THROUGHPUT_KBPS, number(throughput_kbps))
+        return self._update(lease.lease_key, update, operation="renew")
+
+    def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
+        update = self._fenced_by_processing_owner(lease, owner)
+        update.set(A.CHECKPOINT, {"S": checkpoint.sequence})
+        update.set(A.CHECKPOINT_SUB_SEQUENCE, number(checkpoint.sub_sequence))
+        update.set(A.OWNER_SWITCHES, number(0))
+        update.remove(A.PENDING_CHECKPOINT).remove(A.PENDING_CHECKPOINT_SUB_SEQUENCE)
+        return self._update_or_recognise(
+            lease,
+            update,
+            operation="checkpoint",
+            applied=lambda cur: cur.lease_counter == lease.lease_counter + 1
+            and cur.checkpoint == checkpoint
+            and cur.pending_checkpoint is None
+            and cur.actual_owner == owner,
+        )
+
+    def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
+        update = self._fenced_by_processing_owner(lease, owner)
+        update.set(A.PENDING_CHECKPOINT, {"S": pending.sequence})
+        update.set(A.PENDING_CHECKPOINT_SUB_SEQUENCE, number(pending.sub_sequence))
+        return self._update_or_recognise(
+            lease,
+            update,
+            operation="prepare_checkpoint",
+            applied=lambda cur: cur.lease_counter == lease.lease_counter + 1
+            and cur.pending_checkpoint == pending
+            and cur.actual_owner == owner,
+        )
+
+    def _fenced_by_processing_owner(self, lease: Lease, owner: str) -> _Update:
+        """Counter unchanged since the caller's view, and the caller is the one processing the shard."""
+        update = _Update().require_equal(A.LEASE_COUNTER, number(lease.lease_counter))
+        if lease.checkpoint_owner == owner:
+            update.require_equal(A.CHECKPOINT_OWNER, {"S": owner})
+        else:
+            update.require_equal(A.LEASE_OWNER, {"S": owner}).require_absent(A.CHECKPOINT_OWNER)
+        update.set(A.LEASE_COUNTER, number(lease.lease_counter + 1))
+        return update
+
+    def assign_lease(self, lease: Lease, new_owner: str, *, expected_counter: int | None = None) -> Lease | None:
+        update = (
+            _Update()
+            .require_present(A.LEASE_KEY)
+            .require_equal_or_absent(A.LEASE_OWNER, lease.lease_owner)
+            .require_equal_or_absent(A.CHECKPOINT_OWNER, lease.checkpoint_owner)
+        )
+        if expected_counter is not None:
+            update.require_equal(A.LEASE_COUNTER, number(expected_counter))
+        update.set(A.LEASE_OWNER, {"S": new_owner}).remove(A.CHECKPOINT_OWNER).add(A.LEASE_COUNTER, 1)
+        if new_owner != lease.actual_owner:
+            update.add(A.OWNER_SWITCHES, 1)
+        return self._update_or_recognise(
+            lease,
+            update,
+            operation="assign",
+            applied=lambda cur: cur.lease_owner == new_owner
+            and cur.checkpoint_owner is None
+            and (expected_counter is None or cur.lease_counter == expected_counter + 1),
+        )
+
+    def initiate_graceful_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+        current_owner = lease.lease_owner
+        if current_owner is None or lease.checkpoint_owner is not None:
+            raise InvalidStateError(f"lease {lease.lease_key} is unowned or already in a handoff")
+        if current_owner == new_owner:
+            raise InvalidStateError(f"lease {lease.lease_key} is already owned by {new_owner}")
+        update = (
+            _Update()
+            .require_equal(A.LEASE_OWNER, {"S": current_owner})
+            .require_absent(A.CHECKPOINT_OWNER)
+            .set(A.LEASE_OWNER, {"S": new_owner})
+            .set(A.CHECKPOINT_OWNER, {"S": current_owner})
+        )
+        return self._update_or_recognise(
+            lease,
+            update,
+            operation="initiate_handoff",
+            applied=lambda cur: cur.lease_owner == new_owner and cur.checkpoint_owner == current_owner,
+        )
+
+    def complete_handoff(self, lease: Lease, old_owner: str) -> Lease | None:
+        if lease.checkpoint_owner != old_owner or lease.lease_owner is None:
+            raise InvalidStateError(f"lease {lease.lease_key} is not being handed off by {old_owner}")
+        return self.assign_lease(lease, lease.lease_owner)
+
+    def evict_lease(self, lease: Lease, owner: str) -> Lease | None:
+        if lease.checkpoint_owner == owner:
+            # Giving up during a handoff means finishing it: the new owner is already chosen.
+            return self.complete_handoff(lease, owner)
+        update = (
+            _Update()
+            .require_equal(A.LEASE_OWNER, {"S": owner})
+            .require_absent(A.CHECKPOINT_OWNER)
+            .remove(A.LEASE_OWNER)
+            .add(A.LEASE_COUNTER, 1)
+        )
+        return self._update_or_recognise(
+            lease,
+            update,
+            operation="evict",
+            applied=lambda cur: cur.lease_owner is None and cur.lease_counter > lease.lease_counter,
+        )
+
+    def update_child_shard_ids(self, lease: Lease, child_shard_ids: Iterable[str]) -> Lease | None:
+        children = sorted(set(child_shard_ids))
+        if not children:
+            raise ValueError("child_shard_ids must not be empty")
+        update = _Update().require_present(A.LEASE_KEY).set(A.CHILD_SHARD_IDS, {"SS": children})
+        return self._update(lease.lease_key, update, operation="update_child_shard_ids")
+
+    def delete_lease(self, lease: Lease, *, only_if_finished: bool = True) -> bool:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": {A.LEASE_KEY: {"S": lease.lease_key}},
+            "ConditionExpression": "attribute_exists(#k)",
+            "ExpressionAttributeNames": {"#k": A.LEASE_KEY},
+        }
+        if only_if_finished:
+            kwargs["ConditionExpression"] += " AND #cp = :shard_end"
+            kwargs["ExpressionAttributeNames"]["#cp"] = A.CHECKPOINT
+            kwargs["ExpressionAttributeValues"] = {":shard_end": {"S": SHARD_END.sequence}}
+        try:
+            self._client.delete_item(**kwargs)
+        except Exception as exc:
+            if aws.is_conditional_check_failed(exc):
+                # Gone already (possibly our own lost reply) counts as deleted; still there means we lost.
+                return self._get_item(lease.lease_key) is None
+            aws.raise_translated(exc, operation="DeleteItem", resource=self.table_name)
+        return True
+
+    # --- plumbing --------------------------------------------------------------------------------------------
+    def _update(self, lease_key: str, update: _Update, *, operation: str) -> Lease | None:
+        try:
+            response = self._client.update_item(**update.request(self.table_name, lease_key))
+        except Exception as exc:
+            if aws.is_conditional_check_failed(exc):
+                return None
+            aws.raise_translated(exc, operation=f"UpdateItem ({operation})", resource=self.table_name)
+        return serializer.from_item(response["Attributes"])
+
+    def _update_or_recognise(
+        self, lease: Lease, update: _Update, *, operation: str, applied: Callable[[Lease], bool]
+    ) -> Lease | None:
+        result = self._update(lease.lease_key, update, operation=operation)
+        if result is not None:
+            return result
+        current = self.get_lease(lease.lease_key)
+        if current is not None and applied(current):
+            log.info("lease %s: %s reply was lost but the write was applied", lease.lease_key, operation)
+            return current
+        return None
+
+
+def _close(a: float | None, b: float) -> bool:
+    return a is not None and abs(a - b) <= 1e-6 * max(1.0, abs(b))
