@@ -148,14 +148,15 @@ class DynamoDBLeaseStore:
         item = response.get("Item")
         return dict(item) if item else None
 
-    def scan(self, *, segments: int = 1) -> LeaseScan:
+    def scan(self, *, segments: int = 1, page_size: int | None = None) -> LeaseScan:
+        """All leases. ``segments`` > 1 scans in parallel (large tables); ``page_size`` caps items per call."""
         if segments < 1:
             raise ValueError("segments must be at least 1")
         if segments == 1:
-            items = self._scan_segment(None, None)
+            items = self._scan_segment(None, None, page_size)
         else:
             with ThreadPoolExecutor(max_workers=min(segments, 16), thread_name_prefix="lease-scan") as pool:
-                parts = list(pool.map(lambda s: self._scan_segment(s, segments), range(segments)))
+                parts = list(pool.map(lambda s: self._scan_segment(s, segments, page_size), range(segments)))
             items = [item for part in parts for item in part]
         leases: list[Lease] = []
         foreign: list[str] = []
@@ -175,8 +176,10 @@ class DynamoDBLeaseStore:
         leases.sort(key=lambda lease: lease.lease_key)
         return LeaseScan(leases=leases, skipped_foreign=foreign, skipped_corrupt=corrupt)
 
-    def _scan_segment(self, segment: int | None, total: int | None) -> list[Item]:
+    def _scan_segment(self, segment: int | None, total: int | None, page_size: int | None) -> list[Item]:
         kwargs: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
+        if page_size:
+            kwargs["Limit"] = page_size
         if segment is not None:
             kwargs.update(Segment=segment, TotalSegments=total)
         items: list[Item] = []

@@ -31,7 +31,7 @@ class LeaseStore(Protocol):
     def get_lease(self, lease_key: str) -> Lease | None:
         """A strongly consistent read; ``None`` if absent, foreign or corrupt."""
 
-    def scan(self, *, segments: int = 1) -> LeaseScan:
+    def scan(self, *, segments: int = 1, page_size: int | None = None) -> LeaseScan:
         """Every lease (paginated; ``segments`` > 1 scans in parallel), skipping foreign and corrupt items."""
 
     def list_leases(self, *, segments: int = 1) -> list[Lease]:
