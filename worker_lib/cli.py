@@ -1,0 +1,205 @@
+"""The ``shardlease`` command line (DESIGN.md §6 is the contract).
+
+Every failure the user can cause or meet — a bad flag, a missing table, an unreachable endpoint, missing
+credentials — ends with exactly one line on stderr and a non-zero exit code, never a traceback.
+Exit codes: 0 success, 1 an operational error, 2 bad arguments, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from . import __version__
+from .errors import ConfigError, ShardleaseError
+
+log = logging.getLogger("shardlease")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (plus a pointer to --help), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_aws(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint-url", metavar="URL", help="point every AWS client at this endpoint (emulators)")
+    parser.add_argument("--region", metavar="R", help="AWS region (default: AWS_REGION or us-east-1)")
+
+
+def _add_app(parser: argparse.ArgumentParser, *, stream: bool) -> None:
+    parser.add_argument("--app", required=True, metavar="APP", help="application name (= lease table name)")
+    if stream:
+        parser.add_argument("--stream", required=True, metavar="STREAM", help="Kinesis stream name")
+
+
+def _add_position(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--initial-position",
+        default="LATEST",
+        metavar="LATEST|TRIM_HORIZON|AT_TIMESTAMP",
+        help="where leases of newly discovered shards start (default LATEST)",
+    )
+    parser.add_argument("--timestamp", metavar="ISO", help="with AT_TIMESTAMP: ISO-8601 time to start from")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="shardlease", description="KCL 3.x-compatible lease coordination for Kinesis consumers.")
+    parser.add_argument("--version", action="version", version=f"shardlease {__version__}")
+    parser.add_argument(
+        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default WARNING"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="run the system on local emulators (no AWS account needed)")
+    demo.add_argument("--workers", type=_positive_int, default=3, metavar="N")
+    demo.add_argument("--shards", type=_positive_int, default=8, metavar="N")
+    demo.add_argument("--duration", type=_positive_float, default=60.0, metavar="S")
+    demo.add_argument("--scenario", default="shard-sync", metavar="NAME", help="scenario to run (default shard-sync)")
+    demo.set_defaults(func=_cmd_demo)
+
+    create = sub.add_parser("create-tables", help="create the lease, worker-metrics and coordinator tables")
+    _add_app(create, stream=False)
+    _add_aws(create)
+    create.add_argument("--billing-mode", default="PAY_PER_REQUEST", choices=["PAY_PER_REQUEST", "PROVISIONED"])
+    create.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="wait for ACTIVE")
+    create.set_defaults(func=_cmd_create_tables)
+
+    leader = sub.add_parser("leader", help="run the leader (shard sync and lease assignment)")
+    _add_app(leader, stream=True)
+    _add_position(leader)
+    _add_aws(leader)
+    leader.add_argument("--once", action="store_true", help="run one full cycle and exit")
+    leader.add_argument("--worker-id", metavar="ID", help="name this leader uses for the lock (default host:pid)")
+    leader.add_argument("--json", action="store_true", help="print the cycle summary as JSON")
+    leader.set_defaults(func=_cmd_leader)
+    return parser
+
+
+# --- commands ----------------------------------------------------------------------------------------------------
+
+
+def _aws_config(args: argparse.Namespace) -> Any:
+    from .config import AwsConfig
+
+    return AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
+
+
+def _cmd_create_tables(args: argparse.Namespace) -> int:
+    from . import aws
+    from .tables.admin import ensure_tables
+    from .tables.schema import BillingMode
+
+    aws_config = _aws_config(args)
+    ddb = aws.client("dynamodb", aws_config)
+    results = ensure_tables(args.app, ddb, billing=BillingMode(args.billing_mode), timeout_s=args.timeout)
+    for table, created in results.items():
+        print(f"{table}: {'created' if created else 'exists'} (ACTIVE)")
+    return EXIT_OK
+
+
+def _shard_sync_config(args: argparse.Namespace) -> Any:
+    from .config import InitialPosition, ShardSyncConfig, parse_timestamp
+
+    position = InitialPosition.parse(args.initial_position)
+    timestamp = parse_timestamp(args.timestamp) if args.timestamp else None
+    return ShardSyncConfig(initial_position=position, initial_timestamp=timestamp)
+
+
+def _cmd_leader(args: argparse.Namespace) -> int:
+    aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
+    from .leader.host import run_leader_cli
+
+    return run_leader_cli(
+        app=args.app,
+        stream=args.stream,
+        aws_config=aws_config,
+        shard_sync=shard_sync,
+        once=args.once,
+        owner=args.worker_id,
+        as_json=args.json,
+    )
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .local.demo import run_demo
+
+    return run_demo(workers=args.workers, shards=args.shards, duration_s=args.duration, scenario=args.scenario)
+
+
+# --- entry point ---------------------------------------------------------------------------------------------------
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # botocore's own chatter would drown ours (and may echo request details); keep it at WARNING.
+    for noisy in ("botocore", "boto3", "urllib3", "werkzeug"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as exc:
+        print(f"shardlease {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ShardleaseError as exc:
+        print(f"shardlease {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"shardlease {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: still one line for the user, the traceback for whoever debugs it
+        log.debug("unexpected error", exc_info=True)
+        print(
+            f"shardlease {args.command}: unexpected error: {type(exc).__name__}: {exc} "
+            "(rerun with --log-level DEBUG for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    return str(value)
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, default=_json_default, sort_keys=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
