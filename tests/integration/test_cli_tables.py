@@ -41,8 +41,9 @@ def test_create_tables_is_idempotent_and_waits_for_active_indexes(moto_endpoint:
         {"AttributeName": "leaseOwner", "KeyType": "HASH"},
         {"AttributeName": "leaseKey", "KeyType": "RANGE"},
     ]
-    assert ddb.describe_table(TableName=f"{app_name}-WorkerMetricStats")["Table"]["KeySchema"][0]["AttributeName"] == "wid"
-    assert ddb.describe_table(TableName=f"{app_name}-CoordinatorState")["Table"]["KeySchema"][0]["AttributeName"] == "key"
+    for suffix, key in (("-WorkerMetricStats", "wid"), ("-CoordinatorState", "key")):
+        table = ddb.describe_table(TableName=app_name + suffix)["Table"]
+        assert table["KeySchema"] == [{"AttributeName": key, "KeyType": "HASH"}]
     backups = ddb.describe_continuous_backups(TableName=app_name)["ContinuousBackupsDescription"]
     assert backups["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"] == "ENABLED"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,9 +23,9 @@ def ddb(ddb_aws: AwsConfig) -> Any:
 
 
 @pytest.fixture
-def store(ddb: Any, app_name: str) -> Iterator[DynamoDBLeaseStore]:
+def store(ddb: Any, app_name: str) -> DynamoDBLeaseStore:
     ensure_tables(app_name, ddb)
-    yield DynamoDBLeaseStore(app_name, client=ddb)
+    return DynamoDBLeaseStore(app_name, client=ddb)
 
 
 def owned(store: DynamoDBLeaseStore, key: str, owner: str) -> Lease:
