@@ -206,6 +206,38 @@ class LeaderLockConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeaderConfig:
+    """The leader loop (the same in the Lambda, an embedded thread and the CLI).
+
+    cycle_interval_ms: time between assignment cycles (KCL leaseAssignmentIntervalMillis = 2 × failover, 20 s).
+    max_consecutive_failures: leadership is released after this many failed cycles in a row (KCL: 3).
+    deadline_margin_ms: a host with a time limit (Lambda) stops starting cycles this long before its deadline,
+      so that it can finish the cycle in flight and release the lock for the next invocation (10 s).
+    """
+
+    cycle_interval_ms: int = 20_000
+    max_consecutive_failures: int = 3
+    deadline_margin_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.cycle_interval_ms < 100:
+            raise ConfigError("leader cycle_interval_ms must be at least 100")
+        if self.max_consecutive_failures < 1:
+            raise ConfigError("max_consecutive_failures must be at least 1")
+        if self.deadline_margin_ms < 0:
+            raise ConfigError("deadline_margin_ms must not be negative")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderConfig:
+        e = _env(env)
+        return cls(
+            cycle_interval_ms=_env_int(e, "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", 20_000),
+            max_consecutive_failures=_env_int(e, "SHARDLEASE_LEADER_MAX_FAILURES", 3),
+            deadline_margin_ms=_env_int(e, "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS", 10_000),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ShardSyncConfig:
     """Shard sync on the leader.
 

@@ -1,0 +1,137 @@
+"""Composition of the leader from configuration, and the CLI host (``shardlease leader``).
+
+The Lambda handler and the embedded worker thread use :func:`build_leader` too, so all three hosts run the same
+:class:`~worker_lib.leader.leader.Leader`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+
+from .. import aws
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import AwsConfig, LeaderConfig, LeaderLockConfig, ShardSyncConfig, validate_app_name
+from ..leases.dynamodb import DynamoDBLeaseStore
+from ..shardsync.detector import KinesisShardDetector
+from ..shardsync.syncer import ShardSyncer
+from ..tables.schema import all_specs
+from .leader import CycleReport, Leader
+from .lock import DynamoDBLeaderLock
+
+
+def default_owner() -> str:
+    """host:pid — unique per process, readable in the lock item and in logs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderParts:
+    leader: Leader
+    lease_store: DynamoDBLeaseStore
+    lock: DynamoDBLeaderLock
+    syncer: ShardSyncer
+    dynamodb: Any
+    kinesis: Any
+
+
+def build_leader(
+    *,
+    app: str,
+    stream: str,
+    aws_config: AwsConfig,
+    shard_sync: ShardSyncConfig,
+    owner: str | None = None,
+    leader_config: LeaderConfig | None = None,
+    lock_config: LeaderLockConfig | None = None,
+    boto3_session: boto3.Session | None = None,
+    dynamodb: Any = None,
+    kinesis: Any = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> LeaderParts:
+    """Wire the leader. ``dynamodb`` / ``kinesis`` clients may be passed (tests, the demo's two emulators)."""
+    validate_app_name(app)
+    dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
+    kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
+    lock_config = lock_config or LeaderLockConfig()
+    store = DynamoDBLeaseStore(app, client=dynamodb, clock=clock)
+    lock = DynamoDBLeaderLock(app, owner or default_owner(), config=lock_config, client=dynamodb, clock=clock)
+    detector = KinesisShardDetector(stream, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size)
+    syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
+    leader = Leader(
+        lock=lock,
+        shard_sync=syncer,
+        config=leader_config,
+        lock_config=lock_config,
+        shard_sync_interval_ms=shard_sync.interval_ms,
+        clock=clock,
+    )
+    return LeaderParts(leader=leader, lease_store=store, lock=lock, syncer=syncer, dynamodb=dynamodb, kinesis=kinesis)
+
+
+def preflight(parts: LeaderParts, *, app: str, stream: str) -> None:
+    """Fail with one clear error (TableMissingError, StreamMissingError, EndpointUnreachableError, ...) before the
+    loop starts, rather than counting the same failure three times inside it."""
+    for spec in all_specs():
+        name = spec.table_name(app)
+        with aws.translated("dynamodb DescribeTable", name):
+            parts.dynamodb.describe_table(TableName=name)
+    with aws.translated("kinesis DescribeStreamSummary", stream):
+        parts.kinesis.describe_stream_summary(StreamName=stream)
+
+
+def summarize(report: CycleReport) -> str:
+    """One human line per cycle."""
+    if not report.leader:
+        holder = report.current_leader or "nobody (lock contended)"
+        return f"cycle {report.cycle}: not leader; lock held by {holder}"
+    if report.error:
+        return f"cycle {report.cycle}: failed: {report.error}"
+    parts = [f"cycle {report.cycle}: leader {report.owner}"]
+    sync = report.shard_sync
+    if sync is not None:
+        created = list(getattr(sync, "created", ()))
+        deleted = list(getattr(sync, "deleted", ()))
+        parts.append(
+            f"shard sync: {getattr(sync, 'shards_seen', '?')} shards, "
+            f"created {len(created)} lease(s){' ' + ','.join(created) if created else ''}, "
+            f"deleted {len(deleted)}{' ' + ','.join(deleted) if deleted else ''}"
+        )
+    if report.assignment is not None and hasattr(report.assignment, "summary"):
+        parts.append(str(report.assignment.summary()))
+    parts.append(f"{report.duration_ms} ms")
+    return "; ".join(parts)
+
+
+def run_leader_cli(
+    *,
+    app: str,
+    stream: str,
+    aws_config: AwsConfig,
+    shard_sync: ShardSyncConfig,
+    once: bool,
+    owner: str | None,
+    as_json: bool,
+) -> int:
+    parts = build_leader(app=app, stream=stream, aws_config=aws_config, shard_sync=shard_sync, owner=owner)
+    preflight(parts, app=app, stream=stream)
+
+    def emit(report: CycleReport) -> None:
+        line = json.dumps(report.to_dict(), default=str, sort_keys=True) if as_json else summarize(report)
+        print(line, flush=True)
+
+    if once:
+        report = parts.leader.run_once()
+        emit(report)
+        return 1 if report.error else 0
+    try:
+        parts.leader.run(on_cycle=emit)
+    except KeyboardInterrupt:
+        print("leader stopped; lock released", file=sys.stderr)
+    return 0

@@ -1,0 +1,248 @@
+"""The leader loop: one implementation for every host (Lambda, embedded thread, CLI).
+
+A cycle is: make sure we hold the lock (acquire or heartbeat), run a shard sync when its interval is due, run the
+assignment step, and report. Failures are counted; after ``max_consecutive_failures`` failed cycles in a row the
+leader releases the lock so that another host can try (KCL releases after 3). An unexpected error (a bug, not an
+infrastructure failure) releases at once and propagates.
+
+The loop never assumes it is still leader: every step re-checks :meth:`LeaderLock.is_leader`, which is a local,
+conservative judgement (see docs/leader-lock.md), and every write the steps make is conditional anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Protocol
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import LeaderConfig, LeaderLockConfig
+from ..errors import DependencyError
+from .lock import LeaderLock
+
+log = logging.getLogger("shardlease.leader")
+
+
+class ShardSyncStep(Protocol):
+    def sync_once(self) -> Any:
+        """Run one shard sync; returns a result object (a dataclass) for the report."""
+
+
+class AssignmentStep(Protocol):
+    def run(self, *, run_number: int) -> Any:
+        """Run one assignment pass; returns a result object (a dataclass) for the report."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CycleReport:
+    """What one cycle did. ``leader`` is False when this host did not hold the lock (nothing else ran)."""
+
+    cycle: int
+    owner: str
+    leader: bool
+    current_leader: str | None = None
+    shard_sync: Any = None
+    assignment: Any = None
+    error: str | None = None
+    released: bool = False
+    duration_ms: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(value: Any) -> Any:
+            return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+        return {
+            "cycle": self.cycle,
+            "owner": self.owner,
+            "leader": self.leader,
+            "current_leader": self.current_leader,
+            "shard_sync": plain(self.shard_sync),
+            "assignment": plain(self.assignment),
+            "error": self.error,
+            "released": self.released,
+            "duration_ms": self.duration_ms,
+        }
+
+
+@dataclass(kw_only=True)
+class _State:
+    cycle: int = 0
+    leader_runs: int = 0
+    consecutive_failures: int = 0
+    last_sync_monotonic: float | None = None
+    last_heartbeat_monotonic: float | None = None
+    reports: list[CycleReport] = field(default_factory=list)
+
+
+class Leader:
+    """Drives the lock, shard sync and assignment. Not thread-safe: one loop per instance."""
+
+    def __init__(
+        self,
+        *,
+        lock: LeaderLock,
+        shard_sync: ShardSyncStep | None,
+        assignment: AssignmentStep | None = None,
+        config: LeaderConfig | None = None,
+        lock_config: LeaderLockConfig | None = None,
+        shard_sync_interval_ms: int = 60_000,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._lock = lock
+        self._shard_sync = shard_sync
+        self._assignment = assignment
+        self._config = config or LeaderConfig()
+        self._lock_config = lock_config or LeaderLockConfig()
+        self._sync_interval_s = shard_sync_interval_ms / 1000
+        self._clock = clock
+        self._state = _State()
+
+    @property
+    def owner(self) -> str:
+        return self._lock.owner
+
+    # --- one cycle ------------------------------------------------------------------------------------------
+
+    def _ensure_leadership(self) -> bool:
+        now = self._clock.monotonic()
+        if self._lock.is_leader():
+            heartbeat_due = (
+                self._state.last_heartbeat_monotonic is None
+                or now - self._state.last_heartbeat_monotonic >= self._lock_config.heartbeat_interval_ms / 1000
+            )
+            if not heartbeat_due:
+                return True
+            if self._lock.heartbeat():
+                self._state.last_heartbeat_monotonic = now
+                return True
+            log.warning("leader lock lost at heartbeat owner=%s", self.owner)
+            return False
+        if self._lock.try_acquire():
+            self._state.last_heartbeat_monotonic = now
+            self._state.last_sync_monotonic = None  # a new term starts with a shard sync
+            self._state.leader_runs = 0
+            return True
+        return False
+
+    def run_cycle(self) -> CycleReport:
+        """One cycle. Infrastructure failures are caught and counted; bugs release the lock and propagate."""
+        state = self._state
+        state.cycle += 1
+        started = self._clock.monotonic()
+        try:
+            if not self._ensure_leadership():
+                return self._report(started, leader=False, current_leader=self._lock.current_leader())
+            shard_sync_result = None
+            if self._shard_sync is not None and self._sync_due():
+                shard_sync_result = self._shard_sync.sync_once()
+                state.last_sync_monotonic = self._clock.monotonic()
+            assignment_result = None
+            if self._assignment is not None and self._lock.is_leader():
+                state.leader_runs += 1
+                assignment_result = self._assignment.run(run_number=state.leader_runs)
+        except DependencyError as exc:
+            state.consecutive_failures += 1
+            log.warning(
+                "leader cycle failed (%d in a row) owner=%s: %s", state.consecutive_failures, self.owner, exc
+            )
+            released = False
+            if state.consecutive_failures >= self._config.max_consecutive_failures:
+                released = self._release_quietly(reason=f"{state.consecutive_failures} consecutive failed cycles")
+                state.consecutive_failures = 0
+            return self._report(started, leader=True, error=str(exc), released=released)
+        except Exception:
+            self._release_quietly(reason="unexpected error")
+            raise
+        state.consecutive_failures = 0
+        return self._report(
+            started, leader=True, current_leader=self.owner, shard_sync=shard_sync_result, assignment=assignment_result
+        )
+
+    def _sync_due(self) -> bool:
+        last = self._state.last_sync_monotonic
+        return last is None or self._clock.monotonic() - last >= self._sync_interval_s
+
+    def _report(self, started: float, **fields: Any) -> CycleReport:
+        duration_ms = int((self._clock.monotonic() - started) * 1000)
+        report = CycleReport(cycle=self._state.cycle, owner=self.owner, duration_ms=duration_ms, **fields)
+        self._state.reports.append(report)
+        del self._state.reports[:-10]  # keep a short history for status and tests
+        return report
+
+    def _release_quietly(self, *, reason: str) -> bool:
+        try:
+            released = self._lock.release()
+        except DependencyError as exc:
+            log.warning("could not release the leader lock owner=%s (%s): %s", self.owner, reason, exc)
+            return False
+        level = logging.INFO if reason in {"loop finished", "single cycle done"} else logging.WARNING
+        log.log(level, "leadership released owner=%s reason=%s released=%s", self.owner, reason, released)
+        return released
+
+    # --- loops ----------------------------------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        stop: threading.Event | None = None,
+        deadline_monotonic: float | None = None,
+        max_cycles: int | None = None,
+        on_cycle: Any = None,
+    ) -> list[CycleReport]:
+        """Run cycles until ``stop`` is set, the host's deadline approaches, or ``max_cycles`` ran; then release.
+
+        Between cycles the holder heartbeats the lock on time; a non-holder retries the lock every poll
+        interval, so a dead leader is replaced within its lease duration plus one poll.
+        """
+        reports: list[CycleReport] = []
+        cycle_s = self._config.cycle_interval_ms / 1000
+        margin_s = self._config.deadline_margin_ms / 1000
+        try:
+            while not (stop is not None and stop.is_set()):
+                if deadline_monotonic is not None and self._clock.monotonic() >= deadline_monotonic - margin_s:
+                    break
+                report = self.run_cycle()
+                reports.append(report)
+                if on_cycle is not None:
+                    on_cycle(report)
+                if max_cycles is not None and len(reports) >= max_cycles:
+                    break
+                wait_s = cycle_s if report.leader else self._lock_config.poll_interval_ms / 1000
+                self._wait(wait_s, stop=stop, deadline_monotonic=deadline_monotonic)
+        finally:
+            if self._lock.is_leader() or self._state.last_heartbeat_monotonic is not None:
+                self._release_quietly(reason="loop finished")
+                self._state.last_heartbeat_monotonic = None
+        return reports
+
+    def _wait(self, seconds: float, *, stop: threading.Event | None, deadline_monotonic: float | None) -> None:
+        """Sleep ``seconds`` in slices, heartbeating when due, returning early on stop or deadline."""
+        end = self._clock.monotonic() + seconds
+        heartbeat_s = self._lock_config.heartbeat_interval_ms / 1000
+        while True:
+            now = self._clock.monotonic()
+            if now >= end or (stop is not None and stop.is_set()):
+                return
+            if deadline_monotonic is not None and now >= deadline_monotonic - self._config.deadline_margin_ms / 1000:
+                return
+            last = self._state.last_heartbeat_monotonic
+            if self._lock.is_leader() and last is not None and now - last >= heartbeat_s:
+                try:
+                    if self._lock.heartbeat():
+                        self._state.last_heartbeat_monotonic = now
+                    else:
+                        log.warning("leader lock lost at heartbeat owner=%s", self.owner)
+                        self._state.last_heartbeat_monotonic = None
+                except DependencyError as exc:
+                    log.warning("leader heartbeat failed owner=%s: %s", self.owner, exc)
+            self._clock.sleep(min(0.25, end - now))
+
+    def run_once(self) -> CycleReport:
+        """Acquire (or fail to), run one full cycle, release: ``shardlease leader --once``."""
+        try:
+            return self.run_cycle()
+        finally:
+            if self._state.last_heartbeat_monotonic is not None:
+                self._release_quietly(reason="single cycle done")
+                self._state.last_heartbeat_monotonic = None
