@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LeaderConfig, LeaderLockConfig
 from ..errors import DependencyError
-from .lock import LeaderLock
+
+if TYPE_CHECKING:
+    from .lock import LeaderLock
 
 log = logging.getLogger("shardlease.leader")
 
