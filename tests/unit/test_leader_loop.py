@@ -56,8 +56,10 @@ class MemoryLock:
         return True
 
     def is_leader(self) -> bool:
-        return self.holder == self.owner and self.acquired_at is not None and (
-            self.clock.monotonic() < self.acquired_at + 29
+        return (
+            self.holder == self.owner
+            and self.acquired_at is not None
+            and (self.clock.monotonic() < self.acquired_at + 29)
         )
 
     def current_leader(self) -> str | None:
@@ -216,7 +218,7 @@ def test_a_non_leader_polls_the_lock_and_takes_over_when_it_frees() -> None:
 
 def test_run_once_releases_after_one_cycle() -> None:
     clock = ManualClock()
-    leader, lock, sync, assignment = make_leader(clock)
+    leader, lock, _, _ = make_leader(clock)
     report = leader.run_once()
     assert report.leader and report.shard_sync == "sync 1" and report.assignment == "assignment 1"
     assert lock.releases == 1 and lock.holder is None

@@ -145,9 +145,7 @@ class Leader:
                 assignment_result = self._assignment.run(run_number=state.leader_runs)
         except DependencyError as exc:
             state.consecutive_failures += 1
-            log.warning(
-                "leader cycle failed (%d in a row) owner=%s: %s", state.consecutive_failures, self.owner, exc
-            )
+            log.warning("leader cycle failed (%d in a row) owner=%s: %s", state.consecutive_failures, self.owner, exc)
             released = False
             if state.consecutive_failures >= self._config.max_consecutive_failures:
                 released = self._release_quietly(reason=f"{state.consecutive_failures} consecutive failed cycles")

@@ -185,10 +185,7 @@ def _sync_line(result: Any) -> str:
         return "no shard sync ran"
     created = list(getattr(result, "created", ()))
     deleted = list(getattr(result, "deleted", ()))
-    return (
-        f"{getattr(result, 'shards_seen', '?')} shards seen, created {len(created)} lease(s), "
-        f"deleted {len(deleted)}"
-    )
+    return f"{getattr(result, 'shards_seen', '?')} shards seen, created {len(created)} lease(s), deleted {len(deleted)}"
 
 
 def run_demo(*, workers: int, shards: int, duration_s: float, scenario: str, clock: Clock = SYSTEM_CLOCK) -> int:

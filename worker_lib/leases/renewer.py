@@ -1,0 +1,277 @@
+"""The worker's side of its leases: renewal, self-fencing, fenced checkpoints, handoff and eviction.
+
+Every write a worker makes to one lease goes through :class:`LeaseHolder` under that lease's lock, so renewals
+and checkpoints (which both move ``leaseCounter``) never race each other into a spurious "lease lost" — the same
+reason KCL synchronises on its authoritative lease copy.
+
+Self-fencing: a lease is *valid* only until ``sent + failover − epsilon``, where ``sent`` is the monotonic time at
+which the last successful conditional write was **sent**. Any other worker can take the lease only after the
+leader has watched its counter stay unchanged for a full failover time, which starts no earlier than the moment
+our write was applied, which is after we sent it. So a worker stops processing before anyone else may start,
+without trusting wall clocks (docs/worker.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import LeaseConfig
+from ..errors import DependencyError
+from ..models import Checkpoint, Lease
+from .store import LeaseStore
+
+log = logging.getLogger("shardlease.worker.leases")
+
+LostCallback = Callable[[str, str], None]  # (lease_key, reason)
+ThroughputSource = Callable[[str], float | None]  # lease_key -> KBps to write with the renewal
+
+
+@dataclass(kw_only=True)
+class HeldLease:
+    lease: Lease
+    sent_at: float  # monotonic send time of the last successful conditional write
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    lost: bool = False
+    handoff_requested: bool = False  # the leader moved leaseOwner away; we are still checkpointOwner
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewalReport:
+    renewed: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()  # infrastructure errors; the lease stays held until it times out
+    handoffs: tuple[str, ...] = ()
+
+
+class LeaseHolder:
+    """The set of leases this worker holds, and every conditional write it makes to them."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        worker_id: str,
+        *,
+        config: LeaseConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        throughput: ThroughputSource | None = None,
+        on_lost: LostCallback | None = None,
+        max_parallel_renewals: int = 16,
+    ) -> None:
+        self._store = store
+        self.worker_id = worker_id
+        self._config = config or LeaseConfig()
+        self._clock = clock
+        self._throughput = throughput
+        self._on_lost = on_lost
+        self._held: dict[str, HeldLease] = {}
+        self._guard = threading.Lock()
+        self._max_parallel = max(1, max_parallel_renewals)
+        self._pool: ThreadPoolExecutor | None = None
+
+    # --- bookkeeping ----------------------------------------------------------------------------------------
+
+    @property
+    def validity_s(self) -> float:
+        return (self._config.failover_time_ms - self._config.epsilon_ms) / 1000
+
+    def held_keys(self) -> list[str]:
+        with self._guard:
+            return sorted(self._held)
+
+    def _entry(self, lease_key: str) -> HeldLease | None:
+        with self._guard:
+            return self._held.get(lease_key)
+
+    def lease(self, lease_key: str) -> Lease | None:
+        entry = self._entry(lease_key)
+        return entry.lease if entry is not None else None
+
+    def is_valid(self, lease_key: str) -> bool:
+        """Whether this worker may still process the shard (not lost, renewed recently enough)."""
+        entry = self._entry(lease_key)
+        return entry is not None and not entry.lost and self._clock.monotonic() < entry.sent_at + self.validity_s
+
+    def handoff_requested(self, lease_key: str) -> bool:
+        entry = self._entry(lease_key)
+        return entry is not None and entry.handoff_requested
+
+    def _mark_lost(self, lease_key: str, reason: str) -> None:
+        with self._guard:
+            entry = self._held.pop(lease_key, None)
+        if entry is None:
+            return
+        entry.lost = True
+        log.info("lease lost lease=%s worker=%s reason=%s", lease_key, self.worker_id, reason)
+        if self._on_lost is not None:
+            self._on_lost(lease_key, reason)
+
+    def drop(self, lease_key: str) -> None:
+        """Forget a lease without writing (after SHARD_END cleanup, or once a handoff completed)."""
+        with self._guard:
+            self._held.pop(lease_key, None)
+
+    # --- taking and renewing --------------------------------------------------------------------------------
+
+    def take(self, lease: Lease) -> bool:
+        """Start holding a lease the leader assigned to us: one renewal proves it and starts the validity clock."""
+        with self._guard:
+            if lease.lease_key in self._held:
+                return True
+        sent = self._clock.monotonic()
+        renewed = self._store.renew_lease(lease, self.worker_id, throughput_kbps=None)
+        if renewed is None or renewed.lease_owner != self.worker_id or renewed.checkpoint_owner is not None:
+            return False
+        with self._guard:
+            self._held[lease.lease_key] = HeldLease(lease=renewed, sent_at=sent)
+        log.info("lease taken lease=%s worker=%s counter=%d", lease.lease_key, self.worker_id, renewed.lease_counter)
+        return True
+
+    def _renew_one(self, lease_key: str) -> str:
+        entry = self._entry(lease_key)
+        if entry is None:
+            return "gone"
+        with entry.lock:
+            if entry.lost:
+                return "gone"
+            throughput = self._throughput(lease_key) if self._throughput is not None else None
+            sent = self._clock.monotonic()
+            try:
+                renewed = self._store.renew_lease(entry.lease, self.worker_id, throughput_kbps=throughput)
+            except DependencyError as exc:
+                log.warning("lease renewal failed lease=%s worker=%s: %s", lease_key, self.worker_id, exc)
+                return "failed"
+            if renewed is None:
+                outcome = "lost"
+            else:
+                entry.lease, entry.sent_at = renewed, sent
+                away = renewed.lease_owner != self.worker_id and renewed.checkpoint_owner == self.worker_id
+                if away and not entry.handoff_requested:
+                    log.info(
+                        "graceful handoff requested lease=%s from=%s to=%s",
+                        lease_key,
+                        self.worker_id,
+                        renewed.lease_owner,
+                    )
+                entry.handoff_requested = away
+                return "handoff" if away else "renewed"
+        self._mark_lost(lease_key, "renewal condition failed (another owner or counter moved)")
+        return outcome
+
+    def renew_all(self) -> RenewalReport:
+        keys = self.held_keys()
+        if len(keys) <= 1 or self._max_parallel == 1:
+            outcomes = [self._renew_one(key) for key in keys]
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self._max_parallel, thread_name_prefix="lease-renewer")
+            outcomes = list(self._pool.map(self._renew_one, keys))
+        by_outcome: dict[str, list[str]] = {}
+        for key, outcome in zip(keys, outcomes, strict=True):
+            by_outcome.setdefault(outcome, []).append(key)
+        # Self-fencing for leases we could not renew because of infrastructure errors happens by time
+        # (is_valid); once they are past validity they are dropped here so that discovery can take them again.
+        now = self._clock.monotonic()
+        for key in by_outcome.get("failed", []):
+            entry = self._entry(key)
+            if entry is not None and now >= entry.sent_at + self.validity_s:
+                self._mark_lost(key, "not renewed within the lease duration")
+        return RenewalReport(
+            renewed=tuple(by_outcome.get("renewed", [])),
+            lost=tuple(by_outcome.get("lost", [])),
+            failed=tuple(by_outcome.get("failed", [])),
+            handoffs=tuple(by_outcome.get("handoff", [])),
+        )
+
+    # --- writes on behalf of the consumer -------------------------------------------------------------------
+
+    def _fenced_write(
+        self, lease_key: str, write: Callable[[Lease], Lease | None], what: str, *, moves_counter: bool = True
+    ) -> Lease | None:
+        entry = self._entry(lease_key)
+        if entry is None or not self.is_valid(lease_key):
+            return None
+        with entry.lock:
+            sent = self._clock.monotonic()
+            updated = write(entry.lease)
+            if updated is not None:
+                entry.lease = updated
+                if moves_counter:  # a counter increment is a renewal: validity restarts from the send time
+                    entry.sent_at = sent
+                return updated
+        self._mark_lost(lease_key, f"{what} condition failed")
+        return None
+
+    def checkpoint(self, lease_key: str, checkpoint: Checkpoint) -> Lease | None:
+        """Fenced checkpoint; ``None`` means the lease is no longer ours (and it has been dropped)."""
+        return self._fenced_write(
+            lease_key, lambda lease: self._store.checkpoint(lease, self.worker_id, checkpoint), "checkpoint"
+        )
+
+    def prepare_checkpoint(self, lease_key: str, pending: Checkpoint) -> Lease | None:
+        return self._fenced_write(
+            lease_key,
+            lambda lease: self._store.prepare_checkpoint(lease, self.worker_id, pending),
+            "prepare checkpoint",
+        )
+
+    def update_child_shard_ids(self, lease_key: str, children: list[str]) -> Lease | None:
+        return self._fenced_write(
+            lease_key,
+            lambda lease: self._store.update_child_shard_ids(lease, children),
+            "record children",
+            moves_counter=False,
+        )
+
+    def complete_handoff(self, lease_key: str) -> bool:
+        """Old owner, after its final checkpoint: let the new owner start now rather than after the deadline."""
+        entry = self._entry(lease_key)
+        if entry is None:
+            return False
+        with entry.lock:
+            done = self._store.complete_handoff(entry.lease, self.worker_id) is not None
+        self.drop(lease_key)
+        log.info("graceful handoff completed lease=%s from=%s ok=%s", lease_key, self.worker_id, done)
+        return done
+
+    def evict(self, lease_key: str) -> bool:
+        """Give a lease up at once (shutdown): the leader can reassign it in its next cycle, not after expiry."""
+        entry = self._entry(lease_key)
+        if entry is None:
+            return False
+        with entry.lock:
+            try:
+                done = self._store.evict_lease(entry.lease, self.worker_id) is not None
+            except DependencyError as exc:
+                log.warning("could not give up lease=%s worker=%s: %s", lease_key, self.worker_id, exc)
+                done = False
+        self.drop(lease_key)
+        return done
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class LeaseDiscoverer:
+    """Finds leases the leader assigned to us: GSI query by owner, then a consistent read of each new key."""
+
+    def __init__(self, store: LeaseStore, worker_id: str) -> None:
+        self._store = store
+        self.worker_id = worker_id
+
+    def discover(self, already_held: set[str] | frozenset[str]) -> list[Lease]:
+        found: list[Lease] = []
+        for key in self._store.list_lease_keys_for_owner(self.worker_id):
+            if key in already_held:
+                continue
+            lease = self._store.get_lease(key)
+            # The GSI is eventually consistent and a handoff *to* us is not ours until the old owner lets go.
+            if lease is not None and lease.lease_owner == self.worker_id and lease.checkpoint_owner is None:
+                found.append(lease)
+        return sorted(found, key=lambda lease: lease.lease_key)
