@@ -1,0 +1,434 @@
+"""The record-processor protocol (KCL's ``ShardRecordProcessor`` in Python names) and how users supply one.
+
+A user gives the worker either
+
+* a **class** (or any factory taking no arguments) whose instances implement :class:`RecordProcessor` — one
+  instance per shard lease, as in KCL — or
+* a **plain function** ``handle(records, checkpointer)``, wrapped in :class:`FunctionProcessor`.
+
+``shardlease worker --processor MODULE:ATTR`` resolves the spec with :func:`load_processor`.
+
+Lifecycle of one processor instance (one lease, one shard)::
+
+    initialize ─▶ process_records* ─┬─▶ shard_ended          (the shard is closed; MUST checkpoint)
+                                    ├─▶ shutdown_requested   (graceful handoff or SIGTERM; should checkpoint)
+                                    └─▶ lease_lost           (another worker owns the shard; cannot checkpoint)
+
+Checkpoint rules (:func:`validate_checkpoint_value` states them for implementers of :class:`Checkpointer`):
+a checkpoint may not go backwards from the last one, and may not go beyond the last record delivered to the
+processor — except at shard end, where ``checkpoint()`` writes ``SHARD_END``. A checkpoint after the lease is
+lost raises :class:`ShutdownError`; no stale checkpoint is ever written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
+
+from ..errors import ConfigError, ShardleaseError
+from ..models import Checkpoint
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "FunctionProcessor",
+    "HandleFunction",
+    "InitializationInput",
+    "InvalidCheckpointError",
+    "KinesisRecord",
+    "LeaseLostInput",
+    "PreparedCheckpointer",
+    "ProcessRecordsInput",
+    "ProcessorFactory",
+    "RecordProcessor",
+    "ShardEndedInput",
+    "ShutdownError",
+    "ShutdownRequestedInput",
+    "load_processor",
+    "validate_checkpoint_value",
+]
+
+
+# --- errors --------------------------------------------------------------------------------------------------
+
+
+class CheckpointError(ShardleaseError):
+    """A checkpoint could not be written. Base of the checkpoint errors a processor may see."""
+
+
+class ShutdownError(CheckpointError):
+    """The lease is no longer ours (lost, expired, or handed off): the checkpoint was *not* written.
+
+    KCL's ``ShutdownException``. A processor should stop work for the shard; ``lease_lost`` follows.
+    """
+
+
+class InvalidCheckpointError(CheckpointError, ValueError):
+    """The checkpoint value is malformed or out of range (before the last checkpoint or after the last
+    delivered record). KCL's ``IllegalArgumentException``. Nothing was written."""
+
+
+# --- records -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class KinesisRecord:
+    """One user record as delivered to a processor.
+
+    For a KPL aggregate, every user record inside it shares the aggregate's ``sequence_number`` and carries its
+    index in the aggregate as ``sub_sequence_number`` (``aggregated`` is True); a plain record has sub-sequence 0.
+    ``data`` is excluded from ``repr`` so that records can be logged without their payload.
+    """
+
+    data: bytes = field(repr=False)
+    partition_key: str
+    sequence_number: str
+    sub_sequence_number: int = 0
+    approximate_arrival_timestamp: datetime | None = None
+    explicit_hash_key: str | None = None
+    aggregated: bool = False
+    encryption_type: str | None = None
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint value that marks this record (and everything before it) as processed."""
+        return Checkpoint(sequence=self.sequence_number, sub_sequence=self.sub_sequence_number)
+
+
+# --- checkpointer --------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class PreparedCheckpointer(Protocol):
+    """A pending checkpoint (KCL's two-phase checkpoint): stored as ``pendingCheckpoint`` until committed."""
+
+    @property
+    def pending_checkpoint(self) -> Checkpoint:
+        """The prepared value."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Commit the prepared value as the checkpoint (raises :class:`ShutdownError` if the lease was lost)."""
+        ...
+
+
+@runtime_checkable
+class Checkpointer(Protocol):
+    """Writes checkpoints for one lease, fenced by the lease counter (a stale owner can never write)."""
+
+    def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
+        """Record progress.
+
+        With no argument: the largest permitted value — the last record delivered to the processor, or
+        ``SHARD_END`` once the shard has ended. With ``sequence`` (and optionally ``sub_sequence``): exactly that
+        position, which must lie between the last checkpoint and the last delivered record.
+
+        Raises :class:`ShutdownError` if the lease was lost and :class:`InvalidCheckpointError` if the value is
+        out of range; infrastructure failures raise :class:`~worker_lib.errors.DependencyError`.
+        """
+        ...
+
+    def checkpoint_record(self, record: KinesisRecord) -> None:
+        """Record progress up to and including ``record`` (its sequence and sub-sequence number)."""
+        ...
+
+    def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
+        """Store a pending checkpoint (same value rules as :meth:`checkpoint`) and return its committer."""
+        ...
+
+    def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
+        """:meth:`prepare_checkpoint` for the position of ``record``."""
+        ...
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        """The last checkpoint this lease has (from the table at start, then every successful write)."""
+        ...
+
+
+def validate_checkpoint_value(
+    sequence: str,
+    sub_sequence: int,
+    *,
+    last_checkpoint: Checkpoint | None,
+    largest_permitted: Checkpoint | None,
+) -> Checkpoint:
+    """The checkpoint ``(sequence, sub_sequence)`` if a processor may write it now, else raise.
+
+    Rules (KCL's ``RecordProcessorCheckpointer``): the value is a decimal sequence number (or ``SHARD_END``)
+    with a non-negative sub-sequence; it is not before ``last_checkpoint`` (a real sequence number only);
+    and it is not after ``largest_permitted`` (the last delivered record, or ``SHARD_END`` at shard end).
+    """
+    if sub_sequence < 0:
+        raise InvalidCheckpointError(f"sub-sequence number {sub_sequence} is negative")
+    value = Checkpoint(sequence=sequence, sub_sequence=sub_sequence)
+    if value.is_shard_end:
+        if largest_permitted is None or not largest_permitted.is_shard_end:
+            raise InvalidCheckpointError("SHARD_END may only be checkpointed once the shard has ended")
+        return Checkpoint(sequence=sequence)
+    if not sequence.isdigit():
+        raise InvalidCheckpointError(f"{sequence!r} is not a sequence number")
+    if last_checkpoint is not None and not last_checkpoint.is_sentinel and last_checkpoint.is_after(value):
+        raise InvalidCheckpointError(f"checkpoint {value} is before the last checkpoint {last_checkpoint}")
+    if largest_permitted is None:
+        raise InvalidCheckpointError(f"checkpoint {value} is beyond the last delivered record (none delivered)")
+    if not largest_permitted.is_sentinel and value.is_after(largest_permitted):
+        raise InvalidCheckpointError(f"checkpoint {value} is beyond the last delivered record {largest_permitted}")
+    return value
+
+
+# --- the processor protocol ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitializationInput:
+    """Where the lease starts: its checkpoint (a sequence number or a sentinel) and any pending checkpoint."""
+
+    shard_id: str
+    checkpoint: Checkpoint
+    pending_checkpoint: Checkpoint | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessRecordsInput:
+    """One batch of de-aggregated records in shard order.
+
+    millis_behind_latest: how far the batch is behind the tip of the shard (from GetRecords; None if unknown).
+    cache_entry_time / cache_exit_time: when the batch was fetched and handed to the processor (KCL's
+      prefetch-cache timestamps; equal when the batch was not queued).
+    is_at_shard_end: True for the last batch of a closed shard (``shard_ended`` follows).
+    """
+
+    shard_id: str
+    records: Sequence[KinesisRecord]
+    checkpointer: Checkpointer
+    millis_behind_latest: int | None = None
+    cache_entry_time: datetime | None = None
+    cache_exit_time: datetime | None = None
+    is_at_shard_end: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseLostInput:
+    """The lease was taken by another worker or expired: stop work; checkpointing is no longer possible."""
+
+    shard_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEndedInput:
+    """The shard is closed and every record was delivered. The processor must call ``checkpointer.checkpoint()``
+    (which writes ``SHARD_END``), otherwise the children never start."""
+
+    shard_id: str
+    checkpointer: Checkpointer
+    child_shard_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShutdownRequestedInput:
+    """The worker is giving the lease up (graceful handoff or shutdown): flush and checkpoint now."""
+
+    shard_id: str
+    checkpointer: Checkpointer
+
+
+@runtime_checkable
+class RecordProcessor(Protocol):
+    """What a record processor implements (KCL's ``ShardRecordProcessor``)."""
+
+    def initialize(self, input: InitializationInput) -> None: ...
+
+    def process_records(self, input: ProcessRecordsInput) -> None: ...
+
+    def lease_lost(self, input: LeaseLostInput) -> None: ...
+
+    def shard_ended(self, input: ShardEndedInput) -> None: ...
+
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> None: ...
+
+
+ProcessorFactory: TypeAlias = Callable[[], RecordProcessor]
+HandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Checkpointer], object]
+
+_PROCESSOR_METHODS = ("initialize", "process_records", "lease_lost", "shard_ended", "shutdown_requested")
+
+
+class FunctionProcessor:
+    """Adapts a plain function ``handle(records, checkpointer)`` to :class:`RecordProcessor`.
+
+    Contract for the function: when ``handle`` returns, the records it was given are done. The function may
+    checkpoint itself whenever it likes. Because it cannot see the lifecycle, this adapter checkpoints for it:
+
+    * at shard end: ``SHARD_END`` (otherwise the child shards would never start);
+    * on a shutdown request: the last record of the last batch ``handle`` returned from normally;
+    * after every batch as well, if ``checkpoint_every_batch`` is set.
+
+    Empty batches are not passed to the function. An exception from ``handle`` propagates (the shard consumer
+    logs it, as KCL does) and that batch is never checkpointed by the adapter.
+    """
+
+    def __init__(self, handle: HandleFunction, *, checkpoint_every_batch: bool = False) -> None:
+        self.handle = handle
+        self.checkpoint_every_batch = checkpoint_every_batch
+        self.shard_id: str | None = None
+        self._done: KinesisRecord | None = None  # last record of the last batch handled without error
+        self._checkpointed: KinesisRecord | None = None
+
+    def __repr__(self) -> str:
+        return f"FunctionProcessor({_qualname(self.handle)})"
+
+    def initialize(self, input: InitializationInput) -> None:
+        self.shard_id = input.shard_id
+
+    def process_records(self, input: ProcessRecordsInput) -> None:
+        if not input.records:
+            return
+        self.handle(input.records, input.checkpointer)
+        self._done = input.records[-1]
+        if self.checkpoint_every_batch:
+            self._checkpoint_done(input.checkpointer)
+
+    def lease_lost(self, input: LeaseLostInput) -> None:
+        self._done = None
+
+    def shard_ended(self, input: ShardEndedInput) -> None:
+        input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
+        self._checkpoint_done(input.checkpointer)
+
+    def _checkpoint_done(self, checkpointer: Checkpointer) -> None:
+        done = self._done
+        if done is None or done is self._checkpointed:
+            return
+        last = checkpointer.last_checkpoint
+        if last is not None and not last.is_sentinel and not done.checkpoint.is_after(last):
+            return  # the function already checkpointed this far (or further)
+        checkpointer.checkpoint_record(done)
+        self._checkpointed = done
+
+
+# --- loading a processor from "module:attr" ------------------------------------------------------------------
+
+
+def load_processor(spec: str) -> ProcessorFactory:
+    """Resolve ``"module:attr"`` to a factory that makes one :class:`RecordProcessor` per lease.
+
+    ``attr`` (dots allowed, e.g. ``Outer.Inner``) may name a record-processor class, a factory taking no
+    arguments (its result is checked when called), or a function ``handle(records, checkpointer)`` (wrapped in
+    :class:`FunctionProcessor`). Anything else raises :class:`ConfigError` with one line saying what is wrong.
+    """
+    module_name, sep, attr_path = spec.strip().partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ConfigError(f"invalid processor {spec!r}: expected MODULE:ATTR, e.g. mypkg.processors:MyProcessor")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ConfigError(f"invalid processor {spec!r}: no module named {exc.name!r}") from None
+        raise ConfigError(f"invalid processor {spec!r}: importing {module_name!r} failed: {_one_line(exc)}") from exc
+    except Exception as exc:  # a broken user module: report it in one line, never a traceback
+        raise ConfigError(f"invalid processor {spec!r}: importing {module_name!r} failed: {_one_line(exc)}") from exc
+
+    target: Any = module
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(
+                f"invalid processor {spec!r}: {getattr(target, '__name__', module_name)!r} has no attribute {part!r}"
+            ) from None
+
+    if inspect.isclass(target):
+        missing = [m for m in _PROCESSOR_METHODS if not callable(getattr(target, m, None))]
+        if missing:
+            raise ConfigError(
+                f"invalid processor {spec!r}: class {target.__name__} is not a record processor "
+                f"(missing {', '.join(missing)})"
+            )
+        if not _accepts(target, 0):
+            raise ConfigError(
+                f"invalid processor {spec!r}: class {target.__name__} must be constructible without arguments"
+            )
+        return cast(ProcessorFactory, target)  # checked above: it has every method of the protocol
+    if not callable(target):
+        kind = "a record processor instance" if _looks_like_processor(target) else f"a {type(target).__name__}"
+        raise ConfigError(
+            f"invalid processor {spec!r}: {attr_path} is {kind}; expected a record-processor class, "
+            "a factory taking no arguments, or a function handle(records, checkpointer)"
+        )
+    if _accepts(target, 0):
+        return _CheckedFactory(target, spec)
+    if _accepts(target, 2):
+        handle: HandleFunction = target
+        return _FunctionProcessorFactory(handle)
+    raise ConfigError(
+        f"invalid processor {spec!r}: {attr_path} takes neither no arguments (a factory) nor "
+        "(records, checkpointer) (a handle function)"
+    )
+
+
+class _CheckedFactory:
+    """A user factory whose result is checked to be a record processor (it is only known once called)."""
+
+    def __init__(self, factory: Callable[[], object], spec: str) -> None:
+        self._factory = factory
+        self._spec = spec
+
+    def __repr__(self) -> str:
+        return f"factory {self._spec}"
+
+    def __call__(self) -> RecordProcessor:
+        made = self._factory()
+        if isinstance(made, RecordProcessor):
+            return made
+        missing = [m for m in _PROCESSOR_METHODS if not callable(getattr(made, m, None))]
+        raise ConfigError(
+            f"invalid processor {self._spec!r}: the factory returned a {type(made).__name__}, "
+            f"not a record processor (missing {', '.join(missing)})"
+        )
+
+
+class _FunctionProcessorFactory:
+    def __init__(self, handle: HandleFunction) -> None:
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"function {_qualname(self.handle)}"
+
+    def __call__(self) -> RecordProcessor:
+        return FunctionProcessor(self.handle)
+
+
+def _accepts(func: Callable[..., object], positional: int) -> bool:
+    """Whether ``func`` can be called with exactly ``positional`` positional arguments."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # some builtins have no signature: assume the simplest use
+        return positional == 0
+    try:
+        signature.bind(*([None] * positional))
+    except TypeError:
+        return False
+    return True
+
+
+def _looks_like_processor(obj: object) -> bool:
+    return all(callable(getattr(obj, m, None)) for m in _PROCESSOR_METHODS)
+
+
+def _qualname(func: object) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
