@@ -1,0 +1,408 @@
+"""One shard consumer per held lease: read, deliver to the processor, checkpoint with fencing, end cleanly.
+
+Lifecycle (reference §8; DESIGN.md §4)::
+
+    wait for parents ─▶ initialize ─▶ (fetch ─▶ process_records)* ─┬─▶ SHARD_END: create child leases, record
+                                                                    │   childShardIds, shard_ended (must checkpoint)
+                                                                    ├─▶ handoff requested: shutdown_requested,
+                                                                    │   complete the handoff
+                                                                    ├─▶ worker stopping: shutdown_requested, give
+                                                                    │   the lease up at once
+                                                                    └─▶ lease lost / not renewed: lease_lost
+
+The consumer never delivers a batch while its lease is invalid (self-fencing), and never checkpoints except
+through :class:`LeaseCheckpointer`, whose every write is conditional on the lease counter.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import ConsumerConfig, ProcessorFailurePolicy
+from ..errors import DependencyError
+from ..leases.renewer import LeaseHolder
+from ..leases.store import LeaseStore
+from ..models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
+from .config import RetrievalConfig
+from .processor import (
+    InitializationInput,
+    KinesisRecord,
+    LeaseLostInput,
+    PreparedCheckpointer,
+    ProcessRecordsInput,
+    RecordProcessor,
+    ShardEndedInput,
+    ShutdownError,
+    ShutdownRequestedInput,
+    validate_checkpoint_value,
+)
+from .retrieval import RecordBatch, ShardRecordFetcher
+
+log = logging.getLogger("shardlease.worker.consumer")
+
+ShardLister = Callable[[], Sequence[ShardInfo]]
+BytesSink = Callable[[str, int], None]  # (lease_key, bytes delivered)
+
+
+class ConsumerOutcome(enum.Enum):
+    FINISHED = "finished"  # SHARD_END checkpointed
+    SHUTDOWN = "shutdown"  # worker stopping; lease given up
+    HANDED_OFF = "handed_off"  # graceful handoff completed
+    LOST = "lost"  # lease lost or not renewed in time
+    GAVE_UP = "gave_up"  # processor kept failing (policy STOP): lease given up for a retry from the checkpoint
+
+
+# --- checkpointer ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    checkpointer: LeaseCheckpointer
+    value: Checkpoint
+
+    @property
+    def pending_checkpoint(self) -> Checkpoint:
+        return self.value
+
+    def checkpoint(self) -> None:
+        self.checkpointer._write(self.value)
+
+
+class LeaseCheckpointer:
+    """The :class:`~worker_lib.processing.processor.Checkpointer` handed to processors for one lease."""
+
+    def __init__(self, holder: LeaseHolder, lease_key: str, *, initial: Checkpoint) -> None:
+        self._holder = holder
+        self._lease_key = lease_key
+        self._last: Checkpoint | None = initial
+        self.largest_permitted: Checkpoint | None = None  # the last delivered record, or SHARD_END at the end
+        self.writes = 0
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self._last
+
+    def _value(self, sequence: str | None, sub_sequence: int) -> Checkpoint | None:
+        if sequence is None:
+            return self.largest_permitted  # None: nothing delivered yet, nothing to record
+        return validate_checkpoint_value(
+            sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=self.largest_permitted
+        )
+
+    def _write(self, value: Checkpoint) -> None:
+        if self._last is not None and value == self._last:
+            return  # already recorded: spare a write
+        if self._holder.checkpoint(self._lease_key, value) is None:
+            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
+        self._last = value
+        self.writes += 1
+
+    def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
+        value = self._value(sequence, sub_sequence)
+        if value is not None:
+            self._write(value)
+
+    def checkpoint_record(self, record: KinesisRecord) -> None:
+        self.checkpoint(record.sequence_number, record.sub_sequence_number)
+
+    def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
+        value = self._value(sequence, sub_sequence)
+        if value is None:
+            raise ShutdownError(f"nothing delivered on {self._lease_key} yet: no checkpoint to prepare")
+        if self._holder.prepare_checkpoint(self._lease_key, value) is None:
+            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; nothing prepared")
+        return _Prepared(self, value)
+
+    def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
+        return self.prepare_checkpoint(record.sequence_number, record.sub_sequence_number)
+
+
+# --- the consumer ------------------------------------------------------------------------------------------------
+
+
+class ShardConsumer:
+    """Consumes one leased shard on the calling thread until it ends, is lost, handed off or stopped."""
+
+    def __init__(
+        self,
+        *,
+        lease_key: str,
+        stream: str,
+        holder: LeaseHolder,
+        store: LeaseStore,
+        processor: RecordProcessor,
+        kinesis_client: object,
+        list_shards: ShardLister,
+        config: ConsumerConfig | None = None,
+        retrieval: RetrievalConfig | None = None,
+        initial_timestamp: datetime | None = None,
+        on_bytes: BytesSink | None = None,
+        on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.lease_key = lease_key
+        self.stream = stream
+        self._holder = holder
+        self._store = store
+        self._processor = processor
+        self._kinesis = kinesis_client
+        self._list_shards = list_shards
+        self._config = config or ConsumerConfig()
+        self._retrieval = retrieval or RetrievalConfig()
+        self._initial_timestamp = initial_timestamp
+        self._on_bytes = on_bytes
+        self._on_records = on_records
+        self._clock = clock
+        self._stop = threading.Event()
+        self.records_delivered = 0
+        self.bytes_delivered = 0
+        self.millis_behind_latest: int | None = None
+
+    def request_stop(self) -> None:
+        """Worker shutdown: finish the batch in flight, let the processor checkpoint, give the lease up."""
+        self._stop.set()
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def _wait(self, seconds: float) -> None:
+        """Wait up to ``seconds``, waking early on stop (real time uses the event; a manual clock just advances)."""
+        end = self._clock.monotonic() + seconds
+        while not self._stop.is_set():
+            remaining = end - self._clock.monotonic()
+            if remaining <= 0:
+                return
+            self._clock.sleep(min(remaining, 0.1))
+
+    def _lease_lost(self) -> ConsumerOutcome:
+        log.info("lease lost lease=%s: stopping processing", self.lease_key)
+        try:
+            self._processor.lease_lost(LeaseLostInput(shard_id=self.lease_key))
+        except Exception as exc:
+            log.warning("processor.lease_lost raised on %s: %s", self.lease_key, _one_line(exc))
+        return ConsumerOutcome.LOST
+
+    def _shutdown_requested(self, checkpointer: LeaseCheckpointer) -> None:
+        try:
+            self._processor.shutdown_requested(
+                ShutdownRequestedInput(shard_id=self.lease_key, checkpointer=checkpointer)
+            )
+        except Exception as exc:
+            log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, _one_line(exc))
+
+    def _parents_ended(self, lease: Lease) -> bool:
+        """A child is processed only after every parent reached SHARD_END (or its lease is already gone)."""
+        for parent in sorted(lease.parent_shard_ids):
+            parent_lease = self._store.get_lease(parent)
+            if parent_lease is not None and not parent_lease.is_finished:
+                return False
+        return True
+
+    # --- main -----------------------------------------------------------------------------------------------
+
+    def run(self) -> ConsumerOutcome:
+        try:
+            return self._run()
+        finally:
+            if self._on_bytes is not None:
+                self._on_bytes(self.lease_key, 0)  # let the recorder close the window
+
+    def _run(self) -> ConsumerOutcome:
+        lease = self._holder.lease(self.lease_key)
+        if lease is None or not self._holder.is_valid(self.lease_key):
+            return ConsumerOutcome.LOST
+        if lease.is_finished:
+            self._holder.drop(self.lease_key)
+            return ConsumerOutcome.FINISHED
+
+        while not self._parents_ended(lease):
+            if self._stop.is_set():
+                self._holder.evict(self.lease_key)
+                return ConsumerOutcome.SHUTDOWN
+            if not self._holder.is_valid(self.lease_key):
+                return ConsumerOutcome.LOST
+            log.debug("lease %s waits for its parents %s", self.lease_key, sorted(lease.parent_shard_ids))
+            self._wait(self._config.parent_poll_interval_ms / 1000)
+
+        checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint)
+        timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
+        fetcher = ShardRecordFetcher(
+            self.stream,
+            lease.shard_id,
+            kinesis_client=self._kinesis,
+            start=lease.checkpoint,
+            timestamp=timestamp,
+            clock=self._clock,
+            config=self._retrieval,
+        )
+        self._processor.initialize(
+            InitializationInput(
+                shard_id=self.lease_key, checkpoint=lease.checkpoint, pending_checkpoint=lease.pending_checkpoint
+            )
+        )
+        while True:
+            if self._stop.is_set():
+                self._shutdown_requested(checkpointer)
+                self._holder.evict(self.lease_key)
+                log.info(
+                    "lease given up at shutdown lease=%s checkpoint=%s", self.lease_key, checkpointer.last_checkpoint
+                )
+                return ConsumerOutcome.SHUTDOWN
+            if self._holder.handoff_requested(self.lease_key):
+                self._shutdown_requested(checkpointer)
+                self._holder.complete_handoff(self.lease_key)
+                return ConsumerOutcome.HANDED_OFF
+            if not self._holder.is_valid(self.lease_key):
+                return self._lease_lost()
+            try:
+                batch = fetcher.fetch()
+            except DependencyError as exc:
+                log.warning("reading %s failed: %s", self.lease_key, exc)
+                self._wait(self._config.error_backoff_ms / 1000)
+                continue
+            if not self._holder.is_valid(self.lease_key):
+                return self._lease_lost()  # never deliver what we may no longer own
+            if batch.records:
+                checkpointer.largest_permitted = fetcher.last_delivered
+                outcome = self._deliver(batch, checkpointer)
+                if outcome is not None:
+                    return outcome
+            elif batch.millis_behind_latest is not None:
+                self.millis_behind_latest = batch.millis_behind_latest
+            if batch.end_of_shard:
+                return self._shard_end(batch, checkpointer)
+
+    def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome | None:
+        now = datetime.fromtimestamp(self._clock.wall(), timezone.utc)
+        records_input = ProcessRecordsInput(
+            shard_id=self.lease_key,
+            records=batch.records,
+            checkpointer=checkpointer,
+            millis_behind_latest=batch.millis_behind_latest,
+            cache_entry_time=now,
+            cache_exit_time=now,
+            is_at_shard_end=batch.end_of_shard,
+        )
+        backoff_s = self._config.processor_retry_backoff_ms / 1000
+        attempts = 1 + self._config.processor_retries
+        for attempt in range(1, attempts + 1):
+            try:
+                self._processor.process_records(records_input)
+                break
+            except ShutdownError:
+                return self._lease_lost()
+            except Exception as exc:
+                first, last = batch.records[0].checkpoint, batch.records[-1].checkpoint
+                log.error(
+                    "processor failed on %s records %s..%s (attempt %d of %d): %s",
+                    self.lease_key,
+                    first,
+                    last,
+                    attempt,
+                    attempts,
+                    _one_line(exc),
+                )
+                if attempt == attempts:
+                    if self._config.failure_policy is ProcessorFailurePolicy.SKIP:
+                        log.error("skipping %d records on %s (policy skip)", len(batch.records), self.lease_key)
+                        break
+                    log.error(
+                        "giving lease %s up without checkpointing (policy stop): the batch will be read again "
+                        "from checkpoint %s",
+                        self.lease_key,
+                        checkpointer.last_checkpoint,
+                    )
+                    self._holder.evict(self.lease_key)
+                    return ConsumerOutcome.GAVE_UP
+                self._wait(backoff_s)
+                backoff_s *= 2
+                if not self._holder.is_valid(self.lease_key):
+                    return self._lease_lost()
+        size = batch.data_bytes
+        self.records_delivered += len(batch.records)
+        self.bytes_delivered += size
+        self.millis_behind_latest = batch.millis_behind_latest
+        if self._on_bytes is not None:
+            self._on_bytes(self.lease_key, size)
+        if self._on_records is not None:
+            self._on_records(self.lease_key, batch.records, batch.millis_behind_latest)
+        return None
+
+    # --- SHARD_END ------------------------------------------------------------------------------------------
+
+    def _child_leases_ready(self, children: Sequence[str]) -> bool:
+        """Create missing child leases (TRIM_HORIZON, parents set). For a merge child both parents' leases must
+        be present (KCL's rule): if the partner's lease is missing, shard sync must create it first."""
+        if not children:
+            return True
+        shards = {shard.shard_id: shard for shard in self._list_shards()}
+        for child_id in children:
+            if self._store.get_lease(child_id) is not None:
+                continue
+            shard = shards.get(child_id)
+            if shard is None:
+                log.warning("child shard %s of %s is not listed yet; retrying", child_id, self.lease_key)
+                return False
+            partners = [p for p in shard.parent_ids if p != self.lease_key]
+            if any(self._store.get_lease(p) is None for p in partners):
+                log.warning(
+                    "merge child %s: partner lease %s missing; waiting for shard sync", child_id, ",".join(partners)
+                )
+                return False
+            created = self._store.create_lease_if_absent(
+                Lease(
+                    lease_key=child_id,
+                    checkpoint=TRIM_HORIZON,
+                    parent_shard_ids=frozenset(shard.parent_ids),
+                    starting_hash_key=shard.starting_hash_key,
+                    ending_hash_key=shard.ending_hash_key,
+                )
+            )
+            log.info("child lease %s of %s %s", child_id, self.lease_key, "created" if created else "exists")
+        return True
+
+    def _shard_end(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
+        children = list(batch.child_shards)
+        while True:
+            if not self._holder.is_valid(self.lease_key):
+                return self._lease_lost()
+            if self._stop.is_set():
+                self._shutdown_requested(checkpointer)
+                self._holder.evict(self.lease_key)
+                return ConsumerOutcome.SHUTDOWN
+            try:
+                ready = self._child_leases_ready(children)
+                if ready and children:
+                    self._holder.update_child_shard_ids(self.lease_key, children)
+                if ready:
+                    checkpointer.largest_permitted = SHARD_END
+                    self._processor.shard_ended(
+                        ShardEndedInput(
+                            shard_id=self.lease_key, checkpointer=checkpointer, child_shard_ids=tuple(children)
+                        )
+                    )
+                    if checkpointer.last_checkpoint == SHARD_END:
+                        self._holder.drop(self.lease_key)
+                        log.info("shard ended lease=%s children=%s", self.lease_key, ",".join(children) or "-")
+                        return ConsumerOutcome.FINISHED
+                    log.error(
+                        "processor did not checkpoint SHARD_END on %s: its children cannot start; retrying",
+                        self.lease_key,
+                    )
+            except ShutdownError:
+                return self._lease_lost()
+            except DependencyError as exc:
+                log.warning("SHARD_END handling for %s failed: %s", self.lease_key, exc)
+            except Exception as exc:
+                log.error("processor.shard_ended raised on %s: %s", self.lease_key, _one_line(exc))
+            self._wait(self._config.shard_end_retry_interval_ms / 1000)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
