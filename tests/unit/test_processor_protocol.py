@@ -213,6 +213,7 @@ def test_checkpoint_errors_belong_to_the_hierarchy() -> None:
         ("LATEST", 0, None, Checkpoint(sequence="300"), "'LATEST' is not a sequence number"),
         ("12a", 0, None, Checkpoint(sequence="300"), "is not a sequence number"),
         ("100", -1, None, Checkpoint(sequence="300"), "negative"),
+        ("250", 0, SHARD_END, SHARD_END, "before the last checkpoint SHARD_END"),
     ],
 )
 def test_out_of_range_checkpoints_are_rejected(
@@ -229,6 +230,7 @@ def test_out_of_range_checkpoints_are_rejected(
         ("300", 4, Checkpoint(sequence="TRIM_HORIZON"), Checkpoint(sequence="300", sub_sequence=4)),
         ("250", 0, None, SHARD_END),  # at shard end anything up to SHARD_END
         ("SHARD_END", 0, Checkpoint(sequence="250"), SHARD_END),
+        ("SHARD_END", 0, SHARD_END, SHARD_END),  # repeating SHARD_END is harmless
     ],
 )
 def test_in_range_checkpoints_are_accepted(

@@ -14,8 +14,10 @@ The KPL aggregation format (public, in the amazon-kinesis-producer repository, `
     message Tag { required string key = 1; optional string value = 2; }
 
 The schema is small and stable, so a ~80-line wire-format reader (varints and length-delimited fields, unknown
-fields skipped) replaces the ``protobuf`` runtime and the ``aws-kinesis-agg`` package (whose generated modules
-pin the protobuf runtime and whose de-aggregator works on Lambda-event dictionaries, not our records).
+fields skipped) replaces the ``protobuf`` runtime and the ``aws-kinesis-agg`` package. That package (1.2.3, last
+released 2022) needs the protobuf runtime, puts its own directory and site-packages at the front of ``sys.path``
+when imported (a process-wide side effect a library must not have), and its de-aggregator works on Lambda-event
+dictionaries rather than GetRecords records. The tests use its *aggregator* as an independent encoder.
 
 Every user record inside an aggregate gets the aggregate's sequence number and its index in the aggregate as
 sub-sequence number, as KCL does. A record that starts with the magic number but does not decode (bad MD5,
@@ -194,9 +196,8 @@ def deaggregate(record: KinesisRecord, *, hash_range: tuple[int, int] | None = N
         parts = decode_aggregate(record.data)
     except (AggregateFormatError, ValueError) as exc:
         log.warning(
-            "record %s (partition key %r) looks like a KPL aggregate but is corrupt (%s): delivered as is",
+            "record %s looks like a KPL aggregate but is corrupt (%s): delivered as is",
             record.sequence_number,
-            record.partition_key,
             exc,
         )
         return [record]

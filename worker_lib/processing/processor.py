@@ -169,6 +169,8 @@ def validate_checkpoint_value(
     if sub_sequence < 0:
         raise InvalidCheckpointError(f"sub-sequence number {sub_sequence} is negative")
     value = Checkpoint(sequence=sequence, sub_sequence=sub_sequence)
+    if last_checkpoint is not None and last_checkpoint.is_shard_end and not value.is_shard_end:
+        raise InvalidCheckpointError(f"checkpoint {value} is before the last checkpoint SHARD_END")
     if value.is_shard_end:
         if largest_permitted is None or not largest_permitted.is_shard_end:
             raise InvalidCheckpointError("SHARD_END may only be checkpointed once the shard has ended")

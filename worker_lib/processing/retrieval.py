@@ -46,7 +46,10 @@ from .processor import KinesisRecord
 
 log = logging.getLogger(__name__)
 
-_THROTTLED = frozenset({"ProvisionedThroughputExceededException", "LimitExceededException"}) | aws.THROTTLING_CODES
+_THROTTLED = (
+    frozenset({"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"})
+    | aws.THROTTLING_CODES
+)
 _EXPIRED = "ExpiredIteratorException"
 
 
