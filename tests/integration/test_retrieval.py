@@ -7,12 +7,14 @@ produce on demand (expired iterators, throttling) are injected with botocore hoo
 
 from __future__ import annotations
 
+import functools
+import importlib
+import sys
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from aws_kinesis_agg.aggregator import RecordAggregator
 
 from tests.support.kinesis_faults import add_child_shards, fail_calls, record_calls
 from worker_lib import aws
@@ -26,6 +28,17 @@ from worker_lib.processing.processor import KinesisRecord
 from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
 
 SHARD = "shardId-000000000000"
+
+
+@functools.cache
+def reference_encoder() -> Any:
+    """``aws_kinesis_agg.aggregator`` (the independent KPL encoder), imported without keeping the entries the
+    package inserts at the front of ``sys.path`` on import."""
+    saved = list(sys.path)
+    try:
+        return importlib.import_module("aws_kinesis_agg.aggregator")
+    finally:
+        sys.path[:] = saved
 
 
 @pytest.fixture(params=["moto", pytest.param("kinesalite", marks=pytest.mark.kinesalite)])
@@ -58,7 +71,7 @@ def put(kinesis: Any, stream: str, data: bytes, key: str = "pk") -> str:
 
 def put_aggregate(kinesis: Any, stream: str, parts: list[bytes]) -> str:
     """One KPL aggregate built by aws-kinesis-agg (an independent encoder), put with PutRecord."""
-    aggregator = RecordAggregator()
+    aggregator = reference_encoder().RecordAggregator()
     for i, part in enumerate(parts):
         assert aggregator.add_user_record(f"user-{i}", part) is None
     partition_key, explicit_hash_key, payload = aggregator.clear_and_get().get_contents()

@@ -3,12 +3,15 @@ messages), including corrupt aggregates, which must be delivered as they are."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import logging
+import sys
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
-from aws_kinesis_agg.aggregator import RecordAggregator, messages_pb2  # the package needs this import order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,16 +29,27 @@ from worker_lib.processing.processor import KinesisRecord
 ARRIVAL = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)
 
 
+@functools.cache
+def reference_encoder() -> Any:
+    """``aws_kinesis_agg.aggregator`` (the independent KPL encoder), imported without keeping the entries the
+    package inserts at the front of ``sys.path`` on import."""
+    saved = list(sys.path)
+    try:
+        return importlib.import_module("aws_kinesis_agg.aggregator")
+    finally:
+        sys.path[:] = saved
+
+
 def kpl_aggregate(user_records: list[tuple[str, bytes, str | None]]) -> bytes:
     """An aggregate made by aws-kinesis-agg's RecordAggregator (the reference encoder)."""
-    aggregator = RecordAggregator()
+    aggregator = reference_encoder().RecordAggregator()
     for partition_key, data, explicit_hash_key in user_records:
         assert aggregator.add_user_record(partition_key, data, explicit_hash_key) is None  # fits in one
     _pk, _ehk, payload = aggregator.clear_and_get().get_contents()
     return bytes(payload)
 
 
-def framed(message: messages_pb2.AggregatedRecord) -> bytes:
+def framed(message: Any) -> bytes:
     """A protobuf message built with the protobuf runtime, framed as KPL does (magic + body + MD5)."""
     body: bytes = message.SerializeToString()
     return MAGIC + body + hashlib.md5(body).digest()
@@ -111,7 +125,7 @@ def test_corrupt_aggregate_is_delivered_raw_with_a_warning(
 
 def test_tags_and_unknown_fields_are_skipped() -> None:
     # GIVEN an aggregate built with the protobuf runtime whose records carry tags
-    message = messages_pb2.AggregatedRecord()
+    message = reference_encoder().messages_pb2.AggregatedRecord()
     message.partition_key_table.extend(["p0", "p1"])
     message.explicit_hash_key_table.append("42")
     first = message.records.add(partition_key_index=1, data=b"first")
@@ -132,7 +146,7 @@ def test_tags_and_unknown_fields_are_skipped() -> None:
 )
 def test_index_outside_a_key_table_is_corrupt(field: str, value: int) -> None:
     # GIVEN a well-framed aggregate whose record points past a key table
-    message = messages_pb2.AggregatedRecord()
+    message = reference_encoder().messages_pb2.AggregatedRecord()
     message.partition_key_table.extend(["p0", "p1"])
     message.explicit_hash_key_table.append("7")
     record_fields = {"partition_key_index": 0, "data": b"x", field: value}
@@ -146,7 +160,7 @@ def test_index_outside_a_key_table_is_corrupt(field: str, value: int) -> None:
 
 def test_record_without_data_is_corrupt() -> None:
     # GIVEN an aggregate whose record lacks the required data field (proto2 `required`)
-    message = messages_pb2.AggregatedRecord()
+    message = reference_encoder().messages_pb2.AggregatedRecord()
     message.partition_key_table.append("p0")
     message.records.add(partition_key_index=0)
     # THEN it is not decoded (the proto2 runtime would refuse it too)
