@@ -101,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     leader.add_argument("--worker-id", metavar="ID", help="name this leader uses for the lock (default host:pid)")
     leader.add_argument("--json", action="store_true", help="print the cycle summary as JSON")
     leader.set_defaults(func=_cmd_leader)
+
+    worker = sub.add_parser("worker", help="run a worker: hold leases, process records, checkpoint")
+    _add_app(worker, stream=True)
+    worker.add_argument(
+        "--processor", required=True, metavar="MODULE:ATTR", help="record processor class, factory or function"
+    )
+    worker.add_argument("--worker-id", metavar="ID", help="this worker's lease-owner name (default host:pid)")
+    _add_position(worker)
+    _add_aws(worker)
+    worker.set_defaults(func=_cmd_worker)
     return parser
 
 
@@ -147,6 +157,25 @@ def _cmd_leader(args: argparse.Namespace) -> int:
         owner=args.worker_id,
         as_json=args.json,
     )
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .processing.processor import load_processor
+    from .worker import Worker, WorkerConfig
+
+    aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
+    factory = load_processor(args.processor)
+    config = WorkerConfig.from_env(
+        app=args.app,
+        stream=args.stream,
+        worker_id=args.worker_id,
+        initial_position=shard_sync.initial_position,
+        initial_timestamp=shard_sync.initial_timestamp,
+    )
+    worker = Worker(config, factory, aws_config=aws_config)
+    worker.preflight()
+    worker.run()
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -272,6 +272,12 @@ class LeaseDiscoverer:
                 continue
             lease = self._store.get_lease(key)
             # The GSI is eventually consistent and a handoff *to* us is not ours until the old owner lets go.
-            if lease is not None and lease.lease_owner == self.worker_id and lease.checkpoint_owner is None:
+            # A finished lease (SHARD_END) has nothing left to read: its consumer already dropped it.
+            if (
+                lease is not None
+                and lease.lease_owner == self.worker_id
+                and lease.checkpoint_owner is None
+                and not lease.is_finished
+            ):
                 found.append(lease)
         return sorted(found, key=lambda lease: lease.lease_key)

@@ -1,0 +1,198 @@
+"""The Worker in-process against emulators: every record once, checkpoints, restart, resharding order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.recording import (
+    Journal,
+    RecordingProcessor,
+    assign_unowned,
+    create_leases_for_open_shards,
+    wait_until,
+)
+from worker_lib import aws
+from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.worker import Worker, WorkerConfig
+
+FAST_LEASES = LeaseConfig(failover_time_ms=3_000)
+FAST_READS = RetrievalConfig(idle_time_between_reads_ms=100)
+
+
+def put(kinesis: Any, stream: str, start: int, count: int) -> list[bytes]:
+    datas = [f"record-{n:05d}".encode() for n in range(start, start + count)]
+    for i in range(0, count, 100):
+        chunk = datas[i : i + 100]
+        kinesis.put_records(StreamName=stream, Records=[{"Data": d, "PartitionKey": d.decode()} for d in chunk])
+    return datas
+
+
+def make_worker(app: str, stream: str, worker_id: str, journal: Journal, *, ddb: Any, kinesis: Any) -> Worker:
+    config = WorkerConfig(
+        app=app,
+        stream=stream,
+        worker_id=worker_id,
+        lease=FAST_LEASES,
+        retrieval=FAST_READS,
+        discovery_interval_ms=200,
+        shutdown_timeout_ms=10_000,
+    )
+    return Worker(config, lambda: RecordingProcessor(journal), dynamodb=ddb, kinesis=kinesis)
+
+
+@pytest.fixture
+def moto_clients(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any]:
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    return ddb, aws.client("kinesis", moto_aws)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.shutdown(timeout_s=5)
+
+
+def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpoints(
+    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+) -> None:
+    ddb, kinesis = moto_clients
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 4)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    # GIVEN 4 leases assigned to w1 and 300 records
+    create_leases_for_open_shards(store, kinesis, stream)
+    assign_unowned(store, lambda lease: "w1")
+    produced = put(kinesis, stream, 0, 300)
+    journal = Journal()
+    w1 = make_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis)
+    workers.append(w1)
+    # WHEN w1 runs
+    w1.start()
+    # THEN every record is processed exactly once
+    assert wait_until(lambda: len(journal.datas()) >= 300, timeout_s=30)
+    assert sorted(journal.datas()) == sorted(produced)
+    # AND per-shard order is the sequence order
+    for sequence in journal.by_shard().values():
+        assert sequence == sorted(sequence, key=lambda s: (int(s[0]), s[1]))
+    # WHEN w1 shuts down gracefully
+    assert w1.shutdown(timeout_s=10)
+    # THEN its leases are free at once and hold the last sequence number of each shard
+    leases = store.list_leases()
+    assert all(lease.lease_owner is None for lease in leases)
+    last = {shard: seqs[-1][0] for shard, seqs in journal.by_shard().items()}
+    assert {lease.lease_key: lease.checkpoint.sequence for lease in leases if lease.lease_key in last} == last
+    # WHEN 100 more records arrive and w2 takes over
+    produced += put(kinesis, stream, 300, 100)
+    assign_unowned(store, lambda lease: "w2")
+    w2 = make_worker(app_name, stream, "w2", journal, ddb=ddb, kinesis=kinesis)
+    workers.append(w2)
+    w2.start()
+    # THEN w2 processes only the new records: nothing lost, nothing twice
+    assert wait_until(lambda: len(journal.datas()) >= 400, timeout_s=30)
+    assert w2.shutdown(timeout_s=10)  # drains in-flight batches: a duplicate would show up now
+    assert sorted(journal.datas()) == sorted(produced)
+
+
+def test_a_lease_taken_away_stops_processing_and_never_checkpoints_again(
+    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+) -> None:
+    ddb, kinesis = moto_clients
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 1)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    (key,) = create_leases_for_open_shards(store, kinesis, stream)
+    assign_unowned(store, lambda lease: "w1")
+    put(kinesis, stream, 0, 10)
+    journal = Journal()
+    w1 = make_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis)
+    workers.append(w1)
+    w1.start()
+    assert wait_until(lambda: len(journal.datas()) >= 10, timeout_s=20)
+    # WHEN the leader reassigns the lease to w2 (as after an expiry)
+    lease = store.get_lease(key)
+    assert lease is not None and store.assign_lease(lease, "w2") is not None
+    # THEN w1 notices at its next renewal and calls lease_lost
+    assert wait_until(lambda: ("lease_lost", key) in journal.events, timeout_s=10)
+    # AND records put afterwards are not processed by w1
+    put(kinesis, stream, 10, 5)
+    assert wait_until(lambda: len(journal.datas()) > 10, timeout_s=1.5) is False
+    stored = store.get_lease(key)
+    assert stored is not None and stored.lease_owner == "w2"
+
+
+@pytest.mark.kinesalite
+def test_split_and_merge_while_producing_keep_order_and_lose_nothing(
+    kinesalite_endpoint: str, moto_aws: AwsConfig, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN a 3-shard stream on kinesalite (faithful resharding), leases in moto, two workers
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    kinesis = aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=2))
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 3)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    create_leases_for_open_shards(store, kinesis, stream)
+    journal = Journal()
+    names = ["w1", "w2"]
+    for name in names:
+        worker = make_worker(app_name, stream, name, journal, ddb=ddb, kinesis=kinesis)
+        workers.append(worker)
+        worker.start()
+    stop = threading.Event()
+
+    def assigner() -> None:  # stand-in for the leader: round-robin every unowned lease
+        turn = 0
+        while not stop.wait(0.2):
+
+            def owner(_lease: object) -> str:
+                nonlocal turn
+                turn += 1
+                return names[turn % 2]
+
+            assign_unowned(store, owner)
+
+    helper = threading.Thread(target=assigner, daemon=True)
+    helper.start()
+    try:
+        produced = put(kinesis, stream, 0, 150)
+        # WHEN shard 0 is split and shards 1+2 merged while records keep coming
+        shards = sorted(list_all_shards(kinesis, stream), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+        split_shard(kinesis, stream, shards[0]["ShardId"])
+        produced += put(kinesis, stream, 150, 150)
+        merge_shards(kinesis, stream, shards[1]["ShardId"], shards[2]["ShardId"])
+        produced += put(kinesis, stream, 300, 150)
+        # THEN every record is processed exactly once
+        assert wait_until(lambda: len(journal.datas()) >= len(produced), timeout_s=90), len(journal.datas())
+        stop.set()
+        helper.join(timeout=5)
+        assert all(worker.shutdown(timeout_s=10) for worker in workers)  # drain: duplicates would show now
+        assert sorted(journal.datas()) == sorted(produced)
+    finally:
+        stop.set()
+        helper.join(timeout=5)
+    # AND per-shard order holds
+    for sequence in journal.by_shard().values():
+        assert sequence == sorted(sequence, key=lambda s: (int(s[0]), s[1]))
+    # AND every child started only after all its parents ended
+    listing = list_all_shards(kinesis, stream)
+    for shard in listing:
+        parents = [p for p in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")) if p]
+        child_first = min((r[4] for r in journal.records if r[0] == shard["ShardId"]), default=None)
+        if parents and child_first is not None:
+            assert all(p in journal.ended and journal.ended[p] <= child_first for p in parents)
+    # AND the parents' leases hold SHARD_END with their children recorded
+    for shard in listing:
+        if shard.get("SequenceNumberRange", {}).get("EndingSequenceNumber"):
+            lease = store.get_lease(shard["ShardId"])
+            assert lease is not None and lease.is_finished and lease.child_shard_ids

@@ -1,0 +1,108 @@
+"""A record processor that records what it saw (for tests and the demo), and lease helpers for worker tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.models import TRIM_HORIZON, Lease
+from worker_lib.processing.processor import (
+    InitializationInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+
+
+@dataclass
+class Journal:
+    """Every record delivered: (shard, sequence, sub-sequence, data, monotonic time)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    records: list[tuple[str, str, int, bytes, float]] = field(default_factory=list)
+    ended: dict[str, float] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    def datas(self) -> list[bytes]:
+        with self.lock:
+            return [r[3] for r in self.records]
+
+    def by_shard(self) -> dict[str, list[tuple[str, int]]]:
+        out: dict[str, list[tuple[str, int]]] = {}
+        with self.lock:
+            for shard, seq, sub, _, _ in self.records:
+                out.setdefault(shard, []).append((seq, sub))
+        return out
+
+
+class RecordingProcessor:
+    """Checkpoints after every batch; checkpoints SHARD_END and at shutdown."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.shard_id = ""
+
+    def initialize(self, input: InitializationInput) -> None:
+        self.shard_id = input.shard_id
+        with self.journal.lock:
+            self.journal.started.setdefault(input.shard_id, time.monotonic())
+            self.journal.events.append(("initialize", input.shard_id))
+
+    def process_records(self, input: ProcessRecordsInput) -> None:
+        now = time.monotonic()
+        with self.journal.lock:
+            for record in input.records:
+                self.journal.records.append(
+                    (input.shard_id, record.sequence_number, record.sub_sequence_number, record.data, now)
+                )
+        input.checkpointer.checkpoint()
+
+    def lease_lost(self, input: LeaseLostInput) -> None:
+        with self.journal.lock:
+            self.journal.events.append(("lease_lost", input.shard_id))
+
+    def shard_ended(self, input: ShardEndedInput) -> None:
+        with self.journal.lock:
+            self.journal.ended[input.shard_id] = time.monotonic()
+            self.journal.events.append(("shard_ended", input.shard_id))
+        input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
+        with self.journal.lock:
+            self.journal.events.append(("shutdown_requested", input.shard_id))
+        input.checkpointer.checkpoint()
+
+
+def create_leases_for_open_shards(store: DynamoDBLeaseStore, kinesis: Any, stream: str) -> list[str]:
+    """Stand-in for the leader's shard sync in worker tests: a TRIM_HORIZON lease per shard."""
+    keys = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        lease = Lease(lease_key=shard["ShardId"], checkpoint=TRIM_HORIZON)
+        store.create_lease_if_absent(lease)
+        keys.append(shard["ShardId"])
+    return keys
+
+
+def assign_unowned(store: DynamoDBLeaseStore, owner_for: Callable[[Lease], str]) -> int:
+    """Stand-in for the leader's assignment: give every unowned, unfinished lease to ``owner_for(lease)``."""
+    assigned = 0
+    for lease in store.list_leases():
+        if lease.lease_owner is None and not lease.is_finished and store.assign_lease(lease, owner_for(lease)):
+            assigned += 1
+    return assigned
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float, step_s: float = 0.1) -> bool:
+    """Poll ``predicate`` in real time (multi-threaded tests against emulators), bounded by ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()

@@ -1,0 +1,382 @@
+"""The worker: the composition root users embed (DESIGN.md §4).
+
+One coordinator thread renews held leases every renewer interval (failover / 3 − ε) and discovers newly assigned
+ones every discovery interval; one consumer thread per lease reads and processes its shard; an optional
+reporter thread writes worker metrics (CPU, …) for the leader. ``shutdown()`` (or SIGTERM through
+:meth:`Worker.run`) lets every consumer finish its batch in flight, asks the processor to checkpoint, and gives
+the leases up at once so the leader reassigns them in its next cycle instead of after expiry.
+
+Nothing starts at construction: threads start in :meth:`start`; AWS clients are created in ``__init__`` from
+the injected session/config (or passed in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import FrameType
+from typing import Any, Protocol
+
+import boto3
+
+from . import aws
+from .clock import SYSTEM_CLOCK, Clock
+from .config import (
+    AwsConfig,
+    ConsumerConfig,
+    InitialPosition,
+    LeaseConfig,
+    _env,
+    _env_int,
+    parse_timestamp,
+    validate_app_name,
+)
+from .errors import ConfigError, DependencyError
+from .leases.dynamodb import DynamoDBLeaseStore
+from .leases.renewer import LeaseDiscoverer, LeaseHolder
+from .leases.store import LeaseStore
+from .models import ShardInfo
+from .processing.config import RetrievalConfig
+from .processing.consumer import ConsumerOutcome, ShardConsumer
+from .processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
+
+log = logging.getLogger("shardlease.worker")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Everything a worker needs besides its processor.
+
+    app / stream: the application (= lease table name) and the Kinesis stream.
+    worker_id: this worker's name in ``leaseOwner`` (default ``host:pid``); a prefix such as ``cluster-a/``
+      groups workers into clusters in ``shardlease status``.
+    initial_position / initial_timestamp: only used for a lease whose checkpoint is ``AT_TIMESTAMP`` (the
+      timestamp) — the leader decides the initial checkpoint of every lease it creates.
+    discovery_interval_ms: how often the GSI is queried for leases assigned to us (KCL 9975 ms).
+    shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s).
+    """
+
+    app: str
+    stream: str
+    worker_id: str = ""
+    initial_position: InitialPosition = InitialPosition.LATEST
+    initial_timestamp: datetime | None = None
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    discovery_interval_ms: int = 9_975
+    shutdown_timeout_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        validate_app_name(self.app)
+        if not self.stream:
+            raise ConfigError("a worker needs a stream name")
+        if not self.worker_id:
+            object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}")
+        if self.discovery_interval_ms < 100:
+            raise ConfigError("discovery_interval_ms must be at least 100")
+        if self.shutdown_timeout_ms < 0:
+            raise ConfigError("shutdown_timeout_ms must not be negative")
+
+    @property
+    def renewer_interval_s(self) -> float:
+        return self.lease.renewer_interval_ms / 1000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
+        e = _env(env)
+        raw_ts = e.get("SHARDLEASE_INITIAL_TIMESTAMP")
+        values: dict[str, Any] = {
+            "app": e.get("SHARDLEASE_APP", ""),
+            "stream": e.get("SHARDLEASE_STREAM", ""),
+            "worker_id": e.get("SHARDLEASE_WORKER_ID", ""),
+            "initial_position": InitialPosition.parse(e.get("SHARDLEASE_INITIAL_POSITION", "LATEST")),
+            "initial_timestamp": parse_timestamp(raw_ts) if raw_ts else None,
+            "lease": LeaseConfig.from_env(e),
+            "consumer": ConsumerConfig.from_env(e),
+            "retrieval": RetrievalConfig.from_env(e),
+            "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 9_975),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class ThroughputTracker(Protocol):
+    """Per-lease throughput for the leader (reference §6): bytes in, KBps out at each renewal."""
+
+    def record(self, lease_key: str, nbytes: int) -> None: ...
+
+    def renewal_value(self, lease_key: str) -> float | None: ...
+
+    def seed(self, lease_key: str, kbps: float | None) -> None: ...
+
+    def forget(self, lease_key: str) -> None: ...
+
+
+class MetricsReporter(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class _Running:
+    consumer: ShardConsumer
+    thread: threading.Thread
+    outcome: ConsumerOutcome | None = None
+
+
+class Worker:
+    """A Kinesis consumer worker holding leases from the shared lease table."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        processor_factory: ProcessorFactory,
+        *,
+        aws_config: AwsConfig | None = None,
+        boto3_session: boto3.Session | None = None,
+        dynamodb: Any = None,
+        kinesis: Any = None,
+        lease_store: LeaseStore | None = None,
+        throughput: ThroughputTracker | None = None,
+        metrics_reporter: MetricsReporter | None = None,
+        on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.worker_id = config.worker_id
+        aws_config = aws_config or AwsConfig()
+        self._dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
+        self._kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
+        self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
+        self._factory = processor_factory
+        self._throughput = throughput
+        self._reporter = metrics_reporter
+        self._on_records = on_records
+        self._clock = clock
+        self._holder = LeaseHolder(
+            self._store,
+            self.worker_id,
+            config=config.lease,
+            clock=clock,
+            throughput=throughput.renewal_value if throughput is not None else None,
+        )
+        self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
+        self._running: dict[str, _Running] = {}
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shard_cache: tuple[float, list[ShardInfo]] | None = None
+        self.renewal_failures = 0
+        self.outcomes: dict[str, ConsumerOutcome] = {}
+
+    # --- public ---------------------------------------------------------------------------------------------
+
+    @property
+    def held_leases(self) -> list[str]:
+        return self._holder.held_keys()
+
+    def preflight(self) -> None:
+        """One clear error before starting: lease table missing, stream missing, endpoint unreachable."""
+        with aws.translated("dynamodb DescribeTable", self._store.table_name):
+            self._dynamodb.describe_table(TableName=self._store.table_name)
+        with aws.translated("kinesis DescribeStreamSummary", self.config.stream):
+            self._kinesis.describe_stream_summary(StreamName=self.config.stream)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("worker already started")
+        if self._reporter is not None:
+            self._reporter.start()
+        self._thread = threading.Thread(target=self._coordinate, name=f"worker-{self.worker_id}", daemon=True)
+        self._thread.start()
+        log.info("worker started id=%s app=%s stream=%s", self.worker_id, self.config.app, self.config.stream)
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Start and block until shutdown. SIGTERM/SIGINT shut down gracefully; a second one forces exit."""
+        if install_signal_handlers:
+            self._install_signal_handlers()
+        self.start()
+        while not self._stopped.wait(0.5):
+            pass
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Graceful: each consumer finishes its batch, the processor checkpoints, leases are given up at once.
+
+        Returns True if every consumer finished within the timeout. Checkpoints already written are never
+        undone; a lease whose consumer did not finish expires normally.
+        """
+        timeout = self.config.shutdown_timeout_ms / 1000 if timeout_s is None else timeout_s
+        self._stop.set()
+        with self._guard:
+            running = list(self._running.values())
+        for entry in running:
+            entry.consumer.request_stop()
+        deadline = self._clock.monotonic() + timeout
+        clean = True
+        for entry in running:
+            entry.thread.join(max(0.0, deadline - self._clock.monotonic()))
+            clean = clean and not entry.thread.is_alive()
+        # Leases held but without a running consumer (e.g. waiting to start) are given up too.
+        for key in self._holder.held_keys():
+            with self._guard:
+                busy = key in self._running and self._running[key].thread.is_alive()
+            if not busy:
+                self._holder.evict(key)
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - self._clock.monotonic()))
+        if self._reporter is not None:
+            self._reporter.stop()
+        self._holder.close()
+        self._stopped.set()
+        log.info("worker stopped id=%s clean=%s", self.worker_id, clean)
+        return clean
+
+    # --- coordinator thread ---------------------------------------------------------------------------------
+
+    def _coordinate(self) -> None:
+        next_renewal = self._clock.monotonic()
+        next_discovery = self._clock.monotonic()
+        while not self._stop.is_set():
+            now = self._clock.monotonic()
+            try:
+                if now >= next_renewal:
+                    next_renewal = now + self.config.renewer_interval_s
+                    self._renew()
+                if now >= next_discovery:
+                    next_discovery = now + self.config.discovery_interval_ms / 1000
+                    self._discover()
+            except DependencyError as exc:
+                log.warning("worker %s coordination step failed: %s", self.worker_id, exc)
+            except Exception:
+                log.exception("worker %s coordination step raised", self.worker_id)
+            self._reap()
+            wait = max(0.0, min(next_renewal, next_discovery) - self._clock.monotonic())
+            self._sleep(min(wait, 0.2))
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._clock.sleep(seconds)
+
+    def _renew(self) -> None:
+        report = self._holder.renew_all()
+        self.renewal_failures += len(report.failed)
+
+    def _discover(self) -> None:
+        with self._guard:
+            busy = set(self._running)
+        for lease in self._discoverer.discover(set(self._holder.held_keys()) | busy):
+            if self._stop.is_set():
+                return
+            if self._throughput is not None:
+                self._throughput.seed(lease.lease_key, lease.throughput_kbps)
+            if self._holder.take(lease):
+                self._spawn(lease.lease_key)
+
+    def _spawn(self, lease_key: str) -> None:
+        processor: RecordProcessor = self._factory()
+        consumer = ShardConsumer(
+            lease_key=lease_key,
+            stream=self.config.stream,
+            holder=self._holder,
+            store=self._store,
+            processor=processor,
+            kinesis_client=self._kinesis,
+            list_shards=self._list_shards,
+            config=self.config.consumer,
+            retrieval=self.config.retrieval,
+            initial_timestamp=self.config.initial_timestamp,
+            on_bytes=self._record_bytes,
+            on_records=self._on_records,
+            clock=self._clock,
+        )
+        entry = _Running(consumer=consumer, thread=threading.Thread(target=lambda: None))
+
+        def target() -> None:
+            try:
+                entry.outcome = consumer.run()
+            except Exception:
+                log.exception("consumer for %s crashed; the lease will be given up", lease_key)
+                self._holder.evict(lease_key)
+                entry.outcome = ConsumerOutcome.GAVE_UP
+
+        entry.thread = threading.Thread(target=target, name=f"consumer-{lease_key}", daemon=True)
+        with self._guard:
+            self._running[lease_key] = entry
+        entry.thread.start()
+
+    def _reap(self) -> None:
+        with self._guard:
+            done = [key for key, entry in self._running.items() if not entry.thread.is_alive()]
+            finished = [(key, self._running.pop(key)) for key in done]
+        for key, entry in finished:
+            outcome = entry.outcome or ConsumerOutcome.LOST
+            self.outcomes[key] = outcome
+            if self._throughput is not None:
+                self._throughput.forget(key)
+            if outcome is ConsumerOutcome.LOST:
+                self._holder.drop(key)
+
+    def _record_bytes(self, lease_key: str, nbytes: int) -> None:
+        if self._throughput is not None and nbytes:
+            self._throughput.record(lease_key, nbytes)
+
+    def _list_shards(self) -> list[ShardInfo]:
+        """The stream's shards, for child-lease creation at SHARD_END (cached briefly: several parents may end
+        together)."""
+        now = self._clock.monotonic()
+        if self._shard_cache is not None and now - self._shard_cache[0] < 2.0:
+            return self._shard_cache[1]
+        shards: list[ShardInfo] = []
+        kwargs: dict[str, Any] = {"StreamName": self.config.stream}
+        while True:
+            with aws.translated("kinesis ListShards", self.config.stream):
+                response = self._kinesis.list_shards(**kwargs)
+            for raw in response.get("Shards", []):
+                seq = raw.get("SequenceNumberRange", {})
+                hashes = raw.get("HashKeyRange", {})
+                shards.append(
+                    ShardInfo(
+                        shard_id=raw["ShardId"],
+                        parent_shard_id=raw.get("ParentShardId"),
+                        adjacent_parent_shard_id=raw.get("AdjacentParentShardId"),
+                        starting_hash_key=hashes.get("StartingHashKey", "0"),
+                        ending_hash_key=hashes.get("EndingHashKey", str(2**128 - 1)),
+                        starting_sequence_number=seq.get("StartingSequenceNumber", "0"),
+                        ending_sequence_number=seq.get("EndingSequenceNumber"),
+                    )
+                )
+            token = response.get("NextToken")
+            if not token:
+                break
+            kwargs = {"NextToken": token}
+        self._shard_cache = (now, shards)
+        return shards
+
+    # --- signals --------------------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        signals_seen = 0
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen == 1:
+                log.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
+                threading.Thread(target=self.shutdown, name="worker-shutdown", daemon=True).start()
+            else:
+                log.warning("second signal: exiting now (checkpoints already written are kept)")
+                os._exit(128 + signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread: the host handles signals
+                signal.signal(sig, handler)
