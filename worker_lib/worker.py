@@ -232,6 +232,7 @@ class Worker:
                 busy = key in self._running and self._running[key].thread.is_alive()
             if not busy:
                 self._holder.evict(key)
+        self._give_up_undiscovered()
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
         if self._reporter is not None:
@@ -240,6 +241,20 @@ class Worker:
         self._stopped.set()
         log.info("worker stopped id=%s clean=%s", self.worker_id, clean)
         return clean
+
+    def _give_up_undiscovered(self) -> None:
+        """Leases the leader assigned to us that we never started: hand them back now rather than let them
+        expire (the eviction is conditional on the owner still being us, so it cannot take anything away)."""
+        try:
+            leases = self._discoverer.discover(set(self._holder.held_keys()))
+        except DependencyError as exc:
+            log.warning("could not list leases assigned to %s at shutdown: %s", self.worker_id, exc)
+            return
+        for lease in leases:
+            try:
+                self._store.evict_lease(lease, self.worker_id)
+            except DependencyError as exc:
+                log.warning("could not give up lease=%s at shutdown: %s", lease.lease_key, exc)
 
     # --- coordinator thread ---------------------------------------------------------------------------------
 

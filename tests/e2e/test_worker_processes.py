@@ -1,0 +1,146 @@
+"""Real `shardlease worker` processes on a moto server: SIGKILL loses nothing, SIGTERM frees leases at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.journal_processor import read_journal
+from tests.support.processes import ProcessGroup, process_group
+from tests.support.recording import StandInLeader, create_leases_for_open_shards, wait_until
+from worker_lib import aws
+from worker_lib.config import AwsConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream
+from worker_lib.tables.admin import ensure_tables
+
+PROCESSOR = "tests.support.journal_processor:JournalProcessor"
+
+
+class Producer:
+    """Puts numbered records at a steady pace from a thread until stopped."""
+
+    def __init__(self, kinesis: Any, stream: str, *, per_tick: int = 10, tick_s: float = 0.05) -> None:
+        self.kinesis, self.stream, self.per_tick, self.tick_s = kinesis, stream, per_tick, tick_s
+        self.produced: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = [f"r{len(self.produced) + i:06d}" for i in range(self.per_tick)]
+            self.kinesis.put_records(
+                StreamName=self.stream, Records=[{"Data": d.encode(), "PartitionKey": d} for d in batch]
+            )
+            self.produced.extend(batch)
+            self._stop.wait(self.tick_s)
+
+    def __enter__(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def setup(moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path) -> dict[str, Any]:
+    ddb = aws.client("dynamodb", moto_aws)
+    kinesis = aws.client("kinesis", moto_aws)
+    ensure_tables(app_name, ddb)
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 4)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    create_leases_for_open_shards(store, kinesis, stream)
+    journal = tmp_path / "journal.txt"
+    journal.touch()
+    return {
+        "store": store,
+        "kinesis": kinesis,
+        "stream": stream,
+        "journal": journal,
+        "env": {"SHARDLEASE_TEST_JOURNAL": str(journal), "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON"},
+        "args": ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint],
+    }
+
+
+def start_worker(group: ProcessGroup, name: str, s: dict[str, Any]) -> None:
+    group.start(name, ["worker", *s["args"], "--processor", PROCESSOR, "--worker-id", name], s["env"])
+
+
+def processed(journal: Path) -> list[tuple[int, str, str, int, str]]:
+    return read_journal(str(journal))
+
+
+def test_sigkill_of_a_worker_loses_no_record(setup: dict[str, Any], tmp_path: Path) -> None:
+    s = setup
+    with process_group(tmp_path) as group, StandInLeader(s["store"], ["w1", "w2"], failover_s=3.0) as leader:
+        # GIVEN two worker processes sharing 4 shards while a producer writes steadily
+        start_worker(group, "w1", s)
+        start_worker(group, "w2", s)
+        with Producer(s["kinesis"], s["stream"]) as producer:
+            assert wait_until(lambda: len({r[0] for r in processed(s["journal"])}) == 2, timeout_s=30)
+            # WHEN w1 is killed with SIGKILL
+            w1_pid = group.processes["w1"].pid
+            killed_at = time.monotonic()
+            group.signal("w1", signal.SIGKILL)
+            leader.alive = ["w2"]
+            w1_shards = {r[1] for r in processed(s["journal"]) if r[0] == w1_pid}
+            w2_pid = group.processes["w2"].pid
+            # (keep producing until w2 processes records of every shard w1 had: the failover happened live)
+            assert wait_until(
+                lambda: {r[1] for r in processed(s["journal"]) if r[0] == w2_pid} >= w1_shards, timeout_s=30
+            )
+            producer.stop()
+        produced = producer.produced
+        # THEN every produced record is processed, after w2 took over w1's shards
+        assert wait_until(lambda: {r[4] for r in processed(s["journal"])} >= set(produced), timeout_s=60)
+        group.signal("w2", signal.SIGTERM)
+        assert group.wait("w2", timeout_s=30) == 0
+    records = processed(s["journal"])
+    # AND duplicates are only records w1 processed but had not checkpointed when it died
+    counts = Counter(r[4] for r in records)
+    duplicates = {data for data, n in counts.items() if n > 1}
+    first_by: dict[str, int] = {}
+    for pid, _, _, _, data in records:
+        first_by.setdefault(data, pid)
+    assert all(first_by[d] == w1_pid for d in duplicates)
+    # AND per shard, each owner saw its records in sequence order
+    for pid in (w1_pid, w2_pid):
+        for shard in {r[1] for r in records}:
+            seqs = [int(r[2]) for r in records if r[0] == pid and r[1] == shard]
+            assert seqs == sorted(seqs)
+    # AND failover happened within lease duration + a few leader/discovery periods
+    taken = [t for key, old, new, t in leader.reassigned if old == "w1" and new == "w2" and key in w1_shards]
+    assert taken and max(taken) - killed_at < 3.0 + 2.0
+
+
+def test_sigterm_gives_leases_up_within_one_renewal_interval(setup: dict[str, Any], tmp_path: Path) -> None:
+    s = setup
+    with process_group(tmp_path) as group:
+        # GIVEN one worker holding all 4 leases
+        with StandInLeader(s["store"], ["w1"], failover_s=3.0):
+            start_worker(group, "w1", s)
+            assert wait_until(
+                lambda: sum(lease.lease_owner == "w1" for lease in s["store"].list_leases()) == 4, timeout_s=20
+            )
+            assert wait_until(lambda: s["journal"].read_text().count("INIT") == 4, timeout_s=20)
+        # WHEN it receives SIGTERM
+        sent = time.monotonic()
+        group.signal("w1", signal.SIGTERM)
+        # THEN within one renewal interval (~1 s here) all its leases are unowned, and it exits 0
+        assert wait_until(lambda: all(lease.lease_owner is None for lease in s["store"].list_leases()), timeout_s=5)
+        freed_after = time.monotonic() - sent
+        assert group.wait("w1", timeout_s=30) == 0
+    assert freed_after < 1.0 + 0.5, freed_after
+    assert s["journal"].read_text().count("SHUTDOWN") == 4

@@ -1,0 +1,67 @@
+"""A record processor for multi-process tests: appends every record to a journal file, then checkpoints.
+
+``shardlease worker --processor tests.support.journal_processor:JournalProcessor`` with
+``SHARDLEASE_TEST_JOURNAL=/path/file``. Each line is ``pid shard sequence sub-sequence data``; the line is flushed
+*before* the checkpoint, so a record checkpointed is always in the journal (duplicates are possible only for
+records after the last checkpoint, never losses).
+"""
+
+from __future__ import annotations
+
+import os
+
+from worker_lib.processing.processor import (
+    InitializationInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+
+
+class JournalProcessor:
+    def __init__(self) -> None:
+        self.path = os.environ["SHARDLEASE_TEST_JOURNAL"]
+        self.shard_id = ""
+
+    def _append(self, lines: list[str]) -> None:
+        with open(self.path, "a", encoding="utf-8") as journal:
+            journal.write("".join(lines))
+            journal.flush()
+            os.fsync(journal.fileno())
+
+    def initialize(self, input: InitializationInput) -> None:
+        self.shard_id = input.shard_id
+        self._append([f"{os.getpid()} {input.shard_id} INIT {input.checkpoint}\n"])
+
+    def process_records(self, input: ProcessRecordsInput) -> None:
+        pid = os.getpid()
+        self._append(
+            [
+                f"{pid} {input.shard_id} {r.sequence_number} {r.sub_sequence_number} {r.data.decode()}\n"
+                for r in input.records
+            ]
+        )
+        input.checkpointer.checkpoint()
+
+    def lease_lost(self, input: LeaseLostInput) -> None:
+        self._append([f"{os.getpid()} {input.shard_id} LOST -\n"])
+
+    def shard_ended(self, input: ShardEndedInput) -> None:
+        self._append([f"{os.getpid()} {input.shard_id} END -\n"])
+        input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
+        self._append([f"{os.getpid()} {input.shard_id} SHUTDOWN -\n"])
+        input.checkpointer.checkpoint()
+
+
+def read_journal(path: str) -> list[tuple[int, str, str, int, str]]:
+    """Record lines only: (pid, shard, sequence, sub-sequence, data)."""
+    out = []
+    with open(path, encoding="utf-8") as journal:
+        for line in journal:
+            parts = line.split()
+            if len(parts) == 5 and parts[2].isdigit():
+                out.append((int(parts[0]), parts[1], parts[2], int(parts[3]), parts[4]))
+    return out
