@@ -1,0 +1,77 @@
+"""`shardlease worker` and `shardlease leader` error contract, as real processes: one line, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from worker_lib import aws
+from worker_lib.config import AwsConfig
+from worker_lib.tables.admin import ensure_tables
+
+GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"
+
+
+def shardlease(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker_lib.cli", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert fragment in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("no_colon", "invalid processor"),
+        ("no_such_module_xyz:Thing", "invalid processor"),
+        ("tests.support.journal_processor:Missing", "invalid processor"),
+        ("tests.support.journal_processor:read_journal", "invalid processor"),
+    ],
+)
+def test_a_bad_processor_spec_is_one_line_and_exit_2(spec: str, fragment: str) -> None:
+    result = shardlease("worker", "--app", "good-app", "--stream", "s", "--processor", spec)
+    assert_one_line(result, 2, fragment)
+
+
+def test_a_worker_without_tables_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:
+    result = shardlease(
+        "worker", "--app", app_name, "--stream", "s", "--processor", GOOD_PROCESSOR, "--endpoint-url", moto_endpoint
+    )
+    assert_one_line(result, 1, "create-tables")
+
+
+def test_a_worker_without_its_stream_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:
+    ddb: Any = aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint))
+    ensure_tables(app_name, ddb)
+    result = shardlease(
+        "worker", "--app", app_name, "--stream", "nope", "--processor", GOOD_PROCESSOR, "--endpoint-url", moto_endpoint
+    )
+    assert_one_line(result, 1, "stream not found")
+
+
+def test_a_worker_with_an_unreachable_endpoint_is_one_line_and_exit_1() -> None:
+    result = shardlease(
+        "worker",
+        "--app",
+        "good-app",
+        "--stream",
+        "s",
+        "--processor",
+        GOOD_PROCESSOR,
+        "--endpoint-url",
+        "http://127.0.0.1:9",
+    )
+    assert_one_line(result, 1, "cannot reach endpoint")
+
+
+def test_the_leader_without_tables_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:
+    result = shardlease("leader", "--app", app_name, "--stream", "s", "--once", "--endpoint-url", moto_endpoint)
+    assert_one_line(result, 1, "create-tables")
