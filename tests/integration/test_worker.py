@@ -16,8 +16,9 @@ from tests.support.recording import (
     wait_until,
 )
 from worker_lib import aws
-from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.models import Lease
 from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
@@ -196,3 +197,73 @@ def test_split_and_merge_while_producing_keep_order_and_lose_nothing(
         if shard.get("SequenceNumberRange", {}).get("EndingSequenceNumber"):
             lease = store.get_lease(shard["ShardId"])
             assert lease is not None and lease.is_finished and lease.child_shard_ids
+
+
+def test_a_graceful_handoff_moves_a_lease_at_a_batch_boundary_without_loss_or_duplicates(
+    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+) -> None:
+    ddb, kinesis = moto_clients
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 1)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    (key,) = create_leases_for_open_shards(store, kinesis, stream)
+    assign_unowned(store, lambda lease: "w1")
+    journal = Journal()
+    w1 = make_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis)
+    w2 = make_worker(app_name, stream, "w2", journal, ddb=ddb, kinesis=kinesis)
+    workers.extend([w1, w2])
+    w1.start()
+    w2.start()
+    produced = put(kinesis, stream, 0, 100)
+    assert wait_until(lambda: len(journal.datas()) >= 100, timeout_s=20)
+    # WHEN the leader starts a graceful handoff from w1 to w2
+    lease = store.get_lease(key)
+    assert lease is not None and store.initiate_graceful_handoff(lease, "w2") is not None
+    # THEN w1 finishes, checkpoints in shutdown_requested and completes the handoff; w2 takes over
+    assert wait_until(lambda: ("shutdown_requested", key) in journal.events, timeout_s=10)
+    assert wait_until(lambda: key in w2.held_leases, timeout_s=10)
+    stored = store.get_lease(key)
+    assert stored is not None and stored.lease_owner == "w2" and stored.checkpoint_owner is None
+    # AND records after the handoff are processed once, by w2
+    produced += put(kinesis, stream, 100, 50)
+    assert wait_until(lambda: len(journal.datas()) >= 150, timeout_s=20)
+    assert all(w.shutdown(timeout_s=10) for w in (w1, w2))
+    assert sorted(journal.datas()) == sorted(produced)
+
+
+def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_batch(
+    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+) -> None:
+    ddb, kinesis = moto_clients
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 1)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    (key,) = create_leases_for_open_shards(store, kinesis, stream)
+    assign_unowned(store, lambda lease: "w1")
+    put(kinesis, stream, 0, 20)
+    attempts: list[int] = []
+
+    class Failing(RecordingProcessor):
+        def process_records(self, input: Any) -> None:
+            attempts.append(len(input.records))
+            raise ValueError("poison")
+
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        lease=FAST_LEASES,
+        retrieval=FAST_READS,
+        consumer=ConsumerConfig(processor_retries=2, processor_retry_backoff_ms=10),
+        discovery_interval_ms=200,
+    )
+    worker = Worker(config, lambda: Failing(Journal()), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    # WHEN the processor raises on every attempt
+    worker.start()
+    # THEN after 1 + 2 attempts the lease is given up, unowned, and its checkpoint never moved
+    assert wait_until(lambda: len(attempts) >= 3, timeout_s=20)
+    assert wait_until(lambda: (store.get_lease(key) or Lease(lease_key="?")).lease_owner is None, timeout_s=10)
+    stored = store.get_lease(key)
+    assert stored is not None and not stored.checkpoint.is_real
+    assert attempts[:3] == [20, 20, 20]
