@@ -1,0 +1,168 @@
+"""Configuration of lease assignment on the leader (reference/kcl3x-facts.md §4, §5, §9; seed 004)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ..config import _env, _env_float, _env_int
+from ..errors import ConfigError
+
+Strategy = Literal["variance", "count"]
+STRATEGIES: tuple[str, ...] = ("variance", "count")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean: expected true or false")
+
+
+def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
+    """Unset, empty, ``0`` or ``none`` mean "no limit"."""
+    raw = env.get(name)
+    if raw is None or raw.strip().lower() in ("", "0", "none"):
+        return None
+    return _env_int(env, name, 0)
+
+
+def _env_optional_float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip().lower() in ("", "0", "none"):
+        return None
+    return _env_float(env, name, 0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssignmentConfig:
+    """How the leader assigns and balances leases. Defaults are KCL 3.x's unless noted.
+
+    strategy: ``"variance"`` (KCL 3.x worker-utilisation-aware, default) or ``"count"`` (lease count, KCL 3.4.3+
+      LeaseAssignmentStrategy.LEASE_COUNT); ``SHARDLEASE_ASSIGNMENT_STRATEGY``.
+    rebalance_threshold_pct: a worker outside fleet average × (1 ± t/100) triggers balancing (10);
+      ``SHARDLEASE_REBALANCE_THRESHOLD_PCT``.
+    dampening_pct: share of a donor's excess moved in one balancing run (60; KCL code default — the deep-dive
+      document says 80, the Java tests use 80); ``SHARDLEASE_DAMPENING_PCT``.
+    balancing_frequency: balance on every Nth run (3: runs 1, 4, 7, …); ``SHARDLEASE_BALANCING_FREQUENCY``.
+    ema_alpha: smoothing of the worker metric lists (0.5); ``SHARDLEASE_WORKER_METRICS_EMA_ALPHA``.
+    max_leases_for_worker: hard cap per worker (None = unlimited); ``SHARDLEASE_MAX_LEASES_FOR_WORKER``.
+    max_throughput_per_host_kbps: a worker at or above this total receives nothing more (None = unlimited);
+      ``SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS``.
+    allow_throughput_overshoot: when no donor lease fits the amount to move, move the smallest one (True);
+      ``SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT``.
+    dynamic_cap: seed 004's dynamic maximum: leases per worker ≤ min(dynamic_cap, ceil(shards / workers)),
+      recomputed on every decision from the snapshot's live shard and assignable-worker counts (never cached,
+      so it follows resharding and fleet changes without restarts). None = off (default). Under the variance
+      strategy it is a strict count cap on top of load balancing — see docs/assignment.md before enabling;
+      ``SHARDLEASE_DYNAMIC_MAX_LEASES`` (e.g. 80).
+    worker_report_interval_s: how often workers write metrics (30); a worker is inactive after 2 missed reports;
+      ``SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S``.
+    failover_ms: lease duration used for expiry by counter observation (10 000); ``SHARDLEASE_FAILOVER_TIME_MS``.
+    graceful_handoff_timeout_ms: how long a graceful handoff may take before the leader forces it (30 000; the
+      leader adds the failover time, as KCL); ``SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS``.
+    kcl_compatible: False (default) uses this project's refinements of the variance decider (docs/assignment.md,
+      "Where we differ"); True reproduces KCL 3.x decisions, quirks included; ``SHARDLEASE_KCL_COMPATIBLE``.
+    """
+
+    strategy: Strategy = "variance"
+    rebalance_threshold_pct: float = 10.0
+    dampening_pct: float = 60.0
+    balancing_frequency: int = 3
+    ema_alpha: float = 0.5
+    max_leases_for_worker: int | None = None
+    max_throughput_per_host_kbps: float | None = None
+    allow_throughput_overshoot: bool = True
+    dynamic_cap: int | None = None
+    worker_report_interval_s: float = 30.0
+    failover_ms: int = 10_000
+    graceful_handoff_timeout_ms: int = 30_000
+    kcl_compatible: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"invalid assignment strategy {self.strategy!r}: expected variance or count")
+        if not 0 <= self.rebalance_threshold_pct <= 100 or math.isnan(self.rebalance_threshold_pct):
+            raise ConfigError(f"rebalance_threshold_pct={self.rebalance_threshold_pct} must be within 0..100")
+        if not 0 < self.dampening_pct <= 100:
+            raise ConfigError(f"dampening_pct={self.dampening_pct} must be within 1..100")
+        if self.balancing_frequency < 1:
+            raise ConfigError(f"balancing_frequency={self.balancing_frequency} must be at least 1")
+        if not 0 < self.ema_alpha <= 1:
+            raise ConfigError(f"ema_alpha={self.ema_alpha} must be within (0, 1]")
+        if self.max_leases_for_worker is not None and self.max_leases_for_worker < 1:
+            raise ConfigError(f"max_leases_for_worker={self.max_leases_for_worker} must be at least 1 (or None)")
+        if self.max_throughput_per_host_kbps is not None and not self.max_throughput_per_host_kbps > 0:
+            raise ConfigError(
+                f"max_throughput_per_host_kbps={self.max_throughput_per_host_kbps} must be positive (or None)"
+            )
+        if self.dynamic_cap is not None and self.dynamic_cap < 1:
+            raise ConfigError(f"dynamic_cap={self.dynamic_cap} must be at least 1 (or None to disable)")
+        if not self.worker_report_interval_s > 0:
+            raise ConfigError(f"worker_report_interval_s={self.worker_report_interval_s} must be positive")
+        if self.failover_ms < 1_000:
+            raise ConfigError(f"failover_ms={self.failover_ms} is too short (minimum 1000)")
+        if self.graceful_handoff_timeout_ms < 0:
+            raise ConfigError("graceful_handoff_timeout_ms must not be negative")
+
+    @property
+    def failover_s(self) -> float:
+        return self.failover_ms / 1000.0
+
+    @property
+    def handoff_deadline_ms(self) -> int:
+        """KCL: a graceful handoff is forced after the handoff timeout plus the failover time (40 s)."""
+        return self.graceful_handoff_timeout_ms + self.failover_ms
+
+    def is_balancing_run(self, run_number: int) -> bool:
+        """KCL's run counter: balance on runs 1, 1 + f, 1 + 2f, … of a leadership term."""
+        return (run_number - 1) % self.balancing_frequency == 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> AssignmentConfig:
+        e = _env(env)
+        strategy = (e.get("SHARDLEASE_ASSIGNMENT_STRATEGY") or "variance").strip().lower()
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"invalid SHARDLEASE_ASSIGNMENT_STRATEGY {strategy!r}: expected variance or count")
+        values: dict[str, object] = {
+            "strategy": strategy,
+            "rebalance_threshold_pct": _env_float(e, "SHARDLEASE_REBALANCE_THRESHOLD_PCT", 10.0),
+            "dampening_pct": _env_float(e, "SHARDLEASE_DAMPENING_PCT", 60.0),
+            "balancing_frequency": _env_int(e, "SHARDLEASE_BALANCING_FREQUENCY", 3),
+            "ema_alpha": _env_float(e, "SHARDLEASE_WORKER_METRICS_EMA_ALPHA", 0.5),
+            "max_leases_for_worker": _env_optional_int(e, "SHARDLEASE_MAX_LEASES_FOR_WORKER"),
+            "max_throughput_per_host_kbps": _env_optional_float(e, "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS"),
+            "allow_throughput_overshoot": _env_bool(e, "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT", True),
+            "dynamic_cap": _env_optional_int(e, "SHARDLEASE_DYNAMIC_MAX_LEASES"),
+            "worker_report_interval_s": _env_float(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S", 30.0),
+            "failover_ms": _env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
+            "graceful_handoff_timeout_ms": _env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
+            "kcl_compatible": _env_bool(e, "SHARDLEASE_KCL_COMPATIBLE", False),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def effective_cap(config: AssignmentConfig, *, shard_count: int, worker_count: int) -> int | None:
+    """The per-worker lease cap for one decision: ``max_leases_for_worker`` and, when enabled, seed 004's
+    ``min(dynamic_cap, ceil(shards / workers))`` — whichever is lower. None = unlimited.
+
+    Recomputed from live counts on every call; with no assignable worker the dynamic part is not applied.
+    """
+    caps: list[int] = []
+    if config.max_leases_for_worker is not None:
+        caps.append(config.max_leases_for_worker)
+    if config.dynamic_cap is not None and worker_count > 0:
+        per_worker = max(1, -(-shard_count // worker_count))
+        caps.append(min(config.dynamic_cap, per_worker))
+    return min(caps) if caps else None

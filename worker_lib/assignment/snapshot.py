@@ -1,0 +1,192 @@
+"""What a decider sees: one consistent picture of the lease table and the worker metrics, taken by the leader.
+
+Everything here is pure (no I/O, no clock reads): the leader loop reads the tables and the clocks and passes the
+results in. Two small pieces of leader-side state live here too because they are pure and tested with the
+deciders: :class:`ExpiryTracker` (lease expiry by counter observation, reference §4 step 3) and the worker
+validity / activity rules (reference §2).
+
+Worker rules (KCL 3.x):
+
+* **valid** — a default-metric worker (no ``sts`` and no ``opr``) is valid; otherwise every metric in ``sts``
+  needs an ``opr`` entry whose first value (the maximum utilisation) is present and non-zero. Invalid entries
+  are ignored entirely.
+* **active** — ``now − lut ≤ 2 × report interval`` (60 s with the default 30 s interval).
+* **excluded** — any metric list ends in −1 (the worker could not read that metric in its last window). An
+  excluded worker keeps the leases it holds (they stay until they expire) but receives and gives none.
+
+Only workers that are valid, active and not excluded are *assignable*: they are the fleet the deciders balance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..models import Lease, WorkerMetricStats
+
+DEFAULT_REPORT_INTERVAL_S = 30.0
+"""Workers write their metrics every 30 s (reference §2); the leader treats 2 missed reports as inactive."""
+
+INACTIVE_AFTER_REPORTS = 2
+"""KCL's DEFAULT_NO_OF_SKIP_STAT_FOR_DEAD_WORKER_THRESHOLD."""
+
+THROUGHPUT_METRIC = "T"
+"""The synthetic metric the leader gives default-metric workers: their throughput ÷ the target average × 100."""
+
+NEVER = -math.inf
+"""The 'last counter increment' of a lease first seen without an owner: it sorts before every real time."""
+
+
+def is_default_metric_worker(worker: WorkerMetricStats) -> bool:
+    """KCL: no metrics at all, or a (synthetic) throughput metric, means "balance this worker by throughput"."""
+    return worker.is_default_metric_worker or THROUGHPUT_METRIC in worker.stats
+
+
+def is_valid_worker(worker: WorkerMetricStats) -> bool:
+    """KCL's ``isValidWorkerMetric``: every reported metric needs an operating range with a non-zero maximum."""
+    if is_default_metric_worker(worker):
+        return True
+    for name in worker.stats:
+        if name not in worker.operating_range:
+            return False
+    return all(values and values[0] != 0 for values in worker.operating_range.values())
+
+
+def is_active_worker(
+    worker: WorkerMetricStats, now_epoch_s: float, report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+) -> bool:
+    """Whether the worker reported recently: ``now − lut ≤ 2 × report interval``."""
+    return now_epoch_s - worker.last_update_epoch_s <= INACTIVE_AFTER_REPORTS * report_interval_s
+
+
+def is_excluded_worker(worker: WorkerMetricStats) -> bool:
+    """A metric list ending in −1 excludes the worker from assignment (its last window had no samples)."""
+    if worker.is_default_metric_worker:
+        return False
+    return worker.has_failed_metric()
+
+
+def is_assignable_worker(
+    worker: WorkerMetricStats, now_epoch_s: float, report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+) -> bool:
+    """Valid, active and not excluded: the worker may receive and give leases."""
+    return (
+        is_valid_worker(worker)
+        and is_active_worker(worker, now_epoch_s, report_interval_s)
+        and not is_excluded_worker(worker)
+    )
+
+
+def ema(values: Iterable[float], alpha: float) -> float:
+    """KCL's exponential moving average over a metric list (oldest first), skipping −1; 0 when nothing is left."""
+    average: float | None = None
+    for value in values:
+        if value == -1:
+            continue
+        average = float(value) if average is None else alpha * float(value) + (1.0 - alpha) * average
+    return 0.0 if average is None else average
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssignmentSnapshot:
+    """The decider's whole input.
+
+    leases: every lease the leader scanned (items of other entity types already skipped).
+    workers: every worker-metrics entry scanned; the decider applies the validity / activity rules itself.
+    now_epoch_s: the leader's wall clock at the scan (compared with ``lut``).
+    expired_lease_keys: leases the leader judged expired by counter observation (see :class:`ExpiryTracker`).
+      A lease without an owner is always treated as needing assignment, whether listed here or not.
+    last_counter_increment: lease key → monotonic time its counter last grew (from the tracker); orders the
+      expired leases oldest first, as KCL does. Missing keys sort as :data:`NEVER` (first).
+    shard_count: live shards for the dynamic cap (seed 004); ``None`` = the number of unfinished leases.
+    run_number: 1 for the first run after this leader took over, then 2, 3, … (variance balancing runs on
+      runs 1, 1 + f, 1 + 2f, … for balancing frequency f, as KCL's run counter).
+    """
+
+    leases: tuple[Lease, ...]
+    workers: tuple[WorkerMetricStats, ...]
+    now_epoch_s: float
+    expired_lease_keys: frozenset[str] = frozenset()
+    last_counter_increment: Mapping[str, float] = field(default_factory=dict)
+    shard_count: int | None = None
+    run_number: int = 1
+
+    def __post_init__(self) -> None:
+        if self.run_number < 1:
+            raise ValueError("run_number starts at 1")
+        if self.shard_count is not None and self.shard_count < 0:
+            raise ValueError("shard_count must not be negative")
+
+    @property
+    def live_shard_count(self) -> int:
+        """Shards that need an owner: ``shard_count`` if given, else the unfinished leases."""
+        if self.shard_count is not None:
+            return self.shard_count
+        return sum(1 for lease in self.leases if not lease.is_finished)
+
+    def assignable_workers(self, report_interval_s: float = DEFAULT_REPORT_INTERVAL_S) -> tuple[WorkerMetricStats, ...]:
+        """Valid, active, non-excluded workers, sorted by id (deterministic order for every decider)."""
+        chosen = [w for w in self.workers if is_assignable_worker(w, self.now_epoch_s, report_interval_s)]
+        return tuple(sorted(chosen, key=lambda w: w.worker_id))
+
+    def needs_owner(self, lease: Lease) -> bool:
+        """Unassigned (no actual owner) or expired."""
+        return lease.actual_owner is None or lease.lease_key in self.expired_lease_keys
+
+
+class ExpiryTracker:
+    """Lease expiry by counter observation on the leader's monotonic clock (reference §4 step 3).
+
+    Lease items carry no timestamp: the leader remembers, per lease, the monotonic time at which it last saw the
+    ``leaseCounter`` change. On first sight that is *now* for an owned lease (it gets a full lease duration to
+    prove it is alive) and :data:`NEVER` for an unowned one. A lease is expired when ``now − last > failover``
+    or it has no owner. Leases that vanish from the scan are forgotten. Call :meth:`reset` when leadership is
+    (re)gained: a new leader must not judge with another term's observations.
+
+    Any change of the counter counts as growth (a lease deleted and re-created starts again at 0).
+    """
+
+    def __init__(self, failover_s: float) -> None:
+        if failover_s <= 0:
+            raise ValueError("failover_s must be positive")
+        self._failover_s = failover_s
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    @property
+    def failover_s(self) -> float:
+        return self._failover_s
+
+    def reset(self) -> None:
+        """Forget every observation (call on leadership takeover)."""
+        self._seen.clear()
+
+    def observe(self, leases: Iterable[Lease], now_monotonic: float) -> frozenset[str]:
+        """Record one scan taken at ``now_monotonic``; return the keys of expired or unowned leases."""
+        seen: dict[str, tuple[int, float]] = {}
+        expired: list[str] = []
+        for lease in leases:
+            previous = self._seen.get(lease.lease_key)
+            if previous is None:
+                last = now_monotonic if lease.actual_owner is not None else NEVER
+            elif lease.lease_counter != previous[0]:
+                last = now_monotonic
+            else:
+                last = previous[1]
+            seen[lease.lease_key] = (lease.lease_counter, last)
+            if lease.actual_owner is None or now_monotonic - last > self._failover_s:
+                expired.append(lease.lease_key)
+        self._seen = seen
+        return frozenset(expired)
+
+    def last_increment(self, lease_key: str) -> float:
+        """Monotonic time the lease's counter last grew (:data:`NEVER` if unknown or first seen unowned)."""
+        entry = self._seen.get(lease_key)
+        return NEVER if entry is None else entry[1]
+
+    def last_increments(self) -> dict[str, float]:
+        """A copy of every remembered last-increment time (for :attr:`AssignmentSnapshot.last_counter_increment`)."""
+        return {key: last for key, (_, last) in self._seen.items()}
+
+    def __len__(self) -> int:
+        return len(self._seen)
