@@ -1,0 +1,53 @@
+"""Configuration of the worker-metrics reporter (reference/kcl3x-facts.md §2, §9)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..config import _env, _env_int
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerMetricsConfig:
+    """How often worker metrics are sampled and written to ``<app>-WorkerMetricStats``.
+
+    sample_interval_ms: how often every metric is sampled in memory (KCL 1000).
+      ``SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS``.
+    report_interval_ms: how often the average of the samples since the last report is appended to ``sts`` and
+      the item written (KCL 30 000). The leader treats a worker as inactive when its ``lut`` is older than
+      2 × this. ``SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS``.
+    first_report_delay_ms: delay of the first write after start, so a new worker is visible to the leader
+      quickly (KCL 2000). ``SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS``.
+    max_values: how many window averages ``sts[metric]`` keeps, newest last (KCL 10).
+      ``SHARDLEASE_WORKER_METRICS_MAX_VALUES``.
+    """
+
+    sample_interval_ms: int = 1_000
+    report_interval_ms: int = 30_000
+    first_report_delay_ms: int = 2_000
+    max_values: int = 10
+
+    def __post_init__(self) -> None:
+        if self.sample_interval_ms <= 0:
+            raise ConfigError(f"sample_interval_ms must be positive, got {self.sample_interval_ms}")
+        if self.report_interval_ms < self.sample_interval_ms:
+            raise ConfigError(
+                f"report_interval_ms ({self.report_interval_ms}) must be at least sample_interval_ms "
+                f"({self.sample_interval_ms})"
+            )
+        if self.first_report_delay_ms < 0:
+            raise ConfigError(f"first_report_delay_ms must not be negative, got {self.first_report_delay_ms}")
+        if self.max_values < 1:
+            raise ConfigError(f"max_values must be at least 1, got {self.max_values}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerMetricsConfig:
+        e = _env(env)
+        return cls(
+            sample_interval_ms=_env_int(e, "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS", 1_000),
+            report_interval_ms=_env_int(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS", 30_000),
+            first_report_delay_ms=_env_int(e, "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS", 2_000),
+            max_values=_env_int(e, "SHARDLEASE_WORKER_METRICS_MAX_VALUES", 10),
+        )
