@@ -1,0 +1,308 @@
+"""The leader's assignment step: read the tables, decide (pure), write conditionally, report.
+
+One run (KCL's LeaseAssignmentManager, reference §4):
+
+1. scan leases (parallel segments once the table is large) and worker metrics;
+2. expiry by counter observation on the leader's monotonic clock (:class:`ExpiryTracker`, reset when a new
+   leadership term starts, so a new leader gives every owner a full lease duration before judging it);
+3. force graceful handoffs that outlived their deadline (handoff timeout + failover time);
+4. run the decider on a snapshot of the unfinished leases (finished SHARD_END leases have nothing to read);
+5. write: ``assignLease`` conditioned on the observed owner *and counter* for unassigned and expired leases (an
+   owner that renewed meanwhile wins), ``initiateGracefulHandoff`` for rebalancing moves; a lost condition is
+   counted, never retried in the same run (the next run sees the new state);
+6. delete worker-metrics entries not updated for a day (conditional on the ``lut`` seen).
+
+Every decision is logged as one structured line with its reason and the load before/after; the run returns an
+:class:`AssignmentReport` whose fields are the leader's per-cycle metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..assignment.config import AssignmentConfig
+from ..assignment.decider import AssignmentPlan, Decider, Decision, make_decider
+from ..assignment.snapshot import AssignmentSnapshot, ExpiryTracker
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import LeaseConfig
+from ..errors import DependencyError
+from ..leases.store import LeaseStore
+from ..models import Lease, WorkerMetricStats
+
+log = logging.getLogger("shardlease.leader.assignment")
+decision_log = logging.getLogger("shardlease.leader.decisions")
+
+STALE_WORKER_METRICS_S = 24 * 3600
+"""KCL deletes worker-metrics entries not updated for a day."""
+
+PARALLEL_SCAN_THRESHOLD = 1_000
+"""Above this many leases the leader scans in parallel segments."""
+
+
+class WorkerMetricsSource(Protocol):
+    def list_all(self) -> list[WorkerMetricStats]: ...
+
+    def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool: ...
+
+
+class CapRecorder(Protocol):
+    """Where the effective per-worker cap is published (seed 004's coordinator item), for status and workers."""
+
+    def record(self, cap: int | None, *, shards: int, workers: int) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssignmentReport:
+    """One assignment run, as metrics: counts, per-worker load, balance, timings."""
+
+    run_number: int
+    strategy: str
+    leases: int
+    finished_leases: int
+    workers_total: int
+    workers_assignable: int
+    expired: int
+    assigned: int
+    reassigned_expired: int
+    moved: int
+    handoffs_forced: int
+    unassigned: int
+    write_conflicts: int
+    balancing_ran: bool
+    effective_cap: int | None
+    metric: str | None
+    max_over_mean: float
+    leases_per_worker: Mapping[str, int] = field(default_factory=dict)
+    load_per_worker: Mapping[str, float] = field(default_factory=dict)
+    throughput_per_worker_kbps: Mapping[str, float] = field(default_factory=dict)
+    decide_ms: float = 0.0
+    duration_ms: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"assignment run {self.run_number} ({self.strategy}): {self.leases} leases, "
+            f"{self.workers_assignable}/{self.workers_total} workers, assigned {self.assigned}, "
+            f"reassigned {self.reassigned_expired} expired, moved {self.moved}, forced {self.handoffs_forced} "
+            f"handoffs, {self.unassigned} unassigned, max/mean {self.max_over_mean:.2f}"
+        )
+
+
+class LeaseAssigner:
+    """The assignment step of :class:`~worker_lib.leader.leader.Leader`."""
+
+    def __init__(
+        self,
+        lease_store: LeaseStore,
+        worker_metrics: WorkerMetricsSource,
+        *,
+        config: AssignmentConfig | None = None,
+        lease_config: LeaseConfig | None = None,
+        decider: Decider | None = None,
+        cap_recorder: CapRecorder | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        seed: int | None = None,
+        max_parallel_writes: int = 16,
+    ) -> None:
+        self._store = lease_store
+        self._metrics = worker_metrics
+        self._config = config or AssignmentConfig()
+        self._lease_config = lease_config or LeaseConfig(failover_time_ms=self._config.failover_ms)
+        self._decider = decider or make_decider(self._config)
+        self._cap_recorder = cap_recorder
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._expiry = ExpiryTracker(self._config.failover_s)
+        self._handoff_seen: dict[str, tuple[str | None, str | None, float]] = {}
+        self._last_lease_count = 0
+        self._last_stale_sweep: float | None = None
+        self._max_parallel = max(1, max_parallel_writes)
+
+    # --- one run --------------------------------------------------------------------------------------------
+
+    def run(self, *, run_number: int) -> AssignmentReport:
+        started = self._clock.monotonic()
+        if run_number == 1:
+            self._expiry.reset()  # a new term: never judge with another term's observations
+            self._handoff_seen.clear()
+        segments = 4 if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
+        all_leases = self._store.list_leases(segments=segments)
+        self._last_lease_count = len(all_leases)
+        workers = self._metrics.list_all()
+        now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
+
+        live = [lease for lease in all_leases if not lease.is_finished]
+        expired = self._expiry.observe(live, now_mono)
+        forced = self._force_overdue_handoffs(live, now_mono)
+        if forced:
+            forced_keys = {lease.lease_key for lease in forced}
+            live = [lease for lease in live if lease.lease_key not in forced_keys] + forced
+
+        snapshot = AssignmentSnapshot(
+            leases=tuple(live),
+            workers=tuple(workers),
+            now_epoch_s=now_wall,
+            expired_lease_keys=expired,
+            last_counter_increment=self._expiry.last_increments(),
+            run_number=run_number,
+        )
+        decide_started = self._clock.monotonic()
+        plan = self._decider.decide(snapshot, rng=self._rng)
+        decide_ms = (self._clock.monotonic() - decide_started) * 1000
+        conflicts = self._write(plan, {lease.lease_key: lease for lease in live})
+        if self._cap_recorder is not None:
+            assignable = len(snapshot.assignable_workers(self._config.worker_report_interval_s))
+            try:
+                self._cap_recorder.record(plan.effective_cap, shards=len(live), workers=assignable)
+            except DependencyError as exc:
+                log.warning("could not publish the lease cap: %s", exc)
+        self._sweep_stale_workers(workers, now_wall, now_mono)
+
+        report = self._report(
+            run_number=run_number,
+            plan=plan,
+            all_leases=all_leases,
+            live=live,
+            workers=workers,
+            snapshot=snapshot,
+            expired=expired,
+            forced=len(forced),
+            conflicts=conflicts,
+            decide_ms=decide_ms,
+            duration_ms=(self._clock.monotonic() - started) * 1000,
+        )
+        log.info(report.summary())
+        return report
+
+    # --- handoffs -------------------------------------------------------------------------------------------
+
+    def _force_overdue_handoffs(self, leases: Sequence[Lease], now: float) -> list[Lease]:
+        """Complete handoffs older than the deadline (the old owner never let go): the new owner starts from the
+        last checkpoint. Returns the leases as they are after forcing (to keep the snapshot current)."""
+        deadline_s = self._config.handoff_deadline_ms / 1000
+        in_progress: dict[str, tuple[str | None, str | None, float]] = {}
+        forced: list[Lease] = []
+        for lease in leases:
+            if not lease.is_handoff_in_progress:
+                continue
+            identity = (lease.lease_owner, lease.checkpoint_owner)
+            seen = self._handoff_seen.get(lease.lease_key)
+            first = seen[2] if seen is not None and seen[:2] == identity else now
+            in_progress[lease.lease_key] = (*identity, first)
+            if now - first <= deadline_s:
+                continue
+            old_owner = lease.checkpoint_owner
+            assert old_owner is not None
+            done = self._store.complete_handoff(lease, old_owner)
+            decision_log.info(
+                json.dumps(
+                    {
+                        "lease": lease.lease_key,
+                        "from": old_owner,
+                        "to": lease.lease_owner,
+                        "kind": "force_handoff",
+                        "reason": f"graceful handoff not completed within {deadline_s:.0f} s",
+                        "written": done is not None,
+                    },
+                    sort_keys=True,
+                )
+            )
+            if done is not None:
+                forced.append(done)
+                in_progress.pop(lease.lease_key, None)
+        self._handoff_seen = in_progress
+        return forced
+
+    # --- writes ---------------------------------------------------------------------------------------------
+
+    def _write_one(self, decision: Decision, lease: Lease) -> bool:
+        graceful = (
+            decision.kind == "rebalance"
+            and self._lease_config.graceful_handoff_enabled
+            and lease.lease_owner is not None
+            and lease.checkpoint_owner is None
+        )
+        try:
+            if graceful:
+                written = self._store.initiate_graceful_handoff(lease, decision.to_worker) is not None
+            else:
+                written = (
+                    self._store.assign_lease(lease, decision.to_worker, expected_counter=lease.lease_counter)
+                    is not None
+                )
+        except DependencyError as exc:
+            log.warning("write for lease %s failed: %s", lease.lease_key, exc)
+            written = False
+        fields: dict[str, Any] = decision.to_log()
+        fields["write"] = "graceful_handoff" if graceful else "assign_lease"
+        fields["written"] = written
+        decision_log.info(json.dumps(fields, sort_keys=True))
+        return written
+
+    def _write(self, plan: AssignmentPlan, leases: Mapping[str, Lease]) -> int:
+        pairs = [(d, leases[d.lease_key]) for d in plan.decisions if d.lease_key in leases]
+        if len(pairs) <= 2 or self._max_parallel == 1:
+            results = [self._write_one(d, lease) for d, lease in pairs]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self._max_parallel, len(pairs))) as pool:
+                results = list(pool.map(lambda pair: self._write_one(*pair), pairs))
+        return sum(1 for ok in results if not ok)
+
+    # --- housekeeping ---------------------------------------------------------------------------------------
+
+    def _sweep_stale_workers(self, workers: Sequence[WorkerMetricStats], now_wall: float, now_mono: float) -> None:
+        if self._last_stale_sweep is not None and now_mono - self._last_stale_sweep < 3600:
+            return
+        self._last_stale_sweep = now_mono
+        for worker in workers:
+            if now_wall - worker.last_update_epoch_s > STALE_WORKER_METRICS_S:
+                try:
+                    if self._metrics.delete_if_unchanged(worker.worker_id, worker.last_update_epoch_s):
+                        log.info("deleted stale worker metrics wid=%s", worker.worker_id)
+                except DependencyError as exc:
+                    log.warning("could not delete stale worker metrics wid=%s: %s", worker.worker_id, exc)
+
+    def _report(
+        self,
+        *,
+        run_number: int,
+        plan: AssignmentPlan,
+        all_leases: Sequence[Lease],
+        live: Sequence[Lease],
+        workers: Sequence[WorkerMetricStats],
+        snapshot: AssignmentSnapshot,
+        expired: frozenset[str],
+        forced: int,
+        conflicts: int,
+        decide_ms: float,
+        duration_ms: float,
+    ) -> AssignmentReport:
+        return AssignmentReport(
+            run_number=run_number,
+            strategy=plan.strategy,
+            leases=len(live),
+            finished_leases=len(all_leases) - len(live),
+            workers_total=len(workers),
+            workers_assignable=len(snapshot.assignable_workers(self._config.worker_report_interval_s)),
+            expired=sum(1 for lease in live if lease.lease_key in expired and lease.actual_owner is not None),
+            assigned=plan.assigned,
+            reassigned_expired=plan.reassigned_expired,
+            moved=plan.moved,
+            handoffs_forced=forced,
+            unassigned=len(plan.unassigned_lease_keys),
+            write_conflicts=conflicts,
+            balancing_ran=plan.balancing_ran,
+            effective_cap=plan.effective_cap,
+            metric=plan.metric,
+            max_over_mean=round(plan.load_ratio(), 4),
+            leases_per_worker=dict(plan.projected_leases),
+            load_per_worker={k: round(v, 4) for k, v in plan.projected_load.items()},
+            throughput_per_worker_kbps={k: round(v, 3) for k, v in plan.projected_throughput_kbps.items()},
+            decide_ms=round(decide_ms, 3),
+            duration_ms=round(duration_ms, 3),
+        )
