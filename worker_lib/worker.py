@@ -42,6 +42,7 @@ from .errors import ConfigError, DependencyError
 from .leases.dynamodb import DynamoDBLeaseStore
 from .leases.renewer import LeaseDiscoverer, LeaseHolder
 from .leases.store import LeaseStore
+from .metrics.throughput import ThroughputRecorder
 from .models import ShardInfo
 from .processing.config import RetrievalConfig
 from .processing.consumer import ConsumerOutcome, ShardConsumer
@@ -158,7 +159,10 @@ class Worker:
         self._kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
         self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
         self._factory = processor_factory
-        self._throughput = throughput
+        # KCL's recorder semantics by default (window = renewer interval, EMA 0.5): the leader balances on it.
+        self._throughput: ThroughputTracker = throughput or ThroughputRecorder(
+            window_ms=config.lease.renewer_interval_ms, clock=clock
+        )
         self._reporter = metrics_reporter
         self._on_records = on_records
         self._clock = clock
@@ -167,7 +171,7 @@ class Worker:
             self.worker_id,
             config=config.lease,
             clock=clock,
-            throughput=throughput.renewal_value if throughput is not None else None,
+            throughput=self._throughput.renewal_value,
         )
         self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
         self._running: dict[str, _Running] = {}
@@ -292,8 +296,7 @@ class Worker:
         for lease in self._discoverer.discover(set(self._holder.held_keys()) | busy):
             if self._stop.is_set():
                 return
-            if self._throughput is not None:
-                self._throughput.seed(lease.lease_key, lease.throughput_kbps)
+            self._throughput.seed(lease.lease_key, lease.throughput_kbps)
             if self._holder.take(lease):
                 self._spawn(lease.lease_key)
 
@@ -336,13 +339,12 @@ class Worker:
         for key, entry in finished:
             outcome = entry.outcome or ConsumerOutcome.LOST
             self.outcomes[key] = outcome
-            if self._throughput is not None:
-                self._throughput.forget(key)
+            self._throughput.forget(key)
             if outcome is ConsumerOutcome.LOST:
                 self._holder.drop(key)
 
     def _record_bytes(self, lease_key: str, nbytes: int) -> None:
-        if self._throughput is not None and nbytes:
+        if nbytes:
             self._throughput.record(lease_key, nbytes)
 
     def _list_shards(self) -> list[ShardInfo]:

@@ -86,6 +86,8 @@ def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpo
     # AND per-shard order is the sequence order
     for sequence in journal.by_shard().values():
         assert sequence == sorted(sequence, key=lambda s: (int(s[0]), s[1]))
+    # AND the renewals report each lease's throughput to the leader (KCL's throughputKBps)
+    assert wait_until(lambda: all((x.throughput_kbps or 0) > 0 for x in store.list_leases()), timeout_s=10)
     # WHEN w1 shuts down gracefully
     assert w1.shutdown(timeout_s=10)
     # THEN its leases are free at once and hold the last sequence number of each shard
