@@ -415,8 +415,8 @@ def test_seed_000_cpu_70_and_40_threshold_10_triggers_rebalance() -> None:
     plan = decide(decider, snap(leases, [a, b]))
     # THEN both are outside the limits, A is the donor, and leases move from A to B
     assert plan.fleet_average["C"] == 55.0
-    assert 55.0 * 1.1 == pytest.approx(60.5)
-    assert 55.0 * 0.9 == pytest.approx(49.5)
+    assert pytest.approx(60.5) == 55.0 * 1.1
+    assert pytest.approx(49.5) == 55.0 * 0.9
     assert plan.balancing_ran
     assert plan.moved >= 1
     assert all(d.from_worker == "A" and d.to_worker == "B" and d.kind == "rebalance" for d in plan.decisions)
@@ -495,7 +495,9 @@ def test_seed_001_variance_strategy_with_default_metric_workers() -> None:
     workers = tuple(default_worker(f"{c}-{i:03d}") for c in "ab" for i in range(100))
     rng = random.Random(3)
     for run in range(1, 13):
-        plan = decider.decide(AssignmentSnapshot(leases=leases, workers=workers, now_epoch_s=NOW, run_number=run), rng=rng)
+        plan = decider.decide(
+            AssignmentSnapshot(leases=leases, workers=workers, now_epoch_s=NOW, run_number=run), rng=rng
+        )
         leases = apply_plan(leases, plan)
     per_cluster = Counter((lease.lease_owner or "-").split("-")[0] for lease in leases)
     # THEN the load-based decider converges to within 10 % of the even split (the threshold band: 2 or 3 each)
@@ -621,37 +623,53 @@ def _lpt_ratio(rates: list[float], n_workers: int) -> float:
     return max(bins) / (sum(bins) / n_workers)
 
 
-@pytest.mark.parametrize(("kcl_mode", "bound"), [(False, 1.10), (True, None)])
-def test_zipf_fleet_balance_within_three_balancing_cycles(kcl_mode: bool, bound: float | None) -> None:
-    # GIVEN 64 Zipf(1.2) shards on 8 workers dealt round-robin, CPU proportional to throughput
-    leases, rates = _zipf_fleet(64, 8)
-    worker_ids = [f"w{i:03d}" for i in range(8)]
+def _balance_cycles(n_leases: int, n_workers: int, zipf_s: float, kcl_mode: bool) -> tuple[float, float, int]:
+    """Deal Zipf shards round-robin, CPU ∝ throughput (fleet avg 60 %), three balancing cycles re-measuring CPU.
+
+    Returns (initial max/mean, final max/mean, moves), max/mean of throughput per worker.
+    """
+    leases, rates = _zipf_fleet(n_leases, n_workers, zipf_s)
+    worker_ids = [f"w{i:03d}" for i in range(n_workers)]
     total = sum(rates)
-    scale = 60.0 * 8 / total  # the fleet averages 60 % CPU
+    mean = total / n_workers
+    scale = 60.0 * n_workers / total
     decider = VarianceDecider(AssignmentConfig(kcl_compatible=kcl_mode, balancing_frequency=1))
-    reference = _lpt_ratio(rates, 8)
-    ratios: list[float] = []
-    moves = 0
     rng = random.Random(11)
     current: tuple[Lease, ...] = tuple(leases)
-    # WHEN three balancing cycles run, CPU re-measured after each
+
+    def ratio() -> float:
+        load = dict.fromkeys(worker_ids, 0.0)
+        for lease in current:
+            load[lease.lease_owner or "-"] = load.get(lease.lease_owner or "-", 0.0) + (lease.throughput_kbps or 0.0)
+        return max(load.values()) / mean
+
+    initial = ratio()
+    moves = 0
     for run in range(1, 4):
-        s = AssignmentSnapshot(
-            leases=current, workers=tuple(_cpu_from_throughput(current, worker_ids, scale)), now_epoch_s=NOW, run_number=run
+        workers = tuple(_cpu_from_throughput(current, worker_ids, scale))
+        plan = decider.decide(
+            AssignmentSnapshot(leases=current, workers=workers, now_epoch_s=NOW, run_number=run), rng=rng
         )
-        plan = decider.decide(s, rng=rng)
         moves += len(plan.decisions)
         current = apply_plan(current, plan)
-        load = Counter[str]()
-        for lease in current:
-            load[lease.lease_owner or "-"] += lease.throughput_kbps or 0.0
-        ratios.append(max(load.values()) / (total / 8))
-    # THEN ours is within 1.10 × the LPT reference's max/mean (the raw 1.10 is infeasible with a hot shard)
-    initial = _cpu_from_throughput(leases, worker_ids, 1.0)
-    initial_ratio = max(w.stats["C"][0] for w in initial) / (total / 8)
-    assert ratios[-1] < initial_ratio
-    if bound is not None:
-        assert ratios[-1] / reference <= bound, (ratios, reference, moves)
+    return initial, ratio(), moves
+
+
+@pytest.mark.parametrize(("n_leases", "n_workers", "zipf_s"), [(64, 8, 1.2), (256, 16, 0.6)])
+def test_zipf_fleet_within_110_percent_of_reference_in_three_cycles(
+    n_leases: int, n_workers: int, zipf_s: float
+) -> None:
+    # GIVEN Zipf-skewed shards dealt round-robin over the workers
+    _, rates = _zipf_fleet(n_leases, n_workers, zipf_s)
+    reference = _lpt_ratio(rates, n_workers)
+    # WHEN three balancing cycles run with ours and with KCL's decider
+    initial, ours, our_moves = _balance_cycles(n_leases, n_workers, zipf_s, kcl_mode=False)
+    _, theirs, their_moves = _balance_cycles(n_leases, n_workers, zipf_s, kcl_mode=True)
+    # THEN ours is within 1.10 × the LPT reference's max/mean (the raw 1.10 is infeasible when one shard is hotter
+    # than a fair share), it improved on the start, and it needed no more moves than KCL
+    assert ours / reference <= 1.10, (initial, ours, reference)
+    assert ours < initial
+    assert our_moves <= their_moves, (our_moves, their_moves, ours, theirs)
 
 
 def test_ours_does_not_drop_the_receiver_when_a_lease_would_overshoot() -> None:
@@ -750,7 +768,7 @@ def test_expiry_tracker_first_sight_growth_and_forgetting() -> None:
     assert tracker.last_increment("b") == NEVER and len(tracker) == 1
     tracker.reset()
     assert len(tracker) == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="failover_s"):
         ExpiryTracker(0)
 
 

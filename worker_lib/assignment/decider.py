@@ -846,6 +846,9 @@ class CountDecider:
         index = 0
         left: list[str] = []
         for i, lease in enumerate(pending):
+            # KCL would still give one lease to a worker already at the target; a cap is a cap, so skip it.
+            while index < len(queue) and state.count(queue[index]) >= target:
+                index += 1
             if index >= len(queue):
                 left.extend(p.lease_key for p in pending[i:])
                 break
