@@ -482,10 +482,12 @@ def test_seed_001_kcl_count_strategy_is_stuck_at_300_200() -> None:
     # GIVEN KCL 3.4.3's lease-count decider
     decider = CountDecider(AssignmentConfig(strategy="count", balancing_frequency=1, kcl_compatible=True))
     # WHEN it balances
-    per_cluster, _, moves = _seed_001(decider)
-    # THEN the old cluster keeps the target 3 each (300 / 200), with the 200 minimum moves
+    per_cluster, per_worker, moves = _seed_001(decider)
+    # THEN the old cluster keeps the target 3 each (300 / 200) after 200 moves, and since its two pointers fill
+    # receivers up to the target 3, 33 new workers end with no lease at all (167 owners: 166 × 3 + 1 × 2)
     assert per_cluster == Counter({"a": 300, "b": 200})
     assert moves == 200
+    assert Counter(per_worker) == Counter({3: 166, 2: 1})
 
 
 def test_seed_001_variance_strategy_with_default_metric_workers() -> None:
