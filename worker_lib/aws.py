@@ -61,8 +61,9 @@ def client(service: str, aws: AwsConfig, boto3_session: boto3.Session | None = N
         max_pool_connections=aws.max_pool_connections,
     )
     kwargs: dict[str, Any] = {"config": cfg}
-    if aws.endpoint_url:
-        kwargs["endpoint_url"] = aws.endpoint_url
+    endpoint = aws.endpoint_for(service)
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
         # Emulators accept any credentials; supply dummies only if the environment has none, so that a
         # local run needs no AWS account while a real profile is still honoured.
         if session.get_credentials() is None:

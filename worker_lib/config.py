@@ -84,6 +84,9 @@ class AwsConfig:
 
     region: AWS region; ``AWS_REGION`` / ``AWS_DEFAULT_REGION``; default ``us-east-1``.
     endpoint_url: one endpoint for every service (local emulators); ``SHARDLEASE_ENDPOINT_URL``.
+    service_endpoints: per-service overrides, e.g. ``{"kinesis": "http://127.0.0.1:4567"}`` when Kinesis runs on
+      kinesalite and DynamoDB on moto; ``SHARDLEASE_KINESIS_ENDPOINT_URL``, ``SHARDLEASE_DYNAMODB_ENDPOINT_URL``,
+      ``SHARDLEASE_CLOUDWATCH_ENDPOINT_URL``.
     connect_timeout_s / read_timeout_s: botocore timeouts (5 s / 10 s) — short, so that a dead endpoint is
       reported within seconds rather than a minute.
     max_attempts: botocore attempts including the first (standard retry mode, 5).
@@ -91,6 +94,7 @@ class AwsConfig:
 
     region: str = "us-east-1"
     endpoint_url: str | None = None
+    service_endpoints: Mapping[str, str] = field(default_factory=dict)
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
     max_attempts: int = 5
@@ -100,14 +104,19 @@ class AwsConfig:
     def __post_init__(self) -> None:
         if not self.region:
             raise ConfigError("region must not be empty")
-        if self.endpoint_url is not None and not re.match(r"^https?://[^\s/]+", self.endpoint_url):
-            raise ConfigError(f"invalid endpoint URL {self.endpoint_url!r}: expected http(s)://host:port")
+        for url in (self.endpoint_url, *self.service_endpoints.values()):
+            if url is not None and not re.match(r"^https?://[^\s/]+", url):
+                raise ConfigError(f"invalid endpoint URL {url!r}: expected http(s)://host:port")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be at least 1")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ConfigError("timeouts must be positive")
         if self.retry_mode not in ("standard", "adaptive", "legacy"):
             raise ConfigError(f"invalid retry mode {self.retry_mode!r}")
+
+    def endpoint_for(self, service: str) -> str | None:
+        """The endpoint for one service: its override, else the common endpoint, else AWS's."""
+        return self.service_endpoints.get(service) or self.endpoint_url
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> AwsConfig:
@@ -116,6 +125,11 @@ class AwsConfig:
             "region": e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1",
             "endpoint_url": e.get("SHARDLEASE_ENDPOINT_URL") or None,
             "max_attempts": _env_int(e, "SHARDLEASE_AWS_MAX_ATTEMPTS", 5),
+            "service_endpoints": {
+                service: url
+                for service in ("kinesis", "dynamodb", "cloudwatch")
+                if (url := e.get(f"SHARDLEASE_{service.upper()}_ENDPOINT_URL"))
+            },
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
