@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import ConfigError
 
 log = logging.getLogger("shardlease.metrics.cpu")
 
@@ -484,6 +485,53 @@ class PsutilCpu(_CpuMetricBase):
 
     def __repr__(self) -> str:
         return "PsutilCpu()"
+
+
+class ProcessCpu(_CpuMetricBase):
+    """This process's share of the host's CPUs (Δ user+system CPU time ÷ Δwall ÷ CPUs × 100).
+
+    Not a KCL provider: for several workers on one host (the local demo, or packing small workers onto one
+    instance) the host and cgroup figures are the same for every worker and cannot tell the leader which one is
+    busy. ``SHARDLEASE_CPU_METRIC=process`` selects it.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        operating_range_max: float = 100.0,
+        cpus: int | None = None,
+        cpu_seconds: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(clock=clock, operating_range_max=operating_range_max)
+        self._cpus = cpus or os.cpu_count() or 1
+        self._cpu_seconds = cpu_seconds or (lambda: sum(os.times()[:2]))
+        self._previous_sample: tuple[float, float] | None = None
+
+    def _read(self) -> float:
+        now, used = self._clock.monotonic(), self._cpu_seconds()
+        previous, self._previous_sample = self._previous_sample, (now, used)
+        if previous is None or now <= previous[0]:
+            return 0.0
+        return (used - previous[1]) / (now - previous[0]) / self._cpus * 100.0
+
+    def __repr__(self) -> str:
+        return f"ProcessCpu(cpus={self._cpus})"
+
+
+def cpu_metric_from_env(env: Mapping[str, str] | None = None, *, clock: Clock = SYSTEM_CLOCK) -> WorkerMetric | None:
+    """``SHARDLEASE_CPU_METRIC``: ``auto`` (default: KCL's detection order), ``process`` or ``none``."""
+    environ = os.environ if env is None else env
+    choice = environ.get("SHARDLEASE_CPU_METRIC", "auto").strip().lower()
+    if choice == "none":
+        return None
+    if choice == "process":
+        metric = ProcessCpu(clock=clock)
+        metric.probe()
+        return metric
+    if choice != "auto":
+        raise ConfigError(f"invalid SHARDLEASE_CPU_METRIC {choice!r}: expected auto, process or none")
+    return detect_cpu_metric(environ, clock=clock)
 
 
 # --- detection ------------------------------------------------------------------------------------------------
