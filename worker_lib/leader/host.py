@@ -10,18 +10,31 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 
 from .. import aws
+from ..assignment.config import AssignmentConfig
 from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig, LeaderConfig, LeaderLockConfig, ShardSyncConfig, validate_app_name
+from ..config import (
+    AwsConfig,
+    LeaderConfig,
+    LeaderLockConfig,
+    LeaseConfig,
+    ShardSyncConfig,
+    _env,
+    validate_app_name,
+)
+from ..errors import ConfigError
 from ..leases.dynamodb import DynamoDBLeaseStore
+from ..metrics.stats_store import WorkerMetricsStore
 from ..shardsync.detector import KinesisShardDetector
 from ..shardsync.syncer import ShardSyncer
 from ..tables.schema import all_specs
+from .assigner import LeaseAssigner
 from .leader import CycleReport, Leader
 from .lock import DynamoDBLeaderLock
 
@@ -37,6 +50,7 @@ class LeaderParts:
     lease_store: DynamoDBLeaseStore
     lock: DynamoDBLeaderLock
     syncer: ShardSyncer
+    assigner: LeaseAssigner | None
     dynamodb: Any
     kinesis: Any
 
@@ -50,6 +64,9 @@ def build_leader(
     owner: str | None = None,
     leader_config: LeaderConfig | None = None,
     lock_config: LeaderLockConfig | None = None,
+    assignment: AssignmentConfig | None = None,
+    lease_config: LeaseConfig | None = None,
+    with_assignment: bool = True,
     boto3_session: boto3.Session | None = None,
     dynamodb: Any = None,
     kinesis: Any = None,
@@ -64,15 +81,61 @@ def build_leader(
     lock = DynamoDBLeaderLock(app, owner or default_owner(), config=lock_config, client=dynamodb, clock=clock)
     detector = KinesisShardDetector(stream, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size)
     syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
+    assigner = None
+    if with_assignment:
+        assignment = assignment or AssignmentConfig()
+        assigner = LeaseAssigner(
+            store,
+            WorkerMetricsStore(app, client=dynamodb, clock=clock),
+            config=assignment,
+            lease_config=lease_config or LeaseConfig(failover_time_ms=assignment.failover_ms),
+            clock=clock,
+        )
     leader = Leader(
         lock=lock,
         shard_sync=syncer,
+        assignment=assigner,
         config=leader_config,
         lock_config=lock_config,
         shard_sync_interval_ms=shard_sync.interval_ms,
         clock=clock,
     )
-    return LeaderParts(leader=leader, lease_store=store, lock=lock, syncer=syncer, dynamodb=dynamodb, kinesis=kinesis)
+    return LeaderParts(
+        leader=leader,
+        lease_store=store,
+        lock=lock,
+        syncer=syncer,
+        assigner=assigner,
+        dynamodb=dynamodb,
+        kinesis=kinesis,
+    )
+
+
+def build_leader_from_env(
+    env: Mapping[str, str] | None = None,
+    *,
+    owner: str | None = None,
+    boto3_session: boto3.Session | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> LeaderParts:
+    """The leader as the Lambda handler and the embedded host build it: everything from ``SHARDLEASE_*``."""
+    e = _env(env)
+    app, stream = e.get("SHARDLEASE_APP", ""), e.get("SHARDLEASE_STREAM", "")
+    if not app or not stream:
+        raise ConfigError("SHARDLEASE_APP and SHARDLEASE_STREAM must be set")
+    return build_leader(
+        app=app,
+        stream=stream,
+        aws_config=AwsConfig.from_env(e),
+        shard_sync=ShardSyncConfig.from_env(e),
+        owner=owner or e.get("SHARDLEASE_LEADER_ID") or None,
+        leader_config=LeaderConfig.from_env(e),
+        lock_config=LeaderLockConfig.from_env(e),
+        assignment=AssignmentConfig.from_env(e),
+        lease_config=LeaseConfig.from_env(e),
+        boto3_session=boto3_session,
+        clock=clock,
+    )
 
 
 def preflight(parts: LeaderParts, *, app: str, stream: str) -> None:
@@ -119,7 +182,17 @@ def run_leader_cli(
     owner: str | None,
     as_json: bool,
 ) -> int:
-    parts = build_leader(app=app, stream=stream, aws_config=aws_config, shard_sync=shard_sync, owner=owner)
+    parts = build_leader(
+        app=app,
+        stream=stream,
+        aws_config=aws_config,
+        shard_sync=shard_sync,
+        owner=owner,
+        leader_config=LeaderConfig.from_env(),
+        lock_config=LeaderLockConfig.from_env(),
+        assignment=AssignmentConfig.from_env(),
+        lease_config=LeaseConfig.from_env(),
+    )
     preflight(parts, app=app, stream=stream)
 
     def emit(report: CycleReport) -> None:
