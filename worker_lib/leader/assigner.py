@@ -220,7 +220,8 @@ class LeaseAssigner:
 
     # --- writes ---------------------------------------------------------------------------------------------
 
-    def _write_one(self, decision: Decision, lease: Lease) -> bool:
+    def _write_one(self, decision: Decision, lease: Lease) -> tuple[bool, bool]:
+        """Write one decision; returns (written, as a graceful handoff)."""
         graceful = (
             decision.kind == "rebalance"
             and self._lease_config.graceful_handoff_enabled
@@ -242,7 +243,7 @@ class LeaseAssigner:
         fields["write"] = "graceful_handoff" if graceful else "assign_lease"
         fields["written"] = written
         decision_log.info(json.dumps(fields, sort_keys=True))
-        return written
+        return written, graceful
 
     def _write(self, plan: AssignmentPlan, leases: Mapping[str, Lease]) -> int:
         pairs = [(d, leases[d.lease_key]) for d in plan.decisions if d.lease_key in leases]
@@ -251,7 +252,11 @@ class LeaseAssigner:
         else:
             with ThreadPoolExecutor(max_workers=min(self._max_parallel, len(pairs))) as pool:
                 results = list(pool.map(lambda pair: self._write_one(*pair), pairs))
-        return sum(1 for ok in results if not ok)
+        started = self._clock.monotonic()
+        for (decision, lease), (written, graceful) in zip(pairs, results, strict=True):
+            if written and graceful:  # the handoff deadline runs from when we started it, not when we next see it
+                self._handoff_seen[lease.lease_key] = (decision.to_worker, lease.lease_owner, started)
+        return sum(1 for written, _ in results if not written)
 
     # --- housekeeping ---------------------------------------------------------------------------------------
 
