@@ -42,6 +42,8 @@ from .errors import ConfigError, DependencyError
 from .leases.dynamodb import DynamoDBLeaseStore
 from .leases.renewer import LeaseDiscoverer, LeaseHolder
 from .leases.store import LeaseStore
+from .metrics.names import WorkerMetric as MetricName
+from .metrics.publisher import MetricsConfig, MetricsPublisher, make_publisher
 from .metrics.throughput import ThroughputRecorder
 from .models import ShardInfo
 from .processing.config import RetrievalConfig
@@ -74,6 +76,7 @@ class WorkerConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     discovery_interval_ms: int = 9_975
     shutdown_timeout_ms: int = 30_000
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def __post_init__(self) -> None:
         validate_app_name(self.app)
@@ -104,6 +107,7 @@ class WorkerConfig:
             "consumer": ConsumerConfig.from_env(e),
             "retrieval": RetrievalConfig.from_env(e),
             "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 9_975),
+            "metrics": MetricsConfig.from_env(e),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -149,6 +153,7 @@ class Worker:
         lease_store: LeaseStore | None = None,
         throughput: ThroughputTracker | None = None,
         metrics_reporter: MetricsReporter | None = None,
+        metrics_publisher: MetricsPublisher | None = None,
         on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -164,7 +169,10 @@ class Worker:
             window_ms=config.lease.renewer_interval_ms, clock=clock
         )
         self._reporter = metrics_reporter
-        self._on_records = on_records
+        self._user_on_records = on_records
+        self._metrics = metrics_publisher or make_publisher(
+            config.metrics, app=config.app, worker_id=config.worker_id, aws_config=aws_config, clock=clock
+        )
         self._clock = clock
         self._holder = LeaseHolder(
             self._store,
@@ -241,6 +249,7 @@ class Worker:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
         if self._reporter is not None:
             self._reporter.stop()
+        self._metrics.flush()
         self._holder.close()
         self._stopped.set()
         log.info("worker stopped id=%s clean=%s", self.worker_id, clean)
@@ -265,6 +274,7 @@ class Worker:
     def _coordinate(self) -> None:
         next_renewal = self._clock.monotonic()
         next_discovery = self._clock.monotonic()
+        next_flush = self._clock.monotonic() + self.config.metrics.flush_interval_ms / 1000
         while not self._stop.is_set():
             now = self._clock.monotonic()
             try:
@@ -274,6 +284,9 @@ class Worker:
                 if now >= next_discovery:
                     next_discovery = now + self.config.discovery_interval_ms / 1000
                     self._discover()
+                if now >= next_flush:
+                    next_flush = now + self.config.metrics.flush_interval_ms / 1000
+                    self._metrics.flush()
             except DependencyError as exc:
                 log.warning("worker %s coordination step failed: %s", self.worker_id, exc)
             except Exception:
@@ -289,6 +302,11 @@ class Worker:
     def _renew(self) -> None:
         report = self._holder.renew_all()
         self.renewal_failures += len(report.failed)
+        self._metrics.add("LeasesHeld", len(self._holder.held_keys()), aggregation="last")
+        if report.failed:
+            self._metrics.add("RenewalFailures", len(report.failed))
+        if report.lost:
+            self._metrics.add("LeasesLost", len(report.lost))
 
     def _discover(self) -> None:
         with self._guard:
@@ -342,6 +360,14 @@ class Worker:
             self._throughput.forget(key)
             if outcome is ConsumerOutcome.LOST:
                 self._holder.drop(key)
+
+    def _on_records(self, lease_key: str, records: Sequence[KinesisRecord], millis_behind: int | None) -> None:
+        self._metrics.add(MetricName.RECORDS_PROCESSED, len(records))
+        self._metrics.add("BytesProcessed", sum(len(r.data) for r in records), unit="Bytes")
+        if millis_behind is not None:
+            self._metrics.add(MetricName.MILLIS_BEHIND_LATEST, millis_behind, unit="Milliseconds", aggregation="max")
+        if self._user_on_records is not None:
+            self._user_on_records(lease_key, records, millis_behind)
 
     def _record_bytes(self, lease_key: str, nbytes: int) -> None:
         if nbytes:

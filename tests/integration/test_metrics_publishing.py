@@ -1,0 +1,92 @@
+"""Worker metrics publishing: EMF documents, and PutMetricData against a moto server through a real Worker."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.recording import (
+    Journal,
+    RecordingProcessor,
+    assign_unowned,
+    create_leases_for_open_shards,
+    wait_until,
+)
+from worker_lib import aws
+from worker_lib.clock import ManualClock
+from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.errors import ConfigError
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream
+from worker_lib.metrics.publisher import EmfPublisher, MetricsConfig, make_publisher
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.worker import Worker, WorkerConfig
+
+
+def test_emf_document_aggregates_between_flushes() -> None:
+    # GIVEN an EMF publisher writing to a buffer
+    out = io.StringIO()
+    publisher = EmfPublisher(namespace="NS", app="orders", worker_id="w1", stream=out, clock=ManualClock())
+    # WHEN counts, a lag and a gauge are added several times and flushed once
+    for n in (10, 20, 30):
+        publisher.add("RecordsProcessed", n)
+        publisher.add("MillisBehindLatest", n * 100, unit="Milliseconds", aggregation="max")
+        publisher.add("LeasesHeld", n // 10, aggregation="last")
+    publisher.flush()
+    publisher.flush()  # nothing new: no second line
+    # THEN one EMF line carries sum / max / last with the two dimensions
+    (line,) = out.getvalue().splitlines()
+    doc = json.loads(line)
+    assert doc["RecordsProcessed"] == 60 and doc["MillisBehindLatest"] == 3000 and doc["LeasesHeld"] == 3
+    assert doc["Application"] == "orders" and doc["WorkerId"] == "w1"
+    (directive,) = doc["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == "NS" and directive["Dimensions"] == [["Application", "WorkerId"]]
+    assert {m["Name"] for m in directive["Metrics"]} == {"RecordsProcessed", "MillisBehindLatest", "LeasesHeld"}
+
+
+def test_metrics_are_off_by_default_and_bad_modes_are_one_line() -> None:
+    assert MetricsConfig.from_env({}).mode == "off"
+    assert type(make_publisher(MetricsConfig(), app="a", worker_id="w")).__name__ == "NullPublisher"
+    with pytest.raises(ConfigError, match="SHARDLEASE_METRICS"):
+        MetricsConfig.from_env({"SHARDLEASE_METRICS": "statsd"})
+
+
+def test_a_worker_publishes_put_metric_data_to_cloudwatch(moto_aws: AwsConfig, app_name: str) -> None:
+    # GIVEN a worker configured for PutMetricData with a 1 s flush, and records to process
+    ddb: Any = aws.client("dynamodb", moto_aws)
+    kinesis: Any = aws.client("kinesis", moto_aws)
+    cloudwatch: Any = aws.client("cloudwatch", moto_aws)
+    ensure_tables(app_name, ddb)
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 1)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    create_leases_for_open_shards(store, kinesis, stream)
+    assign_unowned(store, lambda lease: "w1")
+    kinesis.put_records(StreamName=stream, Records=[{"Data": b"x" * 100, "PartitionKey": str(n)} for n in range(25)])
+    namespace = f"test-{app_name}"
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        lease=LeaseConfig(failover_time_ms=3_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+        discovery_interval_ms=200,
+        metrics=MetricsConfig(mode="cloudwatch", namespace=namespace, flush_interval_ms=1_000),
+    )
+    journal = Journal()
+    worker = Worker(config, lambda: RecordingProcessor(journal), aws_config=moto_aws, dynamodb=ddb, kinesis=kinesis)
+    worker.start()
+    try:
+        assert wait_until(lambda: len(journal.datas()) >= 25, timeout_s=20)
+    finally:
+        worker.shutdown(timeout_s=10)  # flushes what is left
+    # THEN CloudWatch holds the worker's metrics with Application / WorkerId dimensions
+    metrics = cloudwatch.list_metrics(Namespace=namespace)["Metrics"]
+    names = {m["MetricName"] for m in metrics}
+    assert {"RecordsProcessed", "BytesProcessed", "LeasesHeld"} <= names
+    dims = next(m["Dimensions"] for m in metrics if m["MetricName"] == "RecordsProcessed")
+    assert {d["Name"]: d["Value"] for d in dims} == {"Application": app_name, "WorkerId": "w1"}
