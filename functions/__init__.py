@@ -1,0 +1,1 @@
+"""Lambda handlers (thin: they parse the event and call worker_lib)."""

@@ -1,0 +1,1 @@
+"""The leader Lambda: ``functions.leader.handler.handler``."""

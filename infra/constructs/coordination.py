@@ -1,0 +1,330 @@
+"""``ShardleaseCoordination``: the whole coordination plane of one application, as one reusable construct.
+
+It creates
+
+* the three tables from :mod:`worker_lib.tables.schema` (GSI with the table, point-in-time recovery on the lease
+  table, encryption at rest with the AWS managed key or the customer managed key given);
+* the leader Lambda (Python 3.13, arm64; code = ``worker_lib`` + ``functions`` bundled without Docker; Powertools
+  from the public Powertools layer), its log group with a retention, and its own least-privilege role;
+* an EventBridge rule invoking the leader on a schedule (``rate(1 minute)``);
+* a ``ManagedPolicy`` for worker roles and :meth:`grant_worker` for any ``IGrantable``;
+* a CloudWatch dashboard and three alarms (:mod:`.observability`).
+
+Usage in any CDK app::
+
+    coordination = ShardleaseCoordination(self, "Orders", application_name="orders-consumer", stream=stream)
+    coordination.grant_worker(task_definition.task_role)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kinesis as kinesis
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from worker_lib.config import validate_app_name
+from worker_lib.metrics.names import DEFAULT_NAMESPACE
+from worker_lib.tables.schema import (
+    LEASE_OWNER_INDEX,
+    BillingMode,
+    TableKind,
+    coordinator_state_table_name,
+    lease_table_name,
+    worker_metrics_table_name,
+)
+
+from . import permissions as p
+from .bundling import LEADER_HANDLER, leader_code
+from .observability import AlarmSettings, ShardleaseObservability
+from .tables import build_tables
+
+LEADER_RUNTIME = lambda_.Runtime.PYTHON_3_13
+LEADER_ARCHITECTURE = lambda_.Architecture.ARM_64
+POWERTOOLS_LAYER_ACCOUNT = "017000801446"
+POWERTOOLS_LAYER_VERSION = 27
+"""Layer version 27 of ``AWSLambdaPowertoolsPythonV3-python313-arm64`` is Powertools 3.23.0 (any 3.x has the
+Logger, Metrics and Tracer APIs the handler uses). Pass ``powertools_layer`` to pin another."""
+
+
+def powertools_layer_arn(version: int = POWERTOOLS_LAYER_VERSION) -> str:
+    """The public Powertools for AWS Lambda (Python) v3 layer for the leader's runtime and architecture."""
+    runtime = LEADER_RUNTIME.name.replace(".", "")  # python3.13 -> python313
+    return (
+        f"arn:{cdk.Aws.PARTITION}:lambda:{cdk.Aws.REGION}:{POWERTOOLS_LAYER_ACCOUNT}:layer:"
+        f"AWSLambdaPowertoolsPythonV3-{runtime}-arm64:{version}"
+    )
+
+
+NAG_ACKNOWLEDGEMENTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "AwsSolutions-IAM5[Resource::*]",
+        ("LeaderRole",),
+        "Only xray:PutTraceSegments and xray:PutTelemetryRecords (added by active tracing) use Resource '*': X-Ray has "
+        "no resource-level permissions. Every DynamoDB, Kinesis and Logs action is scoped to its table, index, "
+        "stream or log group.",
+    ),
+    (
+        "AwsSolutions-IAM5[Resource::*]",
+        ("WorkerPolicy",),
+        "Only cloudwatch:PutMetricData uses Resource '*' (it has no resource-level permissions); it is restricted "
+        "to the application's namespace by a cloudwatch:namespace condition.",
+    ),
+    (
+        "AwsSolutions-L1",
+        ("Leader",),
+        "Python 3.13 is a current, supported Lambda runtime, pinned together with the public Powertools layer "
+        "published and verified for it (AWSLambdaPowertoolsPythonV3-python313-arm64); move both together.",
+    ),
+    (
+        "AwsSolutions-DDB3",
+        ("WorkerMetricStatsTable",),
+        "Worker metrics are rewritten by every worker every 30 s and swept by the leader; restoring old entries "
+        "would feed stale load into assignment. Point-in-time recovery is on the lease table, which holds the "
+        "checkpoints.",
+    ),
+    (
+        "AwsSolutions-DDB3",
+        ("CoordinatorStateTable",),
+        "Holds the leader lock (valid for 30 s) and derived leader state, rebuilt by the next leader cycle; "
+        "restoring an old lock item would be harmful. Point-in-time recovery is on the lease table.",
+    ),
+)
+"""(rule, construct path below this construct, reason): the only cdk-nag findings accepted, with their reasons."""
+
+
+class ShardleaseCoordination(Construct):
+    """Tables, leader Lambda + schedule, IAM for leader and workers, dashboard and alarms of one application.
+
+    Keyword arguments:
+
+    application_name: the KCL application name = lease table name (``<app>``, ``<app>-WorkerMetricStats``,
+      ``<app>-CoordinatorState``).
+    stream: the Kinesis stream, as an ``IStream`` or a stream ARN.
+    stream_encryption_key: the stream's customer managed KMS key, if any (workers get ``kms:Decrypt`` on it;
+      taken from the ``IStream`` when it knows its key).
+    failover_time: lease duration (KCL failoverTimeMillis; 10 s).
+    schedule: how often EventBridge invokes the leader (``rate(1 minute)``).
+    leader_timeout: the Lambda timeout (60 s). Each invocation leads until ``deadline_margin`` before it and then
+      releases the lock, so keep it ≤ the schedule's period: the next invocation then always finds the lock free.
+    billing_mode: ``worker_lib.tables.schema.BillingMode`` (PAY_PER_REQUEST).
+    removal_policy: for the tables (RETAIN; the lease table also gets deletion protection under RETAIN).
+    encryption_key: a customer managed KMS key for the tables (default: the AWS managed key).
+    initial_position: LATEST | TRIM_HORIZON (where leases of newly discovered shards start; LATEST as KCL).
+    metrics_namespace: CloudWatch namespace of the leader's and the workers' metrics ("Shardlease").
+    log_retention: the leader's log retention (one month).
+    alarms: minutes for the three alarms; alarm_actions: e.g. ``cw_actions.SnsAction(topic)``.
+    powertools_layer: the Powertools layer (default: the public layer, :func:`powertools_layer_arn`).
+    leader_environment: extra ``SHARDLEASE_*`` variables for the leader (e.g. assignment strategy).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        application_name: str,
+        stream: kinesis.IStream | str,
+        stream_encryption_key: kms.IKey | None = None,
+        failover_time: cdk.Duration | None = None,
+        schedule: events.Schedule | None = None,
+        leader_timeout: cdk.Duration | None = None,
+        billing_mode: BillingMode = BillingMode.PAY_PER_REQUEST,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+        encryption_key: kms.IKey | None = None,
+        initial_position: str = "LATEST",
+        metrics_namespace: str = DEFAULT_NAMESPACE,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        alarms: AlarmSettings | None = None,
+        alarm_actions: Sequence[cw.IAlarmAction] = (),
+        powertools_layer: lambda_.ILayerVersion | None = None,
+        leader_environment: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.application_name = validate_app_name(application_name)
+        self.metrics_namespace = metrics_namespace
+        failover_time = failover_time or cdk.Duration.seconds(10)
+        leader_timeout = leader_timeout or cdk.Duration.minutes(1)
+        if initial_position not in {"LATEST", "TRIM_HORIZON"}:
+            raise ValueError("initial_position must be LATEST or TRIM_HORIZON (AT_TIMESTAMP: use leader_environment)")
+
+        if isinstance(stream, str):
+            stream = kinesis.Stream.from_stream_attributes(
+                self, "Stream", stream_arn=stream, encryption_key=stream_encryption_key
+            )
+        self.stream: kinesis.IStream = stream
+        self.stream_encryption_key = stream_encryption_key or stream.encryption_key
+        self.encryption_key = encryption_key
+
+        # --- tables ---------------------------------------------------------------------------------------
+        tables = build_tables(
+            self,
+            app=self.application_name,
+            billing=billing_mode,
+            removal_policy=removal_policy,
+            encryption_key=encryption_key,
+        )
+        self.lease_table: dynamodb.Table = tables[TableKind.LEASES]
+        self.worker_metrics_table: dynamodb.Table = tables[TableKind.WORKER_METRICS]
+        self.coordinator_state_table: dynamodb.Table = tables[TableKind.COORDINATOR_STATE]
+        self.lease_owner_index_arn = f"{self.lease_table.table_arn}/index/{LEASE_OWNER_INDEX.name}"
+
+        # --- leader ---------------------------------------------------------------------------------------
+        self.leader_log_group = logs.LogGroup(
+            self, "LeaderLogs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY
+        )
+        self.leader_role = iam.Role(
+            self,
+            "LeaderRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"shardlease leader of {self.application_name}: its tables and stream only",
+        )
+        self.leader_log_group.grant_write(self.leader_role)
+        self.grant_leader(self.leader_role)
+        environment = {
+            "SHARDLEASE_APP": self.application_name,
+            "SHARDLEASE_STREAM": self.stream.stream_name,
+            "SHARDLEASE_FAILOVER_TIME_MS": str(int(failover_time.to_milliseconds())),
+            "SHARDLEASE_INITIAL_POSITION": initial_position,
+            "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace,
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+            **(leader_environment or {}),
+        }
+        self.leader_function = lambda_.Function(
+            self,
+            "Leader",
+            description=f"shardlease leader of {self.application_name}: shard sync and lease assignment",
+            runtime=LEADER_RUNTIME,
+            architecture=LEADER_ARCHITECTURE,
+            handler=LEADER_HANDLER,
+            code=leader_code(),
+            layers=[
+                powertools_layer
+                or lambda_.LayerVersion.from_layer_version_arn(self, "PowertoolsLayer", powertools_layer_arn())
+            ],
+            memory_size=256,
+            timeout=leader_timeout,
+            role=self.leader_role,
+            log_group=self.leader_log_group,
+            tracing=lambda_.Tracing.ACTIVE,
+            environment=environment,
+            retry_attempts=0,  # a failed run is not retried: the next scheduled invocation starts fresh
+            max_event_age=cdk.Duration.minutes(1),
+        )
+        self.schedule_rule = events.Rule(
+            self,
+            "LeaderSchedule",
+            description=f"invoke the shardlease leader of {self.application_name}",
+            schedule=schedule or events.Schedule.rate(cdk.Duration.minutes(1)),
+            targets=[
+                targets.LambdaFunction(self.leader_function, retry_attempts=0, max_event_age=cdk.Duration.minutes(1))
+            ],
+        )
+
+        # --- workers --------------------------------------------------------------------------------------
+        self.worker_policy = iam.ManagedPolicy(
+            self,
+            "WorkerPolicy",
+            description=(
+                f"shardlease workers of {self.application_name}: lease table read/write and GSI query, worker "
+                f"metrics, stream read, PutMetricData to {metrics_namespace}"
+            ),
+            statements=[perm.statement() for perm in self.worker_permissions()],
+        )
+
+        # --- observability --------------------------------------------------------------------------------
+        self.observability = ShardleaseObservability(
+            self,
+            "Observability",
+            app=self.application_name,
+            namespace=metrics_namespace,
+            function=self.leader_function,
+            stream=self.stream,
+            tables=self._tables_by_name(),
+            alarms=alarms or AlarmSettings(),
+            alarm_actions=alarm_actions,
+        )
+        self.dashboard = self.observability.dashboard
+
+        self._acknowledge_nag_findings()
+
+        cdk.CfnOutput(self, "LeaseTableName", value=self.lease_table.table_name)
+        cdk.CfnOutput(self, "WorkerPolicyArn", value=self.worker_policy.managed_policy_arn)
+        cdk.CfnOutput(self, "LeaderFunctionName", value=self.leader_function.function_name)
+
+    # --- cdk-nag --------------------------------------------------------------------------------------------
+
+    def _acknowledge_nag_findings(self) -> None:
+        """The AwsSolutions findings this design accepts, each scoped to the one construct it concerns."""
+        for id_, scope, reason in NAG_ACKNOWLEDGEMENTS:
+            target = self.node.find_child(scope[0])
+            for part in scope[1:]:
+                target = target.node.find_child(part)
+            cdk.Validations.of(target).acknowledge(cdk.Acknowledgment(id=f"AwsSolutions::{id_}", reason=reason))
+
+    # --- permissions ---------------------------------------------------------------------------------------
+
+    def _tables_by_name(self) -> dict[str, dynamodb.ITable]:
+        app = self.application_name
+        return {
+            lease_table_name(app): self.lease_table,
+            worker_metrics_table_name(app): self.worker_metrics_table,
+            coordinator_state_table_name(app): self.coordinator_state_table,
+        }
+
+    def _key_permissions(self) -> list[p.Permission]:
+        out = []
+        if self.encryption_key is not None:
+            out.append(
+                p.Permission(
+                    actions=p.TABLE_KEY_ACTIONS,
+                    resources=(self.encryption_key.key_arn,),
+                    conditions=p.via_dynamodb(cdk.Aws.REGION),
+                )
+            )
+        return out
+
+    def leader_permissions(self) -> list[p.Permission]:
+        """What the leader calls: lease table + GSI, worker metrics sweep, lock/coordinator items, shard listing."""
+        return [
+            p.Permission(actions=p.LEADER_LEASE_ACTIONS, resources=(self.lease_table.table_arn,)),
+            p.Permission(actions=p.INDEX_QUERY_ACTIONS, resources=(self.lease_owner_index_arn,)),
+            p.Permission(actions=p.LEADER_WORKER_METRICS_ACTIONS, resources=(self.worker_metrics_table.table_arn,)),
+            p.Permission(actions=p.LEADER_COORDINATOR_ACTIONS, resources=(self.coordinator_state_table.table_arn,)),
+            p.Permission(actions=p.LEADER_STREAM_ACTIONS, resources=(self.stream.stream_arn,)),
+            *self._key_permissions(),
+        ]
+
+    def worker_permissions(self, *, embedded_leader: bool = False) -> list[p.Permission]:
+        """What a worker calls; with ``embedded_leader`` also what the leader calls (``leader_mode="embedded"``)."""
+        perms = [
+            p.Permission(actions=p.WORKER_LEASE_ACTIONS, resources=(self.lease_table.table_arn,)),
+            p.Permission(actions=p.INDEX_QUERY_ACTIONS, resources=(self.lease_owner_index_arn,)),
+            p.Permission(actions=p.WORKER_METRICS_ACTIONS, resources=(self.worker_metrics_table.table_arn,)),
+            p.Permission(actions=p.WORKER_COORDINATOR_ACTIONS, resources=(self.coordinator_state_table.table_arn,)),
+            p.Permission(actions=p.WORKER_STREAM_ACTIONS, resources=(self.stream.stream_arn,)),
+            p.put_metric_data(self.metrics_namespace),
+            *self._key_permissions(),
+        ]
+        if self.stream_encryption_key is not None:
+            perms.append(p.Permission(actions=p.STREAM_KEY_ACTIONS, resources=(self.stream_encryption_key.key_arn,)))
+        if embedded_leader:
+            perms += [perm for perm in self.leader_permissions() if perm not in perms]
+        return perms
+
+    def grant_leader(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Grant what the leader needs (the Lambda role has it; use for a CLI or embedded leader's role)."""
+        return p.grant_all(grantee, self.leader_permissions())
+
+    def grant_worker(self, grantee: iam.IGrantable, *, embedded_leader: bool = False) -> iam.Grant:
+        """Grant a worker role (EC2 instance profile, ECS task, EKS IRSA/Pod Identity, EMR job role) what it needs."""
+        return p.grant_all(grantee, self.worker_permissions(embedded_leader=embedded_leader))

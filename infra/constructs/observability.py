@@ -1,0 +1,212 @@
+"""The CloudWatch dashboard and alarms of one shardlease application (DESIGN.md §8).
+
+Metric names, dimensions and the namespace come from :mod:`worker_lib.metrics.names`, the module the leader and the
+workers publish with. Per-worker graphs use ``SEARCH`` expressions over ``{Application, WorkerId}``, so workers
+that come and go need no dashboard change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kinesis as kinesis
+from aws_cdk import aws_lambda as lambda_
+from constructs import Construct
+
+from worker_lib.metrics.names import APPLICATION_DIMENSION, WORKER_DIMENSION, LeaderMetric, WorkerMetric
+
+ONE_MINUTE = cdk.Duration.minutes(1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmSettings:
+    """N minutes for each alarm (all evaluated on one-minute periods)."""
+
+    no_leader_minutes: int = 5
+    unassigned_minutes: int = 5
+    leader_error_minutes: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("no_leader_minutes", "unassigned_minutes", "leader_error_minutes"):
+            if not 1 <= getattr(self, name) <= 60:
+                raise ValueError(f"{name} must be between 1 and 60 minutes")
+
+
+def dashboard_name(app: str) -> str:
+    """Dashboard names allow ``[A-Za-z0-9_-]``; application names may also contain dots."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", f"shardlease-{app}")[:255]
+
+
+class ShardleaseObservability(Construct):
+    """Dashboard + alarms over the leader's metrics, the Lambda, the stream and the tables."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        app: str,
+        namespace: str,
+        function: lambda_.IFunction,
+        stream: kinesis.IStream,
+        tables: Mapping[str, dynamodb.ITable],
+        alarms: AlarmSettings,
+        alarm_actions: Sequence[cw.IAlarmAction] = (),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._app, self._namespace = app, namespace
+
+        self.no_leader_alarm = cw.Alarm(
+            self,
+            "NoLeaderCycleAlarm",
+            alarm_description=(
+                f"shardlease {app}: no successful leader cycle for {alarms.no_leader_minutes} minute(s); "
+                "leases are neither synced with the shards nor assigned"
+            ),
+            metric=self.leader_metric(LeaderMetric.CYCLES, "Sum"),
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=alarms.no_leader_minutes,
+            datapoints_to_alarm=alarms.no_leader_minutes,
+            treat_missing_data=cw.TreatMissingData.BREACHING,  # no data = no leader published anything
+        )
+        stuck = cw.MathExpression(
+            label="unassigned or expired leases (minimum in the minute)",
+            expression="MAX([FILL(unassigned, 0), FILL(expired, 0)])",
+            using_metrics={
+                "unassigned": self.leader_metric(LeaderMetric.UNASSIGNED_LEASES, "Minimum"),
+                "expired": self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Minimum"),
+            },
+            period=ONE_MINUTE,
+        )
+        self.unassigned_alarm = cw.Alarm(
+            self,
+            "LeasesUnassignedAlarm",
+            alarm_description=(
+                f"shardlease {app}: leases stayed unassigned or expired for {alarms.unassigned_minutes} minute(s) "
+                "(no worker with capacity, or workers not renewing)"
+            ),
+            metric=stuck,
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=alarms.unassigned_minutes,
+            datapoints_to_alarm=alarms.unassigned_minutes,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # no leader at all is the other alarm's job
+        )
+        self.leader_errors_alarm = cw.Alarm(
+            self,
+            "LeaderErrorsAlarm",
+            alarm_description=f"shardlease {app}: the leader Lambda failed (errors or timeouts)",
+            metric=function.metric_errors(period=cdk.Duration.minutes(alarms.leader_error_minutes), statistic="Sum"),
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        self.alarms: tuple[cw.Alarm, ...] = (self.no_leader_alarm, self.unassigned_alarm, self.leader_errors_alarm)
+        for alarm in self.alarms:
+            for action in alarm_actions:
+                alarm.add_alarm_action(action)
+
+        self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=dashboard_name(app))
+        self.dashboard.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=3))
+        self.dashboard.add_widgets(
+            self._per_worker_graph("Leases per worker", WorkerMetric.LEASES, "Maximum"),
+            self._per_worker_graph("CPU per worker (%)", WorkerMetric.CPU_UTILIZATION, "Average"),
+            self._per_worker_graph("Assigned throughput per worker (KB/s)", WorkerMetric.THROUGHPUT_KBPS, "Average"),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Stream throughput (bytes/min)",
+                left=[stream.metric_incoming_bytes(statistic="Sum"), stream.metric_get_records_bytes(statistic="Sum")],
+                width=8,
+            ),
+            cw.GraphWidget(
+                title="Iterator age (ms)",
+                left=[stream.metric_get_records_iterator_age_milliseconds(statistic="Maximum")],
+                right=[self._per_worker_search(WorkerMetric.MILLIS_BEHIND_LATEST, "Maximum")],
+                width=8,
+            ),
+            cw.GraphWidget(
+                title="Assignment moves",
+                left=[
+                    self.leader_metric(LeaderMetric.LEASE_MOVES, "Sum"),
+                    self.leader_metric(LeaderMetric.LEASES_ASSIGNED, "Sum"),
+                    self.leader_metric(LeaderMetric.HANDOFFS_FORCED, "Sum"),
+                    self.leader_metric(LeaderMetric.WRITE_CONFLICTS, "Sum"),
+                ],
+                right=[self.leader_metric(LeaderMetric.LOAD_MAX_OVER_MEAN, "Average")],
+                width=8,
+            ),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Leader cycle time (ms)",
+                left=[
+                    self.leader_metric(LeaderMetric.CYCLE_TIME, "Average"),
+                    self.leader_metric(LeaderMetric.CYCLE_TIME, "Maximum"),
+                ],
+                right=[
+                    self.leader_metric(LeaderMetric.CYCLES, "Sum"),
+                    self.leader_metric(LeaderMetric.CYCLE_FAILURES, "Sum"),
+                ],
+                width=8,
+            ),
+            cw.GraphWidget(
+                title="Leases: total, expired, unassigned",
+                left=[
+                    self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Maximum"),
+                    self.leader_metric(LeaderMetric.UNASSIGNED_LEASES, "Maximum"),
+                ],
+                right=[
+                    self.leader_metric(LeaderMetric.LEASES, "Maximum"),
+                    self.leader_metric(LeaderMetric.SHARDS, "Maximum"),
+                    self.leader_metric(LeaderMetric.WORKERS, "Maximum"),
+                ],
+                width=8,
+            ),
+            cw.GraphWidget(
+                title="Leader Lambda",
+                left=[function.metric_errors(statistic="Sum"), function.metric_throttles(statistic="Sum")],
+                right=[function.metric_duration(statistic="Average"), function.metric_duration(statistic="Maximum")],
+                width=8,
+            ),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="DynamoDB consumed read capacity",
+                left=[t.metric_consumed_read_capacity_units(statistic="Sum", label=n) for n, t in tables.items()],
+                width=12,
+            ),
+            cw.GraphWidget(
+                title="DynamoDB consumed write capacity",
+                left=[t.metric_consumed_write_capacity_units(statistic="Sum", label=n) for n, t in tables.items()],
+                width=12,
+            ),
+        )
+
+    def leader_metric(self, name: str, statistic: str) -> cw.Metric:
+        return cw.Metric(
+            namespace=self._namespace,
+            metric_name=name,
+            dimensions_map={APPLICATION_DIMENSION: self._app},
+            statistic=statistic,
+            period=ONE_MINUTE,
+        )
+
+    def _per_worker_search(self, name: str, statistic: str) -> cw.MathExpression:
+        query = (
+            f"{{{self._namespace},{APPLICATION_DIMENSION},{WORKER_DIMENSION}}} "
+            f'MetricName="{name}" {APPLICATION_DIMENSION}="{self._app}"'
+        )
+        return cw.MathExpression(
+            expression=f"SEARCH('{query}', '{statistic}', 60)", label="", period=ONE_MINUTE, using_metrics={}
+        )
+
+    def _per_worker_graph(self, title: str, name: str, statistic: str) -> cw.GraphWidget:
+        return cw.GraphWidget(title=title, left=[self._per_worker_search(name, statistic)], width=8)

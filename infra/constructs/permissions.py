@@ -1,0 +1,125 @@
+"""Least-privilege permission sets for the leader and for workers, derived from the calls the code makes.
+
+The DynamoDB actions follow ``worker_lib``'s actual calls: the lease store (GetItem, PutItem, UpdateItem,
+DeleteItem, Scan, Query on the ``LeaseOwnerToLeaseKeyIndex`` GSI), the leader lock and coordinator items
+(GetItem, PutItem, UpdateItem, DeleteItem), worker metrics (PutItem/UpdateItem by workers; Scan and conditional
+DeleteItem of stale entries by the leader), DescribeTable for preflight checks. Kinesis: ListShards and
+DescribeStreamSummary for the leader's shard sync; GetShardIterator and GetRecords for workers.
+
+Every action is named (no ``*`` in any action); every resource is a table, the one index, the stream or a KMS key
+— except the two services that have no resource-level permissions: X-Ray (``PutTraceSegments``,
+``PutTelemetryRecords``, added by the Lambda's active tracing) and CloudWatch ``PutMetricData``, which is
+restricted by a ``cloudwatch:namespace`` condition instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+
+LEADER_LEASE_ACTIONS = (
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:Scan",
+    "dynamodb:Query",
+)
+LEADER_WORKER_METRICS_ACTIONS = (
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:Scan",
+    "dynamodb:DeleteItem",
+)
+LEADER_COORDINATOR_ACTIONS = (
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+)
+INDEX_QUERY_ACTIONS = ("dynamodb:Query",)
+LEADER_STREAM_ACTIONS = ("kinesis:DescribeStreamSummary", "kinesis:ListShards")
+
+WORKER_LEASE_ACTIONS = (
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",  # child leases at SHARD_END (conditional on absence)
+    "dynamodb:UpdateItem",  # renew, checkpoint, hand off, evict (all conditional)
+    "dynamodb:Scan",
+    "dynamodb:Query",
+)
+WORKER_METRICS_ACTIONS = ("dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+WORKER_COORDINATOR_ACTIONS = ("dynamodb:DescribeTable", "dynamodb:GetItem")
+WORKER_STREAM_ACTIONS = (
+    "kinesis:DescribeStreamSummary",
+    "kinesis:ListShards",
+    "kinesis:GetShardIterator",
+    "kinesis:GetRecords",
+)
+PUT_METRIC_DATA = ("cloudwatch:PutMetricData",)
+
+# DynamoDB encrypts and decrypts with a customer managed key on the caller's behalf (kms:ViaService).
+TABLE_KEY_ACTIONS = (
+    "kms:Decrypt",
+    "kms:Encrypt",
+    "kms:GenerateDataKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncryptFrom",
+    "kms:ReEncryptTo",
+    "kms:DescribeKey",
+)
+STREAM_KEY_ACTIONS = ("kms:Decrypt",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Permission:
+    """One statement: named actions on named resources, optionally conditioned."""
+
+    actions: tuple[str, ...]
+    resources: tuple[str, ...]
+    conditions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        wild = [a for a in self.actions if "*" in a]
+        if wild:
+            raise ValueError(f"wildcard actions are not allowed: {wild}")
+
+    def grant(self, grantee: iam.IGrantable) -> iam.Grant:
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=list(self.actions),
+            resource_arns=list(self.resources),
+            conditions=dict(self.conditions) or None,
+        )
+
+    def statement(self) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            actions=list(self.actions), resources=list(self.resources), conditions=dict(self.conditions) or None
+        )
+
+
+def grant_all(grantee: iam.IGrantable, permissions: Sequence[Permission]) -> iam.Grant:
+    """Apply every permission to ``grantee``; one combined ``Grant``."""
+    grants = [p.grant(grantee) for p in permissions]
+    combined = grants[0]
+    for grant in grants[1:]:
+        combined = combined.combine(grant)
+    return combined
+
+
+def put_metric_data(namespace: str) -> Permission:
+    return Permission(
+        actions=PUT_METRIC_DATA,
+        resources=("*",),  # PutMetricData has no resource-level permissions: the namespace condition scopes it
+        conditions={"StringEquals": {"cloudwatch:namespace": namespace}},
+    )
+
+
+def via_dynamodb(scope_region: str) -> Mapping[str, Mapping[str, Any]]:
+    return {"StringEquals": {"kms:ViaService": f"dynamodb.{scope_region}.{cdk.Aws.URL_SUFFIX}"}}

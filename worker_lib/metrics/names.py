@@ -1,0 +1,64 @@
+"""CloudWatch metric names, dimensions and the default namespace: the one place they are defined.
+
+The leader (Lambda handler, EMF through Powertools), the worker-side publishers and the CDK dashboard and alarms
+(``infra/constructs``) all import these, so a renamed metric cannot silently leave a graph or an alarm empty.
+
+Dimensions:
+
+* leader metrics: ``{Application}``;
+* per-worker metrics: ``{Application, WorkerId}`` (the leader publishes the per-worker lease count and
+  throughput it assigned; workers publish their own CPU and processing figures).
+
+Pure constants: no imports beyond the standard library, safe in any host.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_NAMESPACE: Final = "Shardlease"
+"""Default CloudWatch namespace (CDK construct ``metrics_namespace``; Lambda ``POWERTOOLS_METRICS_NAMESPACE``)."""
+
+NAMESPACE_ENV: Final = "SHARDLEASE_METRICS_NAMESPACE"
+"""Workers read their namespace from this variable (the Lambda uses Powertools' ``POWERTOOLS_METRICS_NAMESPACE``)."""
+
+APPLICATION_DIMENSION: Final = "Application"
+WORKER_DIMENSION: Final = "WorkerId"
+
+LEADER_SERVICE: Final = "shardlease-leader"
+"""Powertools service name of the leader Lambda (logs and traces; metrics carry ``Application`` only)."""
+
+
+class LeaderMetric:
+    """Published by the leader once per cycle; dimensions ``{Application}``."""
+
+    CYCLES: Final = "LeaderCycles"  # Count: cycles run while holding the lock (0 cycles for N min → alarm)
+    CYCLE_TIME: Final = "LeaderCycleTime"  # Milliseconds
+    CYCLE_FAILURES: Final = "LeaderCycleFailures"  # Count: cycles that ended in an infrastructure error
+    NOT_LEADER: Final = "LeaderLockContended"  # Count: invocations that found the lock held by someone else
+    SHARDS: Final = "Shards"  # Count: shards seen by the last shard sync
+    LEASES: Final = "Leases"  # Count: unfinished leases in the table
+    LEASES_CREATED: Final = "LeasesCreated"  # Count: by shard sync
+    LEASES_DELETED: Final = "LeasesDeleted"  # Count: by shard sync (finished / unknown shards)
+    EXPIRED_LEASES: Final = "ExpiredLeases"  # Count: leases whose counter did not move for a lease duration
+    UNASSIGNED_LEASES: Final = "UnassignedLeases"  # Count: leases that needed an owner and got none
+    LEASES_ASSIGNED: Final = "LeasesAssigned"  # Count: assignments of unowned or expired leases
+    LEASE_MOVES: Final = "LeaseMoves"  # Count: rebalancing moves (graceful handoffs initiated)
+    HANDOFFS_FORCED: Final = "HandoffsForced"  # Count: overdue graceful handoffs completed by the leader
+    WRITE_CONFLICTS: Final = "LeaseWriteConflicts"  # Count: conditional writes lost to a concurrent update
+    WORKERS: Final = "Workers"  # Count: workers able to take leases
+    LOAD_MAX_OVER_MEAN: Final = "LoadMaxOverMean"  # None: balance of the acted-on metric after the plan
+
+
+class WorkerMetric:
+    """Per worker; dimensions ``{Application, WorkerId}``."""
+
+    LEASES: Final = "WorkerLeases"  # Count: leases assigned to the worker (leader)
+    THROUGHPUT_KBPS: Final = "WorkerThroughputKBps"  # Kilobytes/Second: assigned throughput (leader)
+    CPU_UTILIZATION: Final = "WorkerCpuUtilization"  # Percent: the worker's own CPU sample (worker)
+    RECORDS_PROCESSED: Final = "RecordsProcessed"  # Count (worker)
+    MILLIS_BEHIND_LATEST: Final = "MillisBehindLatest"  # Milliseconds, maximum over the worker's shards (worker)
+
+
+ALL_LEADER_METRICS: Final = tuple(v for k, v in vars(LeaderMetric).items() if k.isupper())
+ALL_WORKER_METRICS: Final = tuple(v for k, v in vars(WorkerMetric).items() if k.isupper())
