@@ -57,6 +57,11 @@ class WorkerMetric:
     THROUGHPUT_KBPS: Final = "WorkerThroughputKBps"  # Kilobytes/Second: assigned throughput (leader)
     CPU_UTILIZATION: Final = "WorkerCpuUtilization"  # Percent: the worker's own CPU sample (worker)
     RECORDS_PROCESSED: Final = "RecordsProcessed"  # Count (worker)
+    BYTES_PROCESSED: Final = "BytesProcessed"  # Bytes (worker)
+    LEASES_HELD: Final = "LeasesHeld"  # Count: leases the worker holds and processes (worker)
+    RENEWAL_FAILURES: Final = "LeaseRenewalFailures"  # Count (worker)
+    CHECKPOINT_FAILURES: Final = "CheckpointFailures"  # Count (worker)
+    LEASES_LOST: Final = "LeasesLost"  # Count: leases taken away or expired under the worker (worker)
     MILLIS_BEHIND_LATEST: Final = "MillisBehindLatest"  # Milliseconds, maximum over the worker's shards (worker)
 
 
