@@ -1,0 +1,409 @@
+"""The driver side of the Spark source: the application's lease holder, planner and committer.
+
+One :class:`SparkLeaseCoordinator` lives in the process where Spark runs the source's driver-side methods (the
+JVM's long-lived Python "streaming source runner"). It renews and discovers leases on a background thread,
+writes the load metric, plans micro-batches from the leases it holds, and writes checkpoints once Spark has
+committed a batch. See :mod:`worker_lib.spark.planning` for the offset and commit rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from .. import aws
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import DependencyError
+from ..leases.dynamodb import DynamoDBLeaseStore
+from ..leases.renewer import LeaseDiscoverer, LeaseHolder
+from ..metrics.config import WorkerMetricsConfig
+from ..metrics.reporter import WorkerMetricsReporter
+from ..metrics.throughput import ThroughputRecorder
+from ..models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
+from ..processing.config import RetrievalConfig
+from ..processing.retrieval import ShardRecordFetcher
+from .batches import BatchEndStore
+from .load import BatchDutyCycle, worker_metrics_sink
+from .options import SourceOptions
+from .planning import (
+    BatchEnd,
+    HeldLease,
+    ReadSettings,
+    ShardReadTask,
+    SourceOffset,
+    batch_item_key,
+    commit_actions,
+    handoffs_to_complete,
+    is_idle,
+    new_run_id,
+    plan_next_offset,
+)
+from .reading import start_timestamp
+
+log = logging.getLogger("shardlease.spark.driver")
+
+
+class SparkLeaseCoordinator:
+    """Leases, planning and checkpoints of one Spark application (one streaming query)."""
+
+    def __init__(
+        self,
+        options: SourceOptions,
+        *,
+        dynamodb: Any = None,
+        kinesis: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.options = options
+        self.worker_id = options.worker_id
+        self._clock = clock
+        self._dynamodb = dynamodb or aws.client("dynamodb", options.aws)
+        self._kinesis = kinesis or aws.client("kinesis", options.aws)
+        self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
+        self._batches = BatchEndStore(options.app, self._dynamodb)
+        self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
+        self._holder = LeaseHolder(
+            self._store, self.worker_id, config=options.lease, clock=clock, throughput=self._throughput.renewal_value
+        )
+        self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
+        self.duty_cycle = BatchDutyCycle(clock=clock)
+        self._reporter: WorkerMetricsReporter | None = None
+        if options.metrics:
+            self._reporter = WorkerMetricsReporter(
+                self.worker_id,
+                [self.duty_cycle],
+                worker_metrics_sink(options.app, self._dynamodb, clock),
+                config=WorkerMetricsConfig(
+                    report_interval_ms=options.metrics_report_interval_ms,
+                    first_report_delay_ms=options.metrics_first_report_delay_ms,
+                ),
+                clock=clock,
+            )
+        self._session = new_run_id()[:6]
+        self._takes = 0
+        self._epochs: dict[str, str] = {}
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._finished_parents: set[str] = set()
+        self._last_planned: dict[str, int] = {}
+        self._planned_at: dict[tuple[str, int], float] = {}
+        self._planned_shards: dict[tuple[str, int], list[str]] = {}
+        self._ends: dict[tuple[str, int], dict[str, BatchEnd]] = {}
+        self._committed: tuple[str, int] = ("", -1)
+        self._pending_shard_ends: dict[str, BatchEnd] = {}
+        self._last_probe: dict[str, float] = {}
+        self._available_now_until: float | None = None
+        self.started = False
+        self.checkpoints_written = 0
+        self.commits_skipped: dict[str, int] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the leases assigned to us now (so the first batch sees them), then renew in the background."""
+        if self.started:
+            return
+        self.started = True
+        try:
+            self._discover()
+        except DependencyError as exc:
+            log.warning("initial lease discovery for %s failed: %s", self.worker_id, exc)
+        self._thread = threading.Thread(target=self._coordinate, name=f"spark-leases-{self.worker_id}", daemon=True)
+        self._thread.start()
+        if self._reporter is not None:
+            self._reporter.start()
+        log.info(
+            "spark source started worker=%s app=%s stream=%s", self.worker_id, self.options.app, self.options.stream
+        )
+
+    def stop(self, *, give_up_leases: bool = True) -> None:
+        """Stop renewing; give the leases up at once (uncommitted batches are read again by the next owner)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if give_up_leases:
+            for key in self._holder.held_keys():
+                self._holder.evict(key)
+        if self._reporter is not None:
+            self._reporter.stop()
+        self._holder.close()
+        log.info("spark source stopped worker=%s", self.worker_id)
+
+    def _coordinate(self) -> None:
+        renew_s = self.options.lease.renewer_interval_ms / 1000
+        discover_s = self.options.discovery_interval_ms / 1000
+        now = self._clock.monotonic()
+        next_renewal, next_discovery = now + renew_s, now + discover_s
+        while not self._stop.is_set():
+            now = self._clock.monotonic()
+            try:
+                if now >= next_renewal:
+                    next_renewal = now + renew_s
+                    self._holder.renew_all()
+                if now >= next_discovery:
+                    next_discovery = now + discover_s
+                    self._discover()
+            except DependencyError as exc:
+                log.warning("lease coordination step of %s failed: %s", self.worker_id, exc)
+            except Exception:
+                log.exception("lease coordination step of %s raised", self.worker_id)
+            self._stop.wait(max(0.0, min(0.2, min(next_renewal, next_discovery) - self._clock.monotonic())))
+
+    def _discover(self) -> None:
+        for lease in self._discoverer.discover(set(self._holder.held_keys())):
+            if self._stop.is_set():
+                return
+            self._throughput.seed(lease.lease_key, lease.throughput_kbps)
+            if self._holder.take(lease):
+                with self._guard:
+                    self._takes += 1
+                    self._epochs[lease.lease_key] = f"{self._session}:{self._takes}"
+
+    def _held_epochs(self) -> dict[str, str]:
+        held = set(self._holder.held_keys())
+        with self._guard:
+            return {key: epoch for key, epoch in self._epochs.items() if key in held}
+
+    # --- planning -------------------------------------------------------------------------------------------
+
+    def read_settings(self) -> ReadSettings:
+        aws_config = self.options.aws
+        return ReadSettings(
+            app=self.options.app,
+            stream=self.options.stream,
+            worker_id=self.worker_id,
+            region=aws_config.region,
+            endpoint_url=aws_config.endpoint_url,
+            kinesis_endpoint_url=aws_config.service_endpoints.get("kinesis"),
+            dynamodb_endpoint_url=aws_config.service_endpoints.get("dynamodb"),
+            max_records=self.options.max_records_per_shard,
+            max_read_ms=self.options.max_read_ms,
+            until_epoch_s=self._available_now_until,
+        )
+
+    def _parents_ended(self, lease: Lease) -> bool:
+        for parent in sorted(lease.parent_shard_ids):
+            if parent in self._finished_parents:
+                continue
+            parent_lease = self._store.get_lease(parent)
+            if parent_lease is not None and not parent_lease.is_finished:
+                return False
+            self._finished_parents.add(parent)
+        return True
+
+    def held_leases(self) -> list[HeldLease]:
+        epochs = self._held_epochs()
+        views: list[HeldLease] = []
+        for key in self._holder.held_keys():
+            lease = self._holder.lease(key)
+            epoch = epochs.get(key)
+            if lease is None or epoch is None:
+                continue
+            readable = (
+                self._holder.is_valid(key)
+                and not self._holder.handoff_requested(key)
+                and not lease.is_finished
+                and key not in self._pending_shard_ends
+                and self._parents_ended(lease)
+            )
+            views.append(HeldLease(lease_key=key, checkpoint=lease.checkpoint, epoch=epoch, readable=readable))
+        return views
+
+    def initial_offset(self) -> SourceOffset:
+        self.start()
+        offset = SourceOffset(run=new_run_id(), batch=0, shards={})
+        log.info("spark source %s: new offset lineage run=%s", self.worker_id, offset.run)
+        return offset
+
+    def latest_offset(self, start: SourceOffset) -> SourceOffset:
+        """Spark asks for the offset after ``start`` only once batch ``start`` is in its commit log: commit it,
+        then plan the next batch (or return ``start`` when nothing new is there)."""
+        self.start()
+        ends = self.commit(start)
+        self._retry_shard_ends()
+        self._complete_handoffs()
+        initial_ts = self.options.initial_timestamp.timestamp() if self.options.initial_timestamp else None
+        candidate = plan_next_offset(
+            start, ends, self.held_leases(), now_epoch_s=self._clock.wall(), initial_timestamp_epoch_s=initial_ts
+        )
+        if not candidate.shards and not start.shards:
+            return start
+        if is_idle(start, ends, candidate) and (self._available_now_until is not None or not self._probe(candidate)):
+            return start
+        for key in candidate.shards:
+            self._last_planned[key] = candidate.batch
+        return candidate
+
+    def planned(self, end: SourceOffset) -> None:
+        """``partitions(start, end)`` was called: batch ``end`` starts now (also after a restart's replay)."""
+        self._planned_at.setdefault((end.run, end.batch), self._clock.wall())
+        self._planned_shards[(end.run, end.batch)] = sorted(end.shards)
+        for key in end.shards:
+            self._last_planned[key] = max(self._last_planned.get(key, -1), end.batch)
+
+    def prepare_available_now(self) -> None:
+        """Trigger.AvailableNow: records arriving from now on are left for a later query."""
+        self._available_now_until = self._clock.wall()
+
+    def _probe(self, candidate: SourceOffset) -> bool:
+        """Whether any idle shard has something new (one small GetRecords each, at most once per probe interval)."""
+        now = self._clock.monotonic()
+        interval = self.options.idle_probe_interval_ms / 1000
+        settings = self.read_settings()
+        for key, shard in sorted(candidate.shards.items()):
+            if now - self._last_probe.get(key, -1e18) < interval:
+                continue
+            self._last_probe[key] = now
+            task = ShardReadTask(
+                lease_key=key, position=shard.position, batch=0, run="", settings=settings, timestamp=shard.timestamp
+            )
+            try:
+                fetcher = ShardRecordFetcher(
+                    self.options.stream,
+                    task.shard_id,
+                    kinesis_client=self._kinesis,
+                    start=shard.position,
+                    timestamp=start_timestamp(task),
+                    clock=self._clock,
+                    config=RetrievalConfig(max_records=10),
+                )
+                batch = fetcher.fetch()
+            except DependencyError as exc:
+                log.warning("probing %s failed: %s", key, exc)
+                return True  # let a real read find out
+            if batch.records or batch.end_of_shard or (batch.millis_behind_latest or 0) > 0:
+                return True
+        return False
+
+    # --- committing -----------------------------------------------------------------------------------------
+
+    def _load_ends(self, offset: SourceOffset) -> dict[str, BatchEnd]:
+        cached = self._ends.get((offset.run, offset.batch))
+        if cached is not None:
+            return cached
+        keys = {batch_item_key(self.worker_id, offset.run, offset.batch, key): key for key in offset.shards}
+        found = self._batches.get_many(sorted(keys))
+        ends = {keys[item_key]: end for item_key, end in found.items()}
+        self._ends = {(offset.run, offset.batch): ends}  # only the newest is ever needed again
+        return ends
+
+    def commit(self, offset: SourceOffset) -> dict[str, BatchEnd]:
+        """Write the checkpoints of batch ``offset.batch`` (Spark committed it); idempotent. Returns its ends."""
+        if offset.batch == 0:
+            return {}
+        ends = self._load_ends(offset)
+        if self._committed == (offset.run, offset.batch):
+            return ends
+        lease_checkpoints: dict[str, Checkpoint] = {}
+        for key in offset.shards:
+            lease = self._holder.lease(key)
+            if lease is not None:
+                lease_checkpoints[key] = lease.checkpoint
+        actions = commit_actions(offset, ends, held_epochs=self._held_epochs(), lease_checkpoints=lease_checkpoints)
+        for action in actions:
+            if action.bytes:
+                self._throughput.record(action.lease_key, action.bytes)
+            if action.checkpoint is None:
+                if action.skipped not in ("already checkpointed", "nothing read"):
+                    self.commits_skipped[action.skipped] = self.commits_skipped.get(action.skipped, 0) + 1
+                    log.info("batch %d: no checkpoint for %s (%s)", offset.batch, action.lease_key, action.skipped)
+                continue
+            if action.shard_end:
+                self._pending_shard_ends[action.lease_key] = ends[action.lease_key]
+                continue
+            if self._holder.checkpoint(action.lease_key, action.checkpoint) is None:
+                self.commits_skipped["lease lost"] = self.commits_skipped.get("lease lost", 0) + 1
+                log.info("batch %d: checkpoint of %s refused: lease lost", offset.batch, action.lease_key)
+            else:
+                self.checkpoints_written += 1
+        self._retry_shard_ends()
+        planned_at = self._planned_at.pop((offset.run, offset.batch), None)
+        finished = [end.finished_at for end in ends.values() if end.finished_at > 0]
+        if planned_at is not None and finished:
+            self.duty_cycle.add_busy(max(0.0, max(finished) - planned_at))
+        self._committed = (offset.run, offset.batch)
+        previous = self._planned_shards.pop((offset.run, offset.batch - 1), None)
+        if previous:
+            self._batches.delete(batch_item_key(self.worker_id, offset.run, offset.batch - 1, key) for key in previous)
+        return ends
+
+    def _complete_handoffs(self) -> None:
+        requested = [key for key in self._holder.held_keys() if self._holder.handoff_requested(key)]
+        committed = self._committed[1]
+        for key in handoffs_to_complete(requested, self._last_planned, committed):
+            self._holder.complete_handoff(key)
+            self._throughput.forget(key)
+            log.info("spark source %s handed %s off at a batch boundary", self.worker_id, key)
+
+    # --- SHARD_END ------------------------------------------------------------------------------------------
+
+    def _retry_shard_ends(self) -> None:
+        for key, end in sorted(self._pending_shard_ends.items()):
+            if self._holder.lease(key) is None:
+                self._pending_shard_ends.pop(key, None)
+                continue
+            try:
+                if not self._child_leases_ready(key, end.children):
+                    continue
+                if end.children:
+                    self._holder.update_child_shard_ids(key, list(end.children))
+                if self._holder.checkpoint(key, SHARD_END) is not None:
+                    self.checkpoints_written += 1
+                    self._holder.drop(key)
+                    self._throughput.forget(key)
+                    log.info("shard ended lease=%s children=%s", key, ",".join(end.children) or "-")
+                self._pending_shard_ends.pop(key, None)
+            except DependencyError as exc:
+                log.warning("SHARD_END handling for %s failed (retrying next batch): %s", key, exc)
+
+    def _list_shards(self) -> Mapping[str, ShardInfo]:
+        shards: dict[str, ShardInfo] = {}
+        kwargs: dict[str, Any] = {"StreamName": self.options.stream}
+        while True:
+            with aws.translated("kinesis ListShards", self.options.stream):
+                response = self._kinesis.list_shards(**kwargs)
+            for raw in response.get("Shards", []):
+                hashes = raw.get("HashKeyRange", {})
+                shards[raw["ShardId"]] = ShardInfo(
+                    shard_id=raw["ShardId"],
+                    parent_shard_id=raw.get("ParentShardId"),
+                    adjacent_parent_shard_id=raw.get("AdjacentParentShardId"),
+                    starting_hash_key=hashes.get("StartingHashKey", "0"),
+                    ending_hash_key=hashes.get("EndingHashKey", str(2**128 - 1)),
+                )
+            token = response.get("NextToken")
+            if not token:
+                return shards
+            kwargs = {"NextToken": token}
+
+    def _child_leases_ready(self, lease_key: str, children: tuple[str, ...]) -> bool:
+        """The consumer's rule: create missing child leases (TRIM_HORIZON, parents set); a merge child only once
+        its other parent's lease exists (otherwise shard sync creates it first)."""
+        if not children:
+            return True
+        shards = self._list_shards()
+        for child_id in children:
+            if self._store.get_lease(child_id) is not None:
+                continue
+            shard = shards.get(child_id)
+            if shard is None:
+                log.warning("child shard %s of %s is not listed yet; retrying", child_id, lease_key)
+                return False
+            partners = [p for p in shard.parent_ids if p != lease_key]
+            if any(self._store.get_lease(p) is None for p in partners):
+                log.warning("merge child %s: partner lease %s missing; waiting for shard sync", child_id, partners)
+                return False
+            self._store.create_lease_if_absent(
+                Lease(
+                    lease_key=child_id,
+                    checkpoint=TRIM_HORIZON,
+                    parent_shard_ids=frozenset(shard.parent_ids),
+                    starting_hash_key=shard.starting_hash_key,
+                    ending_hash_key=shard.ending_hash_key,
+                )
+            )
+        return True

@@ -1,0 +1,121 @@
+"""Options of ``spark.readStream.format("shardlease")`` (all strings in Spark; parsed and validated here)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..config import AwsConfig, InitialPosition, LeaseConfig, parse_timestamp, validate_app_name
+from ..errors import ConfigError
+
+OPTION_NAMES = (
+    "app",
+    "stream",
+    "region",
+    "endpoint_url",
+    "kinesis_endpoint_url",
+    "dynamodb_endpoint_url",
+    "initial_position",
+    "initial_timestamp",
+    "max_records_per_shard",
+    "max_read_ms",
+    "worker_id",
+    "failover_time_ms",
+    "discovery_interval_ms",
+    "idle_probe_interval_ms",
+    "metrics",
+    "metrics_report_interval_ms",
+    "metrics_first_report_delay_ms",
+)
+
+
+def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"shardlease option {name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"shardlease option {name}={value} must be at least {minimum}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = str(options.get(name, "")).strip().lower()
+    if not raw:
+        return default
+    if raw in ("true", "1", "yes", "on"):
+        return True
+    if raw in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"shardlease option {name}={raw!r} is not a boolean")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """app / stream: application (lease table) and Kinesis stream. worker_id: this application's name in
+    ``leaseOwner`` (default ``spark-<host>``; keep it stable across restarts). initial_position /
+    initial_timestamp: the timestamp serves leases whose checkpoint is ``AT_TIMESTAMP`` (the leader decides every
+    new lease's starting point). max_records_per_shard: user records per shard per micro-batch.
+    max_read_ms: time budget of one shard read. failover_time_ms / discovery_interval_ms: lease timing (KCL
+    defaults 10 000 / 9 975). idle_probe_interval_ms: how often an idle shard is probed for new data.
+    metrics: write the load metric to ``<app>-WorkerMetricStats`` (default true)."""
+
+    app: str
+    stream: str
+    worker_id: str
+    aws: AwsConfig
+    initial_position: InitialPosition = InitialPosition.LATEST
+    initial_timestamp: datetime | None = None
+    max_records_per_shard: int = 10_000
+    max_read_ms: int = 10_000
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    discovery_interval_ms: int = 9_975
+    idle_probe_interval_ms: int = 1_000
+    metrics: bool = True
+    metrics_report_interval_ms: int = 30_000
+    metrics_first_report_delay_ms: int = 2_000
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+        unknown = sorted(set(opts) - set(OPTION_NAMES) - {"path"})
+        if unknown:
+            raise ConfigError(f"unknown shardlease option(s): {', '.join(unknown)}")
+        app = validate_app_name(opts.get("app", ""))
+        stream = opts.get("stream", "")
+        if not stream:
+            raise ConfigError("shardlease option stream is required")
+        services = {
+            name: url for name in ("kinesis", "dynamodb") if (url := opts.get(f"{name}_endpoint_url", "").strip())
+        }
+        aws = AwsConfig(
+            region=opts.get("region", "").strip() or "us-east-1",
+            endpoint_url=opts.get("endpoint_url", "").strip() or None,
+            service_endpoints=services,
+        )
+        position = InitialPosition.parse(opts.get("initial_position", "LATEST"))
+        raw_ts = opts.get("initial_timestamp", "").strip()
+        timestamp = parse_timestamp(raw_ts) if raw_ts else None
+        if position is InitialPosition.AT_TIMESTAMP and timestamp is None:
+            raise ConfigError("initial_position AT_TIMESTAMP needs the initial_timestamp option")
+        return cls(
+            app=app,
+            stream=stream,
+            worker_id=opts.get("worker_id", "").strip() or f"spark-{socket.gethostname()}",
+            aws=aws,
+            initial_position=position,
+            initial_timestamp=timestamp,
+            max_records_per_shard=_int(opts, "max_records_per_shard", 10_000, 1),
+            max_read_ms=_int(opts, "max_read_ms", 10_000, 100),
+            lease=LeaseConfig(failover_time_ms=_int(opts, "failover_time_ms", 10_000, 1_000)),
+            discovery_interval_ms=_int(opts, "discovery_interval_ms", 9_975, 100),
+            idle_probe_interval_ms=_int(opts, "idle_probe_interval_ms", 1_000, 200),
+            metrics=_bool(opts, "metrics", True),
+            metrics_report_interval_ms=_int(opts, "metrics_report_interval_ms", 30_000, 1_000),
+            metrics_first_report_delay_ms=_int(opts, "metrics_first_report_delay_ms", 2_000, 0),
+        )

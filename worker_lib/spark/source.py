@@ -1,0 +1,90 @@
+"""The ``shardlease`` Structured Streaming source (PySpark Python Data Source API, Spark ≥ 4.2).
+
+Spark constructs the stream reader in more than one process: in the long-lived "streaming source runner" that
+calls ``initialOffset`` / ``latestOffset`` / ``partitions`` / ``commit`` (the driver side), and once more at
+planning time only to ship the ``read`` function to executors. Constructing a reader therefore only parses its
+options; the lease coordinator (renewal thread, metrics) starts with the first driver-side call, which Spark makes
+as soon as the query starts. ``read`` uses nothing but its partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from .driver import SparkLeaseCoordinator
+from .options import SourceOptions
+from .planning import ShardReadTask, SourceOffset, plan_partitions
+from .reading import Row, read_task, to_rows
+
+SCHEMA = (
+    "data binary, partition_key string, sequence_number string, sub_sequence_number long, shard_id string, "
+    "approximate_arrival_timestamp timestamp"
+)
+
+
+class ShardPartition(InputPartition):
+    """One shard of one micro-batch (``value`` is a :class:`ShardReadTask`)."""
+
+    def __init__(self, task: ShardReadTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = SourceOptions.parse(options)
+        self._coordinator: SparkLeaseCoordinator | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_coordinator": None}
+
+    def _driver(self) -> SparkLeaseCoordinator:
+        if self._coordinator is None:
+            self._coordinator = SparkLeaseCoordinator(self.options)
+        self._coordinator.start()
+        return self._coordinator
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._driver().initial_offset().to_json()
+
+    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
+        return self._driver().latest_offset(SourceOffset.from_json(start)).to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
+        driver = self._driver()
+        offset = SourceOffset.from_json(end)
+        driver.planned(offset)
+        return [ShardPartition(task) for task in plan_partitions(offset, driver.read_settings())]
+
+    def read(self, partition: InputPartition) -> Iterator[Row]:
+        task: ShardReadTask = partition.value
+        result = read_task(task)
+        return to_rows(task.lease_key, result.records)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._driver().commit(SourceOffset.from_json(end))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._driver().prepare_available_now()
+
+    def stop(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.stop()
+
+
+class ShardleaseDataSource(DataSource):
+    """``spark.readStream.format("shardlease").option("app", ...).option("stream", ...).load()``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "shardlease"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> ShardleaseStreamReader:
+        return ShardleaseStreamReader(dict(self.options))
