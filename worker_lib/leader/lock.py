@@ -1,0 +1,255 @@
+"""The leader lock: one item ``key = "Leader"`` in ``<app>-CoordinatorState``, in the KCL lock-client format
+(``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber`` (a new UUID on every write), ``isReleased``)
+plus our ``expiresAtMillis`` and ``lastUpdatedMillis``.
+
+Rules (docs/leader-lock.md explains the choices):
+
+* **Acquire** reads the item and writes a new one conditioned on exactly what it read (``attribute_not_exists``
+  or ``recordVersionNumber = :observed``), so among any number of contenders exactly one write lands.
+  A held lock may be taken only when it is *expired*: released, or ``now > expiresAtMillis + max_clock_skew`` on
+  the contender's wall clock, or — for an item KCL wrote, which has no ``expiresAtMillis`` — when the contender has
+  watched the same ``recordVersionNumber`` for a full ``leaseDuration`` on its own monotonic clock (KCL's rule).
+* **Heartbeat** and **release** are conditional on ``ownerName = me AND recordVersionNumber = my last``; a paused
+  holder that wakes after being replaced fails both and changes nothing. A write whose reply was lost is
+  recognised by re-reading (the item then carries the version we sent).
+* **is_leader()** is local and conservative: true until ``sent + leaseDuration − max_clock_skew`` on this host's
+  monotonic clock, where ``sent`` is when the last successful acquire/heartbeat was *sent*. With wall clocks within
+  ``max_clock_skew`` of each other, a holder stops acting as leader before any contender can take the lock.
+
+Nothing here is the last line of defence: every lease write the leader makes is conditional anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Protocol, runtime_checkable
+
+import boto3
+
+from .. import aws
+from ..clock import SYSTEM_CLOCK, Clock, wall_millis
+from ..config import AwsConfig, LeaderLockConfig
+from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
+
+log = logging.getLogger("shardlease.leader.lock")
+
+LOCK_KEY = "Leader"
+OWNER = "ownerName"
+DURATION = "leaseDuration"
+VERSION = "recordVersionNumber"
+RELEASED = "isReleased"
+EXPIRES = "expiresAtMillis"
+UPDATED = "lastUpdatedMillis"
+
+
+@runtime_checkable
+class LeaderLock(Protocol):
+    owner: str
+
+    def try_acquire(self) -> bool:
+        """One attempt: True if this host holds the lock afterwards."""
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Attempt every poll interval until held or ``timeout_s`` passed."""
+
+    def heartbeat(self) -> bool:
+        """Extend the lock; False if it is no longer ours."""
+
+    def release(self) -> bool:
+        """Give the lock up so that the next contender takes it at once."""
+
+    def is_leader(self) -> bool:
+        """Local judgement, no I/O: may this host act as leader now?"""
+
+    def current_leader(self) -> str | None:
+        """Who holds an unexpired lock (one read), or None."""
+
+
+class DynamoDBLeaderLock:
+    def __init__(
+        self,
+        app: str,
+        owner: str,
+        *,
+        config: LeaderLockConfig | None = None,
+        aws_config: AwsConfig | None = None,
+        boto3_session: boto3.Session | None = None,
+        client: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if not owner:
+            raise ValueError("a lock owner name is required")
+        self.owner = owner
+        self.table_name = coordinator_state_table_name(app)
+        self._config = config or LeaderLockConfig()
+        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._clock = clock
+        self._version: str | None = None  # the recordVersionNumber of our last successful write
+        self._sent_at: float | None = None  # monotonic send time of that write
+        self._watched: tuple[str, float] | None = None  # (version, first seen) for KCL-format items
+
+    # --- reading --------------------------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, Any] | None:
+        with aws.translated("dynamodb GetItem", self.table_name):
+            response = self._client.get_item(
+                TableName=self.table_name, Key={CoordinatorAttr.KEY: {"S": LOCK_KEY}}, ConsistentRead=True
+            )
+        item = response.get("Item")
+        return dict(item) if item else None
+
+    @staticmethod
+    def _s(item: dict[str, Any], name: str) -> str | None:
+        value = item.get(name, {})
+        return str(value["S"]) if "S" in value else None
+
+    def _duration_ms(self, item: dict[str, Any]) -> int:
+        raw = self._s(item, DURATION) or item.get(DURATION, {}).get("N")
+        try:
+            return int(str(raw))
+        except (TypeError, ValueError):
+            return self._config.lease_duration_ms
+
+    def _expired(self, item: dict[str, Any]) -> bool:
+        if item.get(RELEASED, {}).get("BOOL") is True:
+            return True
+        expires = item.get(EXPIRES, {}).get("N")
+        if expires is not None:
+            try:
+                return wall_millis(self._clock) > int(expires) + self._config.max_clock_skew_ms
+            except ValueError:
+                pass  # unreadable expiry: fall back to watching the version
+        version = self._s(item, VERSION) or ""
+        now = self._clock.monotonic()
+        if self._watched is None or self._watched[0] != version:
+            self._watched = (version, now)
+        return now - self._watched[1] >= self._duration_ms(item) / 1000
+
+    def is_leader(self) -> bool:
+        if self._sent_at is None:
+            return False
+        validity_s = (self._config.lease_duration_ms - self._config.max_clock_skew_ms) / 1000
+        return self._clock.monotonic() < self._sent_at + validity_s
+
+    def current_leader(self) -> str | None:
+        item = self._read()
+        if item is None or item.get(RELEASED, {}).get("BOOL") is True:
+            return None
+        expires = item.get(EXPIRES, {}).get("N")
+        if expires is not None and wall_millis(self._clock) > int(expires) + self._config.max_clock_skew_ms:
+            return None
+        return self._s(item, OWNER)
+
+    # --- writing --------------------------------------------------------------------------------------------
+
+    def _new_item(self, version: str) -> dict[str, Any]:
+        now_ms = wall_millis(self._clock)
+        return {
+            CoordinatorAttr.KEY: {"S": LOCK_KEY},
+            OWNER: {"S": self.owner},
+            DURATION: {"S": str(self._config.lease_duration_ms)},
+            VERSION: {"S": version},
+            RELEASED: {"BOOL": False},
+            EXPIRES: {"N": str(now_ms + self._config.lease_duration_ms)},
+            UPDATED: {"N": str(now_ms)},
+        }
+
+    def _applied(self, version: str) -> bool:
+        """After a failed condition: was our own write applied (its reply lost)?"""
+        item = self._read()
+        return item is not None and self._s(item, VERSION) == version and self._s(item, OWNER) == self.owner
+
+    def _won(self, version: str, sent: float, what: str) -> bool:
+        self._version, self._sent_at = version, sent
+        log.log(logging.DEBUG if what == "heartbeat" else logging.INFO, "leader lock %s owner=%s", what, self.owner)
+        return True
+
+    def _lost(self, why: str) -> bool:
+        if self._version is not None:
+            log.warning("leader lock lost owner=%s (%s)", self.owner, why)
+        self._version, self._sent_at = None, None
+        return False
+
+    def try_acquire(self) -> bool:
+        if self._version is not None and self.is_leader():
+            return self.heartbeat()
+        item = self._read()
+        kwargs: dict[str, Any] = {"ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY}}
+        if item is None:
+            kwargs["ConditionExpression"] = "attribute_not_exists(#k)"
+        else:
+            ours = self._version is not None and self._s(item, VERSION) == self._version
+            if not ours and not self._expired(item):
+                return False
+            kwargs["ConditionExpression"] = "#v = :observed"
+            kwargs["ExpressionAttributeNames"]["#v"] = VERSION
+            kwargs["ExpressionAttributeValues"] = {":observed": {"S": self._s(item, VERSION) or ""}}
+        version = str(uuid.uuid4())
+        sent = self._clock.monotonic()
+        try:
+            self._client.put_item(TableName=self.table_name, Item=self._new_item(version), **kwargs)
+        except Exception as exc:
+            if not aws.is_conditional_check_failed(exc):
+                aws.raise_translated(exc, operation="dynamodb PutItem (leader lock)", resource=self.table_name)
+            if not self._applied(version):
+                return self._lost("another contender won") if self._version else False
+        previous = self._s(item, OWNER) if item else None
+        return self._won(version, sent, f"acquired (previous holder {previous or 'none'})")
+
+    def acquire(self, timeout_s: float) -> bool:
+        deadline = self._clock.monotonic() + timeout_s
+        while True:
+            if self.try_acquire():
+                return True
+            if self._clock.monotonic() >= deadline:
+                return False
+            self._clock.sleep(self._config.poll_interval_ms / 1000)
+
+    def _update_own(self, *, release: bool) -> bool:
+        if self._version is None:
+            return False
+        version = str(uuid.uuid4())
+        now_ms = wall_millis(self._clock)
+        expires = now_ms if release else now_ms + self._config.lease_duration_ms
+        sent = self._clock.monotonic()
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key={CoordinatorAttr.KEY: {"S": LOCK_KEY}},
+                UpdateExpression="SET #v = :new, #e = :exp, #u = :now, #d = :dur, #r = :rel",
+                ConditionExpression="#o = :me AND #v = :mine",
+                ExpressionAttributeNames={
+                    "#v": VERSION,
+                    "#e": EXPIRES,
+                    "#u": UPDATED,
+                    "#d": DURATION,
+                    "#r": RELEASED,
+                    "#o": OWNER,
+                },
+                ExpressionAttributeValues={
+                    ":new": {"S": version},
+                    ":exp": {"N": str(expires)},
+                    ":now": {"N": str(now_ms)},
+                    ":dur": {"S": str(self._config.lease_duration_ms)},
+                    ":rel": {"BOOL": release},
+                    ":me": {"S": self.owner},
+                    ":mine": {"S": self._version},
+                },
+            )
+        except Exception as exc:
+            if not aws.is_conditional_check_failed(exc):
+                aws.raise_translated(exc, operation="dynamodb UpdateItem (leader lock)", resource=self.table_name)
+            if not self._applied(version):
+                return self._lost("replaced by another holder")
+        if release:
+            self._version, self._sent_at = None, None
+            log.info("leader lock released owner=%s", self.owner)
+            return True
+        return self._won(version, sent, "heartbeat")
+
+    def heartbeat(self) -> bool:
+        return self._update_own(release=False)
+
+    def release(self) -> bool:
+        return self._update_own(release=True)

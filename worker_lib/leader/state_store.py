@@ -1,0 +1,171 @@
+"""``<app>-CoordinatorState``: small items keyed by ``key`` (KCL: the ``Leader`` lock, ``Migration3.0``; ours: the
+published lease cap). Every write is conditional; losing a condition is ``False``, not an exception.
+
+Values are plain Python (str, int, float, bool, None, lists, dicts); numbers come back as ``int`` or ``float``.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Mapping
+from typing import Any
+
+import boto3
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+from .. import aws
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import AwsConfig
+from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
+
+_SERIALIZER = TypeSerializer()
+_DESERIALIZER = TypeDeserializer()
+
+
+def _to_dynamo(value: Any) -> dict[str, Any]:
+    if isinstance(value, float):
+        value = decimal.Decimal(repr(value))
+    elif isinstance(value, Mapping):
+        return {"M": {k: _to_dynamo(v) for k, v in value.items()}}
+    elif isinstance(value, list | tuple):
+        return {"L": [_to_dynamo(v) for v in value]}
+    return dict(_SERIALIZER.serialize(value))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | set):
+        return [_plain(v) for v in value]
+    return value
+
+
+def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: _plain(_DESERIALIZER.deserialize(value)) for name, value in item.items()}
+
+
+class CoordinatorStateStore:
+    def __init__(
+        self,
+        app: str,
+        *,
+        aws_config: AwsConfig | None = None,
+        boto3_session: boto3.Session | None = None,
+        client: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.table_name = coordinator_state_table_name(app)
+        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._clock = clock
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """A strongly consistent read of one item (plain values), or ``None``."""
+        with aws.translated("dynamodb GetItem", self.table_name):
+            response = self._client.get_item(
+                TableName=self.table_name, Key={CoordinatorAttr.KEY: {"S": key}}, ConsistentRead=True
+            )
+        item = response.get("Item")
+        return from_item(item) if item else None
+
+    def put_if_absent(self, key: str, attrs: Mapping[str, Any]) -> bool:
+        item = {name: _to_dynamo(value) for name, value in attrs.items()}
+        item[CoordinatorAttr.KEY] = {"S": key}
+        return self._conditional(
+            "PutItem",
+            self._client.put_item,
+            TableName=self.table_name,
+            Item=item,
+            ConditionExpression="attribute_not_exists(#k)",
+            ExpressionAttributeNames={"#k": CoordinatorAttr.KEY},
+        )
+
+    def update_if(self, key: str, attrs: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+        """Set ``attrs`` (``None`` removes) if every ``expected`` attribute has the given value (``None``: absent)."""
+        names: dict[str, str] = {"#k": CoordinatorAttr.KEY}
+        values: dict[str, Any] = {}
+        sets, removes, conditions = [], [], ["attribute_exists(#k)"]
+        for i, (name, value) in enumerate(attrs.items()):
+            names[f"#a{i}"] = name
+            if value is None:
+                removes.append(f"#a{i}")
+            else:
+                values[f":a{i}"] = _to_dynamo(value)
+                sets.append(f"#a{i} = :a{i}")
+        for i, (name, value) in enumerate(expected.items()):
+            names[f"#e{i}"] = name
+            if value is None:
+                conditions.append(f"attribute_not_exists(#e{i})")
+            else:
+                values[f":e{i}"] = _to_dynamo(value)
+                conditions.append(f"#e{i} = :e{i}")
+        expression = " ".join(
+            part
+            for part in (f"SET {', '.join(sets)}" if sets else "", f"REMOVE {', '.join(removes)}" if removes else "")
+            if part
+        )
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": {CoordinatorAttr.KEY: {"S": key}},
+            "UpdateExpression": expression,
+            "ConditionExpression": " AND ".join(conditions),
+            "ExpressionAttributeNames": names,
+        }
+        if values:
+            kwargs["ExpressionAttributeValues"] = values
+        return self._conditional("UpdateItem", self._client.update_item, **kwargs)
+
+    def delete_if(self, key: str, expected: Mapping[str, Any]) -> bool:
+        names: dict[str, str] = {"#k": CoordinatorAttr.KEY}
+        values: dict[str, Any] = {}
+        conditions = ["attribute_exists(#k)"]
+        for i, (name, value) in enumerate(expected.items()):
+            names[f"#e{i}"] = name
+            values[f":e{i}"] = _to_dynamo(value)
+            conditions.append(f"#e{i} = :e{i}")
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": {CoordinatorAttr.KEY: {"S": key}},
+            "ConditionExpression": " AND ".join(conditions),
+            "ExpressionAttributeNames": names,
+        }
+        if values:
+            kwargs["ExpressionAttributeValues"] = values
+        return self._conditional("DeleteItem", self._client.delete_item, **kwargs)
+
+    def _conditional(self, operation: str, call: Any, **kwargs: Any) -> bool:
+        try:
+            call(**kwargs)
+        except Exception as exc:
+            if aws.is_conditional_check_failed(exc):
+                return False
+            aws.raise_translated(exc, operation=f"dynamodb {operation}", resource=self.table_name)
+        return True
+
+
+class LeaseCapRecorder:
+    """Seed 004's coordinator item, kept current: ``MaxLeasesPerWorker`` = the cap the leader used, with the shard
+    and worker counts it came from. Written only when it changes, conditional on the value read (two leaders racing
+    cannot interleave a stale value; the loser simply re-reads next cycle). The cap itself is recomputed every
+    cycle from live counts, so this item is for operators and status tools, never an input that can go stale."""
+
+    KEY = "MaxLeasesPerWorker"
+
+    def __init__(self, store: CoordinatorStateStore) -> None:
+        self._store = store
+        self._last: tuple[int | None, int, int] | None = None
+
+    def record(self, cap: int | None, *, shards: int, workers: int) -> None:
+        current = (cap, shards, workers)
+        if current == self._last:
+            return
+        item = self._store.get(self.KEY)
+        attrs = {"cap": cap if cap is not None else -1, "shards": shards, "workers": workers}
+        if item is None:
+            written = self._store.put_if_absent(self.KEY, {**attrs, "version": 1})
+        else:
+            expected = {"version": item.get("version", 0)}
+            written = self._store.update_if(self.KEY, {**attrs, "version": int(item.get("version", 0)) + 1}, expected)
+        if written:
+            self._last = current
