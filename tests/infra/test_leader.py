@@ -1,0 +1,91 @@
+"""The leader Lambda, its schedule, logs and configuration."""
+
+from __future__ import annotations
+
+from aws_cdk.assertions import Match
+
+from infra.constructs.bundling import LEADER_HANDLER
+from worker_lib.metrics.names import DEFAULT_NAMESPACE
+
+from .conftest import Synth
+from .support import APP, CMK_APP
+
+
+def test_given_default_stack_then_leader_is_python313_arm64_with_powertools_layer(synth: Synth) -> None:
+    (fn,) = synth.default.find_resources("AWS::Lambda::Function").values()
+    props = fn["Properties"]
+    assert props["Runtime"] == "python3.13"
+    assert props["Architectures"] == ["arm64"]
+    assert props["Handler"] == LEADER_HANDLER == "functions.leader.handler.handler"
+    assert props["Timeout"] == 60  # ≤ the schedule's period: each run releases the lock before the next starts
+    assert props["TracingConfig"] == {"Mode": "Active"}
+    (layer,) = props["Layers"]
+    joined = "".join(part if isinstance(part, str) else "" for part in layer["Fn::Join"][1])
+    assert joined.endswith(":017000801446:layer:AWSLambdaPowertoolsPythonV3-python313-arm64:27")
+
+
+def test_given_default_stack_then_environment_names_the_app_stream_and_namespace(synth: Synth) -> None:
+    synth.default.has_resource_properties(
+        "AWS::Lambda::Function",
+        {
+            "Environment": {
+                "Variables": {
+                    "SHARDLEASE_APP": APP,
+                    "SHARDLEASE_STREAM": "orders-stream",
+                    "SHARDLEASE_FAILOVER_TIME_MS": "10000",
+                    "SHARDLEASE_INITIAL_POSITION": "LATEST",
+                    "POWERTOOLS_METRICS_NAMESPACE": DEFAULT_NAMESPACE,
+                    "POWERTOOLS_LOG_LEVEL": "INFO",
+                }
+            }
+        },
+    )
+
+
+def test_given_cmk_construct_then_failover_time_namespace_and_stream_name_flow_into_the_environment(
+    synth: Synth,
+) -> None:
+    synth.cmk.has_resource_properties(
+        "AWS::Lambda::Function",
+        {
+            "Environment": {
+                "Variables": Match.object_like(
+                    {
+                        "SHARDLEASE_APP": CMK_APP,
+                        "SHARDLEASE_FAILOVER_TIME_MS": "20000",
+                        "POWERTOOLS_METRICS_NAMESPACE": "Payments/Shardlease",
+                        "SHARDLEASE_STREAM": {"Ref": Match.string_like_regexp("PaymentsStream")},
+                    }
+                )
+            }
+        },
+    )
+
+
+def test_given_default_stack_then_eventbridge_invokes_the_leader_every_minute_without_retries(synth: Synth) -> None:
+    template = synth.default
+    (fn_id,) = template.find_resources("AWS::Lambda::Function")
+    (rule,) = template.find_resources("AWS::Events::Rule").values()
+    assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
+    (target,) = rule["Properties"]["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [fn_id, "Arn"]}
+    assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 60, "MaximumRetryAttempts": 0}
+    template.has_resource_properties(
+        "AWS::Lambda::Permission", {"Principal": "events.amazonaws.com", "Action": "lambda:InvokeFunction"}
+    )
+    # a failed invocation is not retried asynchronously: the next scheduled one starts fresh
+    template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig", {"MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60}
+    )
+
+
+def test_given_default_stack_then_logs_go_to_a_log_group_with_retention(synth: Synth) -> None:
+    template = synth.default
+    (log_id,) = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"RetentionInDays": 30}})
+    template.has_resource_properties("AWS::Lambda::Function", {"LoggingConfig": {"LogGroup": {"Ref": log_id}}})
+
+
+def test_given_the_stack_then_outputs_name_the_lease_table_and_worker_policy(synth: Synth) -> None:
+    outputs = synth.default.to_json()["Outputs"]
+    assert any(k.startswith("CoordinationLeaseTableName") for k in outputs)
+    assert any(k.startswith("CoordinationWorkerPolicyArn") for k in outputs)
