@@ -175,16 +175,21 @@ class DynamoDBLeaderLock:
         if self._version is not None and self.is_leader():
             return self.heartbeat()
         item = self._read()
-        kwargs: dict[str, Any] = {"ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY}}
+        kwargs: dict[str, Any]
         if item is None:
-            kwargs["ConditionExpression"] = "attribute_not_exists(#k)"
+            kwargs = {
+                "ConditionExpression": "attribute_not_exists(#k)",
+                "ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY},
+            }
         else:
             ours = self._version is not None and self._s(item, VERSION) == self._version
             if not ours and not self._expired(item):
                 return False
-            kwargs["ConditionExpression"] = "#v = :observed"
-            kwargs["ExpressionAttributeNames"]["#v"] = VERSION
-            kwargs["ExpressionAttributeValues"] = {":observed": {"S": self._s(item, VERSION) or ""}}
+            kwargs = {
+                "ConditionExpression": "#v = :observed",
+                "ExpressionAttributeNames": {"#v": VERSION},
+                "ExpressionAttributeValues": {":observed": {"S": self._s(item, VERSION) or ""}},
+            }
         version = str(uuid.uuid4())
         sent = self._clock.monotonic()
         try:
