@@ -164,7 +164,8 @@ def test_is_leader_ends_before_anyone_else_can_take_the_lock(ddb: Any, app_name:
             break
     # THEN the holder stopped acting (duration − skew) before the other could take it (duration + skew)
     assert first_not_leader is not None and first_taken is not None
-    assert first_not_leader <= 29 < 31 <= first_taken
+    assert first_not_leader <= 29
+    assert first_taken >= 31
 
 
 def test_a_wall_clock_skewed_contender_within_the_bound_cannot_steal(ddb: Any, app_name: str) -> None:
