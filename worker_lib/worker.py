@@ -42,8 +42,12 @@ from .errors import ConfigError, DependencyError
 from .leases.dynamodb import DynamoDBLeaseStore
 from .leases.renewer import LeaseDiscoverer, LeaseHolder
 from .leases.store import LeaseStore
+from .metrics.config import WorkerMetricsConfig
+from .metrics.cpu import cpu_metric_from_env
 from .metrics.names import WorkerMetric as MetricName
 from .metrics.publisher import MetricsConfig, MetricsPublisher, make_publisher
+from .metrics.reporter import WorkerMetricsReporter
+from .metrics.stats_store import WorkerMetricsStore
 from .metrics.throughput import ThroughputRecorder
 from .models import ShardInfo
 from .processing.config import RetrievalConfig
@@ -77,6 +81,9 @@ class WorkerConfig:
     discovery_interval_ms: int = 9_975
     shutdown_timeout_ms: int = 30_000
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig)
+    report_worker_metrics: bool = True
+    cpu_metric: Any = None  # a WorkerMetric to report instead of the detected CPU provider
 
     def __post_init__(self) -> None:
         validate_app_name(self.app)
@@ -108,6 +115,7 @@ class WorkerConfig:
             "retrieval": RetrievalConfig.from_env(e),
             "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 9_975),
             "metrics": MetricsConfig.from_env(e),
+            "worker_metrics": WorkerMetricsConfig.from_env(e),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -169,6 +177,15 @@ class Worker:
             window_ms=config.lease.renewer_interval_ms, clock=clock
         )
         self._reporter = metrics_reporter
+        if self._reporter is None and config.report_worker_metrics:
+            cpu = cpu_metric_from_env(clock=clock) if config.cpu_metric is None else config.cpu_metric
+            self._reporter = WorkerMetricsReporter(
+                config.worker_id,
+                [cpu] if cpu is not None else [],
+                WorkerMetricsStore(config.app, client=self._dynamodb, clock=clock),
+                config=config.worker_metrics,
+                clock=clock,
+            )
         self._user_on_records = on_records
         self._metrics = metrics_publisher or make_publisher(
             config.metrics, app=config.app, worker_id=config.worker_id, aws_config=aws_config, clock=clock

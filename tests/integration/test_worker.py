@@ -18,6 +18,8 @@ from tests.support.recording import (
 from worker_lib import aws
 from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.metrics.config import WorkerMetricsConfig
+from worker_lib.metrics.stats_store import WorkerMetricsStore
 from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.models import Lease
 from worker_lib.processing.config import RetrievalConfig
@@ -45,6 +47,7 @@ def make_worker(app: str, stream: str, worker_id: str, journal: Journal, *, ddb:
         retrieval=FAST_READS,
         discovery_interval_ms=200,
         shutdown_timeout_ms=10_000,
+        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
     )
     return Worker(config, lambda: RecordingProcessor(journal), dynamodb=ddb, kinesis=kinesis)
 
@@ -86,6 +89,9 @@ def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpo
     # AND per-shard order is the sequence order
     for sequence in journal.by_shard().values():
         assert sequence == sorted(sequence, key=lambda s: (int(s[0]), s[1]))
+    # AND the worker reports its CPU to the leader in KCL's worker-metrics format
+    metrics = WorkerMetricsStore(app_name, client=ddb)
+    assert wait_until(lambda: (m := metrics.get("w1")) is not None and bool(m.stats.get("C")), timeout_s=10)
     # AND the renewals report each lease's throughput to the leader (KCL's throughputKBps)
     assert wait_until(lambda: all((x.throughput_kbps or 0) > 0 for x in store.list_leases()), timeout_s=10)
     # WHEN w1 shuts down gracefully

@@ -37,6 +37,7 @@ from ..tables.schema import all_specs
 from .assigner import LeaseAssigner
 from .leader import CycleReport, Leader
 from .lock import DynamoDBLeaderLock
+from .state_store import CoordinatorStateStore, LeaseCapRecorder
 
 
 def default_owner() -> str:
@@ -87,6 +88,7 @@ def build_leader(
         assigner = LeaseAssigner(
             store,
             WorkerMetricsStore(app, client=dynamodb, clock=clock),
+            cap_recorder=LeaseCapRecorder(CoordinatorStateStore(app, client=dynamodb, clock=clock)),
             config=assignment,
             lease_config=lease_config or LeaseConfig(failover_time_ms=assignment.failover_ms),
             clock=clock,
