@@ -18,9 +18,9 @@ from tests.support.recording import (
 from worker_lib import aws
 from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.metrics.config import WorkerMetricsConfig
 from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.models import Lease
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
