@@ -12,7 +12,7 @@ from .conftest import Synth
 from .support import APP, CMK_APP
 
 
-def _tables(template: Template) -> dict[str, dict[str, Any]]:
+def _tables(template: Template) -> dict[str, Any]:
     found = template.find_resources("AWS::DynamoDB::Table")
     return {res["Properties"]["TableName"]: res for res in found.values()}
 

@@ -1,0 +1,229 @@
+"""The leader Lambda handler, called as Lambda would (event + context), against a moto server.
+
+The handler reads its configuration from the environment like in Lambda; short cycle and deadline settings keep
+each invocation to a couple of seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from functions.leader import handler as leader_handler
+from worker_lib import aws
+from worker_lib.config import AwsConfig, LeaderLockConfig
+from worker_lib.errors import ConfigError
+from worker_lib.leader.leader import CycleReport
+from worker_lib.leader.lock import DynamoDBLeaderLock
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream
+from worker_lib.metrics.names import LeaderMetric, WorkerMetric
+from worker_lib.tables.admin import ensure_tables
+
+SCHEDULED_EVENT = {"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}}
+SHARDS = 3
+NAMESPACE = "ShardleaseTest"
+
+
+class FakeContext:
+    """The parts of a Lambda context the handler reads."""
+
+    def __init__(self, budget_ms: int) -> None:
+        self._deadline = time.monotonic() + budget_ms / 1000
+        self.function_name = "shardlease-leader"
+        self.function_version = "$LATEST"
+        self.memory_limit_in_mb = 256
+        self.invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:shardlease-leader"
+        self.aws_request_id = str(uuid.uuid4())
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+@pytest.fixture
+def deployment(moto_endpoint: str, app_name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Tables + a 3-shard stream on moto, and the environment the CDK construct gives the function."""
+    aws_config = AwsConfig(endpoint_url=moto_endpoint, max_attempts=2)
+    ddb = aws.client("dynamodb", aws_config)
+    kinesis = aws.client("kinesis", aws_config)
+    stream = f"{app_name}-stream"
+    create_stream(kinesis, stream, SHARDS)
+    ensure_tables(app_name, ddb)
+    for name, value in {
+        "SHARDLEASE_APP": app_name,
+        "SHARDLEASE_STREAM": stream,
+        "SHARDLEASE_ENDPOINT_URL": moto_endpoint,
+        "SHARDLEASE_AWS_MAX_ATTEMPTS": "2",
+        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "300",
+        "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS": "500",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SHARDLEASE_LEADER_ID", raising=False)
+    monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
+    return {"app": app_name, "stream": stream, "ddb": ddb, "aws": aws_config}
+
+
+def _emf_documents(stdout: str) -> list[dict[str, Any]]:
+    docs = []
+    for line in stdout.splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            docs.append(json.loads(line))
+    return docs
+
+
+def _probe_lock(deployment: dict[str, Any]) -> DynamoDBLeaderLock:
+    return DynamoDBLeaderLock(
+        deployment["app"], f"probe-{uuid.uuid4().hex[:6]}", config=LeaderLockConfig(), client=deployment["ddb"]
+    )
+
+
+def test_given_tables_and_stream_when_invoked_then_it_leads_creates_leases_and_releases_the_lock(
+    deployment: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN empty tables and a 3-shard stream
+    store = DynamoDBLeaseStore(deployment["app"], client=deployment["ddb"])
+    assert store.list_leases() == []
+    # WHEN EventBridge invokes the handler with ~2.5 s left
+    started = time.monotonic()
+    result = leader_handler.handler(SCHEDULED_EVENT, FakeContext(2_500))
+    elapsed = time.monotonic() - started
+    # THEN it led, synced the shards into leases, and stopped before its deadline
+    assert result["leader"] is True
+    assert result["leader_cycles"] >= 2
+    assert result["failed_cycles"] == 0
+    assert result["leases_created"] == SHARDS
+    assert len(store.list_leases()) == SHARDS
+    assert elapsed < 2.5
+    json.dumps(result)  # JSON-able, as Lambda requires
+    # AND the lock is free: another contender acquires it at once
+    assert _probe_lock(deployment).try_acquire() is True
+    # AND each cycle published its metrics as EMF in the configured namespace with the Application dimension
+    docs = _emf_documents(capsys.readouterr().out)
+    cycle_docs = [d for d in docs if LeaderMetric.CYCLES in d]
+    assert len(cycle_docs) == result["leader_cycles"]
+    first = cycle_docs[0]
+    assert first["_aws"]["CloudWatchMetrics"][0]["Namespace"] == NAMESPACE
+    assert first["Application"] == deployment["app"]
+    assert first[LeaderMetric.LEASES_CREATED] == SHARDS
+    assert LeaderMetric.CYCLE_TIME in first
+
+
+def test_given_two_concurrent_invocations_then_only_one_leads_and_the_other_returns_quickly(
+    deployment: dict[str, Any],
+) -> None:
+    # GIVEN a duplicate EventBridge delivery: two invocations start together
+    barrier = threading.Barrier(2)
+
+    def invoke() -> tuple[dict[str, Any], float]:
+        barrier.wait()
+        started = time.monotonic()
+        result = leader_handler.handler(SCHEDULED_EVENT, FakeContext(3_000))
+        return result, time.monotonic() - started
+
+    # WHEN both run
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(pool.map(lambda _: invoke(), range(2)))
+    # THEN exactly one led; the other found the lock held and exited after one cycle, well before its deadline
+    leaders = [r for r, _ in outcomes if r["leader"]]
+    followers = [(r, t) for r, t in outcomes if not r["leader"]]
+    assert len(leaders) == 1
+    assert len(followers) == 1
+    follower, follower_s = followers[0]
+    assert follower["cycles_run"] == 1
+    assert follower["current_leader"] == leaders[0]["owner"]
+    assert follower_s < 1.5
+    assert leaders[0]["leases_created"] == SHARDS
+    # AND the lock is free afterwards
+    assert _probe_lock(deployment).try_acquire() is True
+
+
+def test_given_the_lock_held_elsewhere_when_invoked_then_it_returns_leader_false_and_changes_nothing(
+    deployment: dict[str, Any],
+) -> None:
+    # GIVEN an embedded leader (or a still-running invocation) holding the lock
+    holder = _probe_lock(deployment)
+    assert holder.try_acquire() is True
+    # WHEN a scheduled invocation arrives
+    started = time.monotonic()
+    result = leader_handler.handler(SCHEDULED_EVENT, FakeContext(5_000))
+    # THEN it returns at once without touching the lease table, and the holder keeps the lock
+    assert time.monotonic() - started < 1.5
+    assert result["leader"] is False
+    assert result["current_leader"] == holder.owner
+    assert result["leases_created"] == 0
+    assert DynamoDBLeaseStore(deployment["app"], client=deployment["ddb"]).list_leases() == []
+    assert holder.is_leader() is True
+    holder.release()
+
+
+def test_given_warm_invocations_then_clients_are_created_once_and_reused(deployment: dict[str, Any]) -> None:
+    # GIVEN a cold module state
+    leader_handler._clients = None
+    # WHEN invoked twice in the same "container"
+    leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
+    first = leader_handler._clients
+    leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
+    # THEN the second invocation reused the first one's boto3 clients
+    assert first is not None
+    assert leader_handler._clients is first
+
+
+def test_given_no_application_in_the_environment_then_the_handler_fails_with_one_clear_error(
+    deployment: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SHARDLEASE_APP")
+    with pytest.raises(ConfigError, match="SHARDLEASE_APP"):
+        leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_000))
+
+
+def test_given_cycle_reports_then_metrics_are_read_defensively() -> None:
+    # GIVEN a leader cycle with a shard sync and an assignment, and one with odd or missing fields
+    full = CycleReport(
+        cycle=1,
+        owner="o",
+        leader=True,
+        shard_sync={"shards_seen": 4, "created": ["a", "b"], "deleted": []},
+        assignment={
+            "leases": 4,
+            "expired": 1,
+            "unassigned": 0,
+            "assigned": 1,
+            "moved": 2,
+            "max_over_mean": 1.05,
+            "leases_per_worker": {"w1": 2, "w2": 2},
+            "throughput_per_worker_kbps": {"w1": 10.5, "w2": "n/a"},
+        },
+        duration_ms=42,
+    ).to_dict()
+    odd = {"leader": True, "error": "throttled", "shard_sync": "not a mapping", "assignment": None}
+    # WHEN turned into metrics
+    by_name = {name: value for name, _, value in leader_handler.cycle_metrics(full)}
+    # THEN the counts are taken from numbers or list lengths
+    assert by_name[LeaderMetric.CYCLES] == 1
+    assert by_name[LeaderMetric.CYCLE_TIME] == 42
+    assert by_name[LeaderMetric.LEASES_CREATED] == 2
+    assert by_name[LeaderMetric.LEASES_DELETED] == 0
+    assert by_name[LeaderMetric.EXPIRED_LEASES] == 1
+    assert by_name[LeaderMetric.LEASE_MOVES] == 2
+    assert by_name[LeaderMetric.LOAD_MAX_OVER_MEAN] == 1.05
+    assert LeaderMetric.HANDOFFS_FORCED not in by_name  # absent field: skipped, not zero
+    per_worker = {(w, n): v for w, n, _, v in leader_handler.worker_metrics(full)}
+    assert per_worker == {
+        ("w1", WorkerMetric.LEASES): 2,
+        ("w2", WorkerMetric.LEASES): 2,
+        ("w1", WorkerMetric.THROUGHPUT_KBPS): 10.5,
+    }
+    # AND a failed cycle counts as a failure, with nothing else invented
+    odd_metrics = {name: value for name, _, value in leader_handler.cycle_metrics(odd)}
+    assert odd_metrics == {LeaderMetric.CYCLES: 0.0, LeaderMetric.CYCLE_FAILURES: 1.0}
+    not_leader = leader_handler.cycle_metrics({"leader": False})
+    assert [name for name, _, _ in not_leader] == [LeaderMetric.NOT_LEADER]
