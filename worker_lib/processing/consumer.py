@@ -348,7 +348,8 @@ class ShardConsumer:
             if shard is None:
                 log.warning("child shard %s of %s is not listed yet; retrying", child_id, self.lease_key)
                 return False
-            partners = [p for p in shard.parent_ids if p != self.lease_key]
+            # (a partner no longer listed was trimmed: it will never have a lease and does not hold the child back)
+            partners = [p for p in shard.parent_ids if p != self.lease_key and p in shards]
             if any(self._store.get_lease(p) is None for p in partners):
                 log.warning(
                     "merge child %s: partner lease %s missing; waiting for shard sync", child_id, ",".join(partners)
