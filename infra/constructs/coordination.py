@@ -80,6 +80,12 @@ NAG_ACKNOWLEDGEMENTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "to the application's namespace by a cloudwatch:namespace condition.",
     ),
     (
+        "AwsSolutions-IAM5[Resource::*]",
+        ("SparkWorkerPolicy",),
+        "Only cloudwatch:PutMetricData uses Resource '*' (it has no resource-level permissions); it is restricted "
+        "to the application's namespace by a cloudwatch:namespace condition.",
+    ),
+    (
         "AwsSolutions-L1",
         ("Leader",),
         "Python 3.13 is a current, supported Lambda runtime, pinned together with the public Powertools layer "
@@ -241,6 +247,16 @@ class ShardleaseCoordination(Construct):
             statements=[perm.statement() for perm in self.worker_permissions()],
         )
 
+        self.spark_worker_policy = iam.ManagedPolicy(
+            self,
+            "SparkWorkerPolicy",
+            description=(
+                f"shardlease PySpark applications of {self.application_name} (EMR): the worker policy plus the "
+                "Spark batch-end items in CoordinatorState"
+            ),
+            statements=[perm.statement() for perm in self.worker_permissions(spark=True)],
+        )
+
         # --- observability --------------------------------------------------------------------------------
         self.observability = ShardleaseObservability(
             self,
@@ -259,6 +275,7 @@ class ShardleaseCoordination(Construct):
 
         cdk.CfnOutput(self, "LeaseTableName", value=self.lease_table.table_name)
         cdk.CfnOutput(self, "WorkerPolicyArn", value=self.worker_policy.managed_policy_arn)
+        cdk.CfnOutput(self, "SparkWorkerPolicyArn", value=self.spark_worker_policy.managed_policy_arn)
         cdk.CfnOutput(self, "LeaderFunctionName", value=self.leader_function.function_name)
 
     # --- cdk-nag --------------------------------------------------------------------------------------------
@@ -304,8 +321,9 @@ class ShardleaseCoordination(Construct):
             *self._key_permissions(),
         ]
 
-    def worker_permissions(self, *, embedded_leader: bool = False) -> list[p.Permission]:
-        """What a worker calls; with ``embedded_leader`` also what the leader calls (``leader_mode="embedded"``)."""
+    def worker_permissions(self, *, embedded_leader: bool = False, spark: bool = False) -> list[p.Permission]:
+        """What a worker calls; with ``embedded_leader`` also what the leader calls (``leader_mode="embedded"``);
+        with ``spark`` the batch-end items a Spark source keeps in CoordinatorState (those keys only)."""
         perms = [
             p.Permission(actions=p.WORKER_LEASE_ACTIONS, resources=(self.lease_table.table_arn,)),
             p.Permission(actions=p.INDEX_QUERY_ACTIONS, resources=(self.lease_owner_index_arn,)),
@@ -317,6 +335,14 @@ class ShardleaseCoordination(Construct):
         ]
         if self.stream_encryption_key is not None:
             perms.append(p.Permission(actions=p.STREAM_KEY_ACTIONS, resources=(self.stream_encryption_key.key_arn,)))
+        if spark:
+            perms.append(
+                p.Permission(
+                    actions=p.SPARK_BATCH_ACTIONS,
+                    resources=(self.coordinator_state_table.table_arn,),
+                    conditions=p.spark_batch_keys_only(),
+                )
+            )
         if embedded_leader:
             perms += [perm for perm in self.leader_permissions() if perm not in perms]
         return perms
@@ -325,6 +351,7 @@ class ShardleaseCoordination(Construct):
         """Grant what the leader needs (the Lambda role has it; use for a CLI or embedded leader's role)."""
         return p.grant_all(grantee, self.leader_permissions())
 
-    def grant_worker(self, grantee: iam.IGrantable, *, embedded_leader: bool = False) -> iam.Grant:
-        """Grant a worker role (EC2 instance profile, ECS task, EKS IRSA/Pod Identity, EMR job role) what it needs."""
-        return p.grant_all(grantee, self.worker_permissions(embedded_leader=embedded_leader))
+    def grant_worker(self, grantee: iam.IGrantable, *, embedded_leader: bool = False, spark: bool = False) -> iam.Grant:
+        """Grant a worker role (EC2 instance profile, ECS task, EKS IRSA/Pod Identity, EMR job role) what it needs;
+        ``spark=True`` for a PySpark application (driver and executors) using ``worker_lib.spark``."""
+        return p.grant_all(grantee, self.worker_permissions(embedded_leader=embedded_leader, spark=spark))

@@ -64,6 +64,17 @@ WORKER_STREAM_ACTIONS = (
 )
 PUT_METRIC_DATA = ("cloudwatch:PutMetricData",)
 
+# Spark sources (worker_lib.spark) record batch ends as items of CoordinatorState keyed "spark-batch#..."
+# (worker_lib.spark.planning.batch_item_key): allowed for those keys only, never for the leader lock item.
+SPARK_BATCH_KEY_PREFIX = "spark-batch#"
+SPARK_BATCH_ACTIONS = (
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+)
+
 # DynamoDB encrypts and decrypts with a customer managed key on the caller's behalf (kms:ViaService).
 TABLE_KEY_ACTIONS = (
     "kms:Decrypt",
@@ -119,6 +130,10 @@ def put_metric_data(namespace: str) -> Permission:
         resources=("*",),  # PutMetricData has no resource-level permissions: the namespace condition scopes it
         conditions={"StringEquals": {"cloudwatch:namespace": namespace}},
     )
+
+
+def spark_batch_keys_only() -> Mapping[str, Mapping[str, Any]]:
+    return {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{SPARK_BATCH_KEY_PREFIX}*"]}}
 
 
 def via_dynamodb(scope_region: str) -> Mapping[str, Mapping[str, Any]]:

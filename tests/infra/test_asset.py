@@ -9,7 +9,6 @@ from pathlib import Path
 
 from infra.constructs.bundling import LEADER_HANDLER, LocalPythonBundling, asset_files, asset_hash
 
-from .conftest import Synth
 from .support import REPO, run_isolated
 
 
@@ -23,7 +22,7 @@ def _asset_dir(cdk_out: Path) -> Path:
     return path
 
 
-def test_given_real_cdk_synth_then_template_and_bundled_asset_exist(cdk_out: Path, synth: Synth) -> None:
+def test_given_real_cdk_synth_then_template_and_bundled_asset_exist(cdk_out: Path) -> None:
     # GIVEN `npx cdk synth -q` with the pinned CLI (cdk.json context, cdk-nag plugin on)
     asset = _asset_dir(cdk_out)
     # THEN the asset is the handler plus worker_lib, no caches, no tests, no infra
@@ -33,11 +32,22 @@ def test_given_real_cdk_synth_then_template_and_bundled_asset_exist(cdk_out: Pat
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
     assert not any(f.startswith(("infra/", "tests/", ".venv/", "node_modules/")) for f in files)
     assert files == {p.as_posix() for p in asset_files(REPO)}
-    # AND it is addressed by the content hash of those files alone (the in-process synth, which skips bundling,
-    # computes the same key: an unchanged checkout never redeploys the function)
-    (fn,) = synth.default.find_resources("AWS::Lambda::Function").values()
-    assert asset.name == "asset." + fn["Properties"]["Code"]["S3Key"].removesuffix(".zip")
-    assert asset_hash(REPO) == asset_hash(REPO)
+
+
+def test_given_a_copy_of_the_asset_tree_then_its_hash_follows_content_only(tmp_path: Path) -> None:
+    # GIVEN a copy of the asset's files
+    for rel in asset_files(REPO):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes((REPO / rel).read_bytes())
+    before = asset_hash(tmp_path)
+    # WHEN a cache file appears THEN the hash is unchanged (an unchanged checkout never redeploys the function)
+    (tmp_path / "worker_lib" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "worker_lib" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"cache")
+    assert asset_hash(tmp_path) == before
+    # WHEN a source file changes THEN the hash changes
+    handler = tmp_path / "functions" / "leader" / "handler.py"
+    handler.write_text(handler.read_text() + "\n# changed\n")
+    assert asset_hash(tmp_path) != before
 
 
 def test_given_the_local_bundler_when_called_by_cdk_convention_then_it_copies_the_asset(tmp_path: Path) -> None:

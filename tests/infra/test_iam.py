@@ -192,3 +192,22 @@ def test_given_an_embedded_leader_worker_then_it_also_gets_the_leader_permission
 def test_given_a_wildcard_action_when_building_a_permission_then_it_is_refused() -> None:
     with pytest.raises(ValueError, match="wildcard"):
         p.Permission(actions=("dynamodb:*",), resources=("arn:aws:dynamodb:eu-west-1:1:table/x",))
+
+
+def test_given_the_spark_worker_policy_then_coordinator_writes_are_limited_to_spark_batch_keys(synth: Synth) -> None:
+    # GIVEN the Spark worker policy (for EMR roles) and the key format worker_lib.spark writes
+    from worker_lib.spark.planning import batch_item_key
+
+    assert batch_item_key("w", "r", 1, "shardId-0").startswith(p.SPARK_BATCH_KEY_PREFIX)
+    template = synth.default
+    ids = _table_ids(template)
+    state_arn = {"Fn::GetAtt": [ids["state"], "Arn"]}
+    statements = [s for lid, s in _statements(template) if lid.startswith("CoordinationSparkWorkerPolicy")]
+    writes = [s for s in statements if s["Resource"] == state_arn and "dynamodb:PutItem" in _actions(s)]
+    # THEN every write to CoordinatorState is conditioned on the spark-batch# leading key (never the lock item)
+    assert len(writes) == 1
+    assert writes[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["spark-batch#*"]}}
+    assert _actions(writes[0]) == set(p.SPARK_BATCH_ACTIONS)
+    # AND the plain worker policy has no such write at all
+    plain = _grants_by_resource(template, "CoordinationWorkerPolicy")
+    assert plain[f"table:{ids['state']}"] == {"dynamodb:DescribeTable", "dynamodb:GetItem"}

@@ -165,9 +165,11 @@ def test_given_the_lock_held_elsewhere_when_invoked_then_it_returns_leader_false
     holder.release()
 
 
-def test_given_warm_invocations_then_clients_are_created_once_and_reused(deployment: dict[str, Any]) -> None:
+def test_given_warm_invocations_then_clients_are_created_once_and_reused(
+    deployment: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # GIVEN a cold module state
-    leader_handler._clients = None
+    monkeypatch.setattr(leader_handler, "_clients", None)
     # WHEN invoked twice in the same "container"
     leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
     first = leader_handler._clients
