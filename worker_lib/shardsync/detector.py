@@ -1,0 +1,111 @@
+"""Listing a stream's shards: ListShards with pagination, throttling backoff and retries while the stream updates.
+
+Follow-up pages pass only ``NextToken`` (the API rejects it together with ``StreamName``), and ``MaxResults`` is
+sent on the first page only: moto rejects ``MaxResults`` with ``NextToken`` (toolchain notes), and AWS keeps the
+first page's size for the rest. A listing that could not be finished is reported as incomplete, never as a
+shorter list, so that cleanup never mistakes "not listed" for "gone".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import boto3
+import botocore.exceptions
+
+from .. import aws
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import AwsConfig
+from ..errors import DependencyError, ThrottledError
+from ..models import ShardInfo
+
+log = logging.getLogger("shardlease.shardsync.detector")
+
+_RETRY_CODES = frozenset({"LimitExceededException", "ResourceInUseException"}) | aws.THROTTLING_CODES
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardListing:
+    shards: tuple[ShardInfo, ...]
+    complete: bool = True
+    pages: int = 1
+
+
+class ShardDetector(Protocol):
+    def list_shards(self) -> ShardListing: ...
+
+
+def shard_from_response(raw: dict[str, Any]) -> ShardInfo:
+    hashes = raw.get("HashKeyRange", {})
+    sequences = raw.get("SequenceNumberRange", {})
+    return ShardInfo(
+        shard_id=str(raw["ShardId"]),
+        parent_shard_id=raw.get("ParentShardId"),
+        adjacent_parent_shard_id=raw.get("AdjacentParentShardId"),
+        starting_hash_key=str(hashes.get("StartingHashKey", "0")),
+        ending_hash_key=str(hashes.get("EndingHashKey", str(2**128 - 1))),
+        starting_sequence_number=str(sequences.get("StartingSequenceNumber", "0")),
+        ending_sequence_number=sequences.get("EndingSequenceNumber"),
+    )
+
+
+class KinesisShardDetector:
+    def __init__(
+        self,
+        stream: str,
+        *,
+        aws_config: AwsConfig | None = None,
+        boto3_session: boto3.Session | None = None,
+        client: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
+        page_size: int = 1000,
+        max_attempts: int = 6,
+        backoff_base_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+    ) -> None:
+        self.stream = stream
+        self._client = client or aws.client("kinesis", aws_config or AwsConfig(), boto3_session)
+        self._clock = clock
+        self._page_size = page_size
+        self._max_attempts = max(1, max_attempts)
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self.calls = 0
+
+    def _page(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(1, self._max_attempts + 1):
+            self.calls += 1
+            try:
+                response: dict[str, Any] = self._client.list_shards(**kwargs)
+                return response
+            except botocore.exceptions.ClientError as exc:
+                code = aws.error_code(exc)
+                if code not in _RETRY_CODES or attempt == self._max_attempts:
+                    aws.raise_translated(exc, operation="kinesis ListShards", resource=self.stream)
+                delay = min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1))
+                log.info("ListShards on %s: %s, retrying in %.1f s", self.stream, code, delay)
+                self._clock.sleep(delay)
+            except botocore.exceptions.BotoCoreError as exc:
+                aws.raise_translated(exc, operation="kinesis ListShards", resource=self.stream)
+        raise ThrottledError(f"kinesis ListShards on {self.stream}: gave up")  # pragma: no cover - loop returns
+
+    def list_shards(self) -> ShardListing:
+        shards: list[ShardInfo] = []
+        kwargs: dict[str, Any] = {"StreamName": self.stream, "MaxResults": self._page_size}
+        pages = 0
+        while True:
+            try:
+                response = self._page(kwargs)
+            except DependencyError:
+                if not pages:
+                    raise
+                log.warning("ListShards on %s stopped after %d pages: the listing is incomplete", self.stream, pages)
+                return ShardListing(shards=tuple(shards), complete=False, pages=pages)
+            pages += 1
+            shards.extend(shard_from_response(raw) for raw in response.get("Shards", []))
+            token = response.get("NextToken")
+            if not token:
+                return ShardListing(shards=tuple(shards), complete=True, pages=pages)
+            kwargs = {"NextToken": token}
