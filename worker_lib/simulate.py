@@ -89,7 +89,8 @@ class Skew:
 
 
 def parse_skew(text: str) -> Skew:
-    """``uniform``, ``zipf`` / ``zipf:S`` (S > 0, default 1.2), ``hot`` / ``hot:K`` / ``hot:K:F`` (default 1 shard 10×)."""
+    """``uniform``, ``zipf`` / ``zipf:S`` (S > 0, default 1.2), ``hot`` / ``hot:K`` / ``hot:K:F`` (default: one
+    shard 10× hotter)."""
     parts = [p.strip() for p in text.strip().lower().split(":")]
     kind = parts[0]
     try:
@@ -373,14 +374,96 @@ def min_moves_lower_bound(
     return max(forced + over, under, forced)
 
 
-def cycles_to_converge(cycles: Sequence[CycleStats], *, after: int, limit: float) -> tuple[int | None, int | None]:
-    """First cycle ``> after`` from which throughput max/mean stays ≤ ``limit`` to the end, and how many balancing
-    runs happened in ``(after, that cycle]``. ``(None, None)`` if it never settles."""
+def min_moves_upper_bound(
+    start: Mapping[str, Sequence[float]],
+    *,
+    max_load: float,
+    min_load: float,
+    forced: Sequence[float] = (),
+) -> int | None:
+    """Moves of one feasible repair plan from ``start`` into ``[min_load, max_load]`` — an upper bound on the
+    minimum (None if this greedy repair does not find one).
+
+    forced: rates of leases that must be placed anyway (held by workers dead at the end): hottest first onto the
+    least-loaded worker, one move each. Then, while a worker is outside the band, the worst one is repaired with
+    one move: an over-loaded worker gives the smallest lease that ends its excess (else its largest) to the
+    least-loaded worker that stays within ``max_load``; an under-loaded worker takes, from the most loaded worker
+    that can spare it, the smallest lease that fills its gap (else the largest that fits).
+    """
+    held = {w: sorted(rates) for w, rates in start.items()}
+    if not held:
+        return None
+    load = {w: sum(rates) for w, rates in held.items()}
+    eps = 1e-9 * max(1.0, sum(load.values()) + sum(forced))
+    moves = 0
+    for rate in sorted(forced, reverse=True):
+        target = min(load, key=lambda w: (load[w], w))
+        bisect.insort(held[target], rate)
+        load[target] += rate
+        moves += 1
+
+    def pick(rates: list[float], need: float, room: float) -> int | None:
+        """Index of the smallest rate ≥ need that is ≤ room, else of the largest rate ≤ room."""
+        i = bisect.bisect_left(rates, need - eps)
+        if i < len(rates) and rates[i] <= room + eps:
+            return i
+        j = bisect.bisect_right(rates, room + eps) - 1
+        return j if j >= 0 and rates[j] > 0 else None
+
+    limit = 4 * sum(len(r) for r in held.values()) + 10
+    for _ in range(limit):
+        over = {w: load[w] - max_load for w in load if load[w] > max_load + eps}
+        under = {w: min_load - load[w] for w in load if load[w] < min_load - eps}
+        if not over and not under:
+            return moves
+        worst_over = max(over.values(), default=0.0)
+        worst_under = max(under.values(), default=0.0)
+        moved = False
+        if worst_over >= worst_under:
+            donor = max(over, key=lambda w: (over[w], w))
+            for receiver in sorted(load, key=lambda w: (load[w], w)):
+                if receiver == donor:
+                    continue
+                i = pick(held[donor], over[donor], max_load - load[receiver])
+                if i is None:
+                    continue
+                rate = held[donor].pop(i)
+                bisect.insort(held[receiver], rate)
+                load[donor] -= rate
+                load[receiver] += rate
+                moved = True
+                break
+        else:
+            receiver = max(under, key=lambda w: (under[w], w))
+            for donor in sorted(load, key=lambda w: (-load[w], w)):
+                if donor == receiver:
+                    continue
+                spare = min(load[donor] - min_load, max_load - load[receiver])
+                i = pick(held[donor], under[receiver], spare)
+                if i is None:
+                    continue
+                rate = held[donor].pop(i)
+                bisect.insort(held[receiver], rate)
+                load[donor] -= rate
+                load[receiver] += rate
+                moved = True
+                break
+        if not moved:
+            return None
+        moves += 1
+    return None
+
+
+def cycles_to_converge(
+    cycles: Sequence[CycleStats], *, after: int, limit: float, floor: float = 0.0
+) -> tuple[int | None, int | None]:
+    """First cycle ``> after`` from which throughput max/mean stays ≤ ``limit`` (and min/mean ≥ ``floor``) to the
+    end, and how many balancing runs happened in ``(after, that cycle]``. ``(None, None)`` if it never settles."""
     settled: int | None = None
     for stats in cycles:
         if stats.cycle <= after:
             continue
-        if stats.tp_max_over_mean <= limit + 1e-12:
+        if stats.tp_max_over_mean <= limit + 1e-12 and stats.tp_min_over_mean >= floor - 1e-12:
             if settled is None:
                 settled = stats.cycle
         else:
@@ -389,6 +472,16 @@ def cycles_to_converge(cycles: Sequence[CycleStats], *, after: int, limit: float
         return None, None
     runs = sum(1 for s in cycles if after < s.cycle <= settled and s.balancing_ran)
     return settled, runs
+
+
+def convergence_band(reference: Sequence[float], tolerance: float = 0.10) -> tuple[float, float]:
+    """The ``(max/mean ceiling, min/mean floor)`` "within ±tolerance" means for a fleet whose LPT reference has
+    these loads: ``1 ± tolerance`` where the reference achieves it, else relative to the reference's own
+    max/mean and min/mean (a shard hotter than a fair share makes the raw band infeasible)."""
+    ref_max, ref_min = max_over_mean(reference), min_over_mean(reference)
+    ceiling = 1.0 + tolerance if ref_max <= 1.0 + tolerance else (1.0 + tolerance) * ref_max
+    floor = 1.0 - tolerance if ref_min >= 1.0 - tolerance else (1.0 - tolerance) * ref_min
+    return ceiling, floor
 
 
 # --------------------------------------------------------------------------------------------------- the fleet
@@ -551,10 +644,10 @@ class Simulation:
         owner_of = {lease.lease_key: lease.actual_owner for lease in self.leases}
         keep: list[Lease] = []
         for lease in self.leases:
-            if lease.is_finished and lease.child_shard_ids:
-                if all(self._live(owner_of.get(child)) for child in lease.child_shard_ids):
-                    self.rates.pop(lease.lease_key, None)
-                    continue
+            children = lease.child_shard_ids
+            if lease.is_finished and children and all(self._live(owner_of.get(c)) for c in children):
+                self.rates.pop(lease.lease_key, None)
+                continue
             keep.append(lease)
         self.leases = keep
 
@@ -573,8 +666,9 @@ class Simulation:
         for lease in self.leases:
             if self._live(lease.actual_owner):
                 rate = self.rates[lease.lease_key]
-                lease = lease.with_(lease_counter=lease.lease_counter + 1, throughput_kbps=round(rate, 6))
-            renewed.append(lease)
+                renewed.append(lease.with_(lease_counter=lease.lease_counter + 1, throughput_kbps=round(rate, 6)))
+            else:
+                renewed.append(lease)
         self.leases = renewed
         for worker_id in sorted(self.workers):
             worker = self.workers[worker_id]
