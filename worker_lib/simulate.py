@@ -93,23 +93,25 @@ def parse_skew(text: str) -> Skew:
     shard 10× hotter)."""
     parts = [p.strip() for p in text.strip().lower().split(":")]
     kind = parts[0]
+    usage = f"invalid skew {text!r}: expected uniform, zipf[:S] or hot[:K[:F]] (e.g. zipf:1.2, hot:2:20)"
     try:
-        if kind == "uniform" and len(parts) == 1:
-            return Skew("uniform")
-        if kind == "zipf" and len(parts) <= 2:
-            s = float(parts[1]) if len(parts) == 2 else 1.2
-            if not (s > 0 and math.isfinite(s)):
-                raise ConfigError(f"skew {text!r}: the Zipf exponent must be a positive number")
-            return Skew("zipf", s=s)
-        if kind == "hot" and len(parts) <= 3:
-            count = int(parts[1]) if len(parts) >= 2 else 1
-            factor = float(parts[2]) if len(parts) == 3 else 10.0
-            if count < 1 or not (factor > 0 and math.isfinite(factor)):
-                raise ConfigError(f"skew {text!r}: hot:K:F needs K ≥ 1 hot shards and a positive factor F")
-            return Skew("hot", hot_count=count, hot_factor=factor)
+        numbers = [float(p) for p in parts[1:]]
     except ValueError:
-        pass
-    raise ConfigError(f"invalid skew {text!r}: expected uniform, zipf[:S] or hot[:K[:F]] (e.g. zipf:1.2, hot:2:20)")
+        raise ConfigError(usage) from None
+    if kind == "uniform" and not numbers:
+        return Skew("uniform")
+    if kind == "zipf" and len(numbers) <= 1:
+        s = numbers[0] if numbers else 1.2
+        if not (s > 0 and math.isfinite(s)):
+            raise ConfigError(f"skew {text!r}: the Zipf exponent must be a positive number")
+        return Skew("zipf", s=s)
+    if kind == "hot" and len(numbers) <= 2:
+        count = numbers[0] if numbers else 1.0
+        factor = numbers[1] if len(numbers) == 2 else 10.0
+        if count < 1 or count != int(count) or not (factor > 0 and math.isfinite(factor)):
+            raise ConfigError(f"skew {text!r}: hot:K:F needs a whole number K ≥ 1 of hot shards and a factor F > 0")
+        return Skew("hot", hot_count=int(count), hot_factor=factor)
+    raise ConfigError(usage)
 
 
 def shard_rates(count: int, skew: Skew, rng: random.Random) -> list[float]:
