@@ -152,6 +152,8 @@ def worker_metrics(cycle: Mapping[str, Any]) -> list[tuple[str, str, MetricUnit,
 
 
 def _publish(metrics: Metrics, namespace: str, app: str, cycle: Mapping[str, Any], *, per_worker: bool) -> None:
+    if metrics.dimension_set.get(APPLICATION_DIMENSION) != app:  # a flush clears it; Powertools warns on re-adding
+        metrics.add_dimension(name=APPLICATION_DIMENSION, value=app)
     for name, unit, value in cycle_metrics(cycle):
         metrics.add_metric(name=name, unit=unit, value=value)
     metrics.flush_metrics()  # one EMF document per cycle, time-stamped when the cycle ended
@@ -233,7 +235,6 @@ def handler(event: Mapping[str, Any] | None, context: Any) -> dict[str, Any]:
         kinesis=clients.kinesis,
     )
     metrics = Metrics(namespace=namespace)
-    metrics.set_default_dimensions(**{APPLICATION_DIMENSION: app})
     stop = threading.Event()
 
     def on_cycle(report: CycleReport) -> None:
