@@ -53,6 +53,7 @@ from .models import ShardInfo
 from .processing.config import RetrievalConfig
 from .processing.consumer import ConsumerOutcome, ShardConsumer
 from .processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
+from .shardsync.detector import KinesisShardDetector
 
 log = logging.getLogger("shardlease.worker")
 
@@ -199,6 +200,7 @@ class Worker:
             throughput=self._throughput.renewal_value,
         )
         self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
+        self._detector = KinesisShardDetector(config.stream, client=self._kinesis, clock=clock)
         self._running: dict[str, _Running] = {}
         self._guard = threading.Lock()
         self._stop = threading.Event()
@@ -396,30 +398,10 @@ class Worker:
         now = self._clock.monotonic()
         if self._shard_cache is not None and now - self._shard_cache[0] < 2.0:
             return self._shard_cache[1]
-        shards: list[ShardInfo] = []
-        kwargs: dict[str, Any] = {"StreamName": self.config.stream}
-        while True:
-            with aws.translated("kinesis ListShards", self.config.stream):
-                response = self._kinesis.list_shards(**kwargs)
-            for raw in response.get("Shards", []):
-                seq = raw.get("SequenceNumberRange", {})
-                hashes = raw.get("HashKeyRange", {})
-                shards.append(
-                    ShardInfo(
-                        shard_id=raw["ShardId"],
-                        parent_shard_id=raw.get("ParentShardId"),
-                        adjacent_parent_shard_id=raw.get("AdjacentParentShardId"),
-                        starting_hash_key=hashes.get("StartingHashKey", "0"),
-                        ending_hash_key=hashes.get("EndingHashKey", str(2**128 - 1)),
-                        starting_sequence_number=seq.get("StartingSequenceNumber", "0"),
-                        ending_sequence_number=seq.get("EndingSequenceNumber"),
-                    )
-                )
-            token = response.get("NextToken")
-            if not token:
-                break
-            kwargs = {"NextToken": token}
-        self._shard_cache = (now, shards)
+        listing = self._detector.list_shards()
+        shards = list(listing.shards)
+        if listing.complete:
+            self._shard_cache = (now, shards)
         return shards
 
     # --- signals --------------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Listing a stream's shards: ListShards with pagination, throttling backoff and retries while the stream updates.
 
-Follow-up pages pass only ``NextToken`` (the API rejects it together with ``StreamName``), and ``MaxResults`` is
-sent on the first page only: moto rejects ``MaxResults`` with ``NextToken`` (toolchain notes), and AWS keeps the
-first page's size for the rest. A listing that could not be finished is reported as incomplete, never as a
-shorter list, so that cleanup never mistakes "not listed" for "gone".
+Follow-up pages pass ``NextToken`` and ``MaxResults`` only (AWS rejects ``NextToken`` together with
+``StreamName``). moto differs: its page tokens carry a checksum of the *first* call's parameters and it answers
+``InvalidToken`` unless ``StreamName`` and ``MaxResults`` are repeated; when an endpoint answers a follow-up page
+that way, the detector repeats the first call's parameters for the rest of the listing (tests run on both). A
+listing that could not be finished is reported as incomplete, never as a shorter list, so that cleanup never
+mistakes "not listed" for "gone".
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class KinesisShardDetector:
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s
         self.calls = 0
+        self._repeat_first = False  # set once an endpoint (moto) insists on the first call's parameters
 
     def _page(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(1, self._max_attempts + 1):
@@ -93,11 +96,19 @@ class KinesisShardDetector:
 
     def list_shards(self) -> ShardListing:
         shards: list[ShardInfo] = []
-        kwargs: dict[str, Any] = {"StreamName": self.stream, "MaxResults": self._page_size}
+        first: dict[str, Any] = {"StreamName": self.stream, "MaxResults": self._page_size}
+        kwargs = dict(first)
         pages = 0
         while True:
             try:
-                response = self._page(kwargs)
+                try:
+                    response = self._page(kwargs)
+                except DependencyError as exc:
+                    if "NextToken" not in kwargs or "StreamName" in kwargs or "InvalidToken" not in str(exc):
+                        raise
+                    log.debug("endpoint wants the first call's parameters with NextToken (moto); repeating them")
+                    self._repeat_first = True
+                    response = self._page({**first, "NextToken": kwargs["NextToken"]})
             except DependencyError:
                 if not pages:
                     raise
@@ -108,4 +119,4 @@ class KinesisShardDetector:
             token = response.get("NextToken")
             if not token:
                 return ShardListing(shards=tuple(shards), complete=True, pages=pages)
-            kwargs = {"NextToken": token}
+            kwargs = {**first, "NextToken": token} if self._repeat_first else {"NextToken": token}

@@ -1,0 +1,241 @@
+"""Shard sync against real resharding: graph A built with MergeShards/SplitShard on kinesalite, leases in moto."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+
+from worker_lib import aws
+from worker_lib.config import AwsConfig, InitialPosition, ShardSyncConfig
+from worker_lib.errors import StreamMissingError
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.shardsync.syncer import ShardSyncer
+from worker_lib.tables.admin import ensure_tables
+
+pytestmark = pytest.mark.kinesalite
+
+L, TH, AT = InitialPosition.LATEST, InitialPosition.TRIM_HORIZON, InitialPosition.AT_TIMESTAMP
+TABLE = [
+    ((4, 5, 7), (6,), (0, 1), (0, 1)),
+    ((3, 4, 5), (2, 6), (0, 1, 2), (0, 1, 2)),
+    ((2, 6), (3, 4, 9, 10), (3, 4, 5), (3, 4, 5)),
+    ((4, 9, 10), (8,), (0, 1, 2, 3), (0, 1, 2, 3)),
+    ((), (4, 8, 9, 10), (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5)),
+    ((4, 5, 6, 7), (), (), ()),
+]
+CASES = [
+    pytest.param(existing, position, expected, id=f"{','.join(map(str, existing)) or 'none'}-{position.value}")
+    for existing, latest, trim, at in TABLE
+    for position, expected in ((L, latest), (TH, trim), (AT, at))
+]
+
+
+def sync_config(position: InitialPosition) -> ShardSyncConfig:
+    from datetime import datetime, timezone
+
+    stamp = datetime(2026, 1, 1, tzinfo=timezone.utc) if position is AT else None
+    return ShardSyncConfig(initial_position=position, initial_timestamp=stamp)
+
+
+@pytest.fixture(scope="module")
+def kinesis(kinesalite_endpoint: str) -> Any:
+    return aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=2))
+
+
+@pytest.fixture(scope="module")
+def graph_a(kinesis: Any) -> tuple[str, dict[int, str]]:
+    """A 6-shard stream resharded into graph A; returns the stream and graph label → real shard id."""
+    stream = f"graph-a-{uuid.uuid4().hex[:8]}"
+    create_stream(kinesis, stream, 6)
+    roots = sorted(list_all_shards(kinesis, stream), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+    label = {n: s["ShardId"] for n, s in enumerate(roots)}
+
+    def child_of(*parents: str) -> str:
+        for s in list_all_shards(kinesis, stream):
+            if {s.get("ParentShardId"), s.get("AdjacentParentShardId")} - {None} == set(parents):
+                return str(s["ShardId"])
+        raise AssertionError(f"no child of {parents}")
+
+    merge_shards(kinesis, stream, label[0], label[1])
+    label[6] = child_of(label[0], label[1])
+    merge_shards(kinesis, stream, label[2], label[3])
+    label[7] = child_of(label[2], label[3])
+    merge_shards(kinesis, stream, label[6], label[7])
+    label[8] = child_of(label[6], label[7])
+    split_shard(kinesis, stream, label[5])
+    nine, ten = sorted(
+        (s for s in list_all_shards(kinesis, stream) if s.get("ParentShardId") == label[5]),
+        key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]),
+    )
+    label[9], label[10] = nine["ShardId"], ten["ShardId"]
+    return stream, label
+
+
+@pytest.fixture
+def store(moto_aws: AwsConfig) -> DynamoDBLeaseStore:
+    app = f"sync-{uuid.uuid4().hex[:10]}"
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app, ddb)
+    return DynamoDBLeaseStore(app, client=ddb)
+
+
+def test_graph_a_is_really_resharded(kinesis: Any, graph_a: tuple[str, dict[int, str]]) -> None:
+    stream, label = graph_a
+    listing = {s["ShardId"]: s for s in list_all_shards(kinesis, stream)}
+    open_ids = {sid for sid, s in listing.items() if "EndingSequenceNumber" not in s["SequenceNumberRange"]}
+    assert open_ids == {label[n] for n in (4, 8, 9, 10)} and len(listing) == 11
+
+
+@pytest.mark.parametrize(("existing", "position", "expected"), CASES)
+def test_graph_a_on_a_resharded_stream(  # noqa: PLR0917 - pytest passes fixtures and parameters positionally
+    kinesis: Any,
+    graph_a: tuple[str, dict[int, str]],
+    store: DynamoDBLeaseStore,
+    existing: tuple[int, ...],
+    position: InitialPosition,
+    expected: tuple[int, ...],
+) -> None:
+    stream, label = graph_a
+    number = {sid: n for n, sid in label.items()}
+    # GIVEN the row's leases (being processed: real checkpoints)
+    for n in existing:
+        assert store.create_lease_if_absent(
+            Lease(lease_key=label[n], lease_owner="w", checkpoint=Checkpoint(sequence="1"))
+        )
+    # WHEN the leader syncs once
+    result = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(position)).sync_once()
+    # THEN exactly the table's leases were created, with the checkpoints KCL gives them
+    assert sorted(number[key] for key in result.created) == sorted(expected)
+    assert result.shards_seen == 11 and result.listing_complete and result.deleted == ()
+    want = {L: LATEST, TH: TRIM_HORIZON, AT: AT_TIMESTAMP}[position]
+    for key in result.created:
+        lease = store.get_lease(key)
+        assert lease is not None and lease.checkpoint == want and lease.lease_owner is None
+    # AND a second sync creates nothing more
+    again = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(position)).sync_once()
+    assert again.created == ()
+
+
+def test_resharding_while_leases_exist_creates_only_what_must_be_read(kinesis: Any, store: DynamoDBLeaseStore) -> None:
+    # GIVEN a 2-shard stream with both shards leased from TRIM_HORIZON
+    stream = f"live-{uuid.uuid4().hex[:8]}"
+    create_stream(kinesis, stream, 2)
+    syncer = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(TH))
+    assert len(syncer.sync_once().created) == 2
+    low, high = sorted(list_all_shards(kinesis, stream), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+    # WHEN one shard is split and the leader syncs
+    split_shard(kinesis, stream, low["ShardId"])
+    after_split = syncer.sync_once()
+    # THEN no lease is created: the children are descendants of a leased parent and start when it ends
+    assert after_split.created == ()
+    # WHEN the parent is read to its end (SHARD_END) and the leader syncs again
+    parent = store.get_lease(low["ShardId"])
+    assert parent is not None
+    assert store.checkpoint(store.assign_lease(parent, "w") or parent, "w", SHARD_END) is not None
+    repaired = syncer.sync_once()
+    # THEN the children get leases from TRIM_HORIZON with the parent recorded, and the parent its children
+    children = {s["ShardId"] for s in list_all_shards(kinesis, stream) if s.get("ParentShardId") == low["ShardId"]}
+    assert set(repaired.created) == children
+    for child in children:
+        lease = store.get_lease(child)
+        assert lease is not None and lease.checkpoint == TRIM_HORIZON and lease.parent_shard_ids == {low["ShardId"]}
+    finished = store.get_lease(low["ShardId"])
+    assert finished is not None and finished.child_shard_ids == children
+    assert high["ShardId"] not in repaired.created
+
+
+def test_cleanup_steps(kinesis: Any, store: DynamoDBLeaseStore) -> None:
+    # GIVEN G split into P1, P2, and P1 split into C1, C2 (all leased); G and P1 finished
+    stream = f"clean-{uuid.uuid4().hex[:8]}"
+    create_stream(kinesis, stream, 1)
+    (g,) = [s["ShardId"] for s in list_all_shards(kinesis, stream)]
+    split_shard(kinesis, stream, g)
+    p1, p2 = sorted(
+        (s for s in list_all_shards(kinesis, stream) if s.get("ParentShardId") == g),
+        key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]),
+    )
+    split_shard(kinesis, stream, p1["ShardId"])
+    c1, c2 = (s["ShardId"] for s in list_all_shards(kinesis, stream) if s.get("ParentShardId") == p1["ShardId"])
+    seq = Checkpoint(sequence="49590338271490256608559692538361571095921575989136588898")
+    leases = {
+        g: Lease(lease_key=g, checkpoint=SHARD_END),
+        p1["ShardId"]: Lease(lease_key=p1["ShardId"], checkpoint=SHARD_END, parent_shard_ids=frozenset({g})),
+        p2["ShardId"]: Lease(lease_key=p2["ShardId"], checkpoint=TRIM_HORIZON, parent_shard_ids=frozenset({g})),
+        c1: Lease(lease_key=c1, checkpoint=seq, parent_shard_ids=frozenset({p1["ShardId"]})),
+        c2: Lease(lease_key=c2, checkpoint=TRIM_HORIZON, parent_shard_ids=frozenset({p1["ShardId"]})),
+    }
+    for lease in leases.values():
+        assert store.create_lease_if_absent(lease)
+    syncer = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(L))
+
+    def advance(key: str) -> None:
+        current = store.get_lease(key)
+        assert current is not None
+        taken = store.assign_lease(current, "w")
+        assert taken is not None and store.checkpoint(taken, "w", seq) is not None
+
+    # WHEN P2 has not started: nothing is deleted (G's children have not all started; P1's parent G exists)
+    assert syncer.sync_once().deleted == ()
+    # WHEN P2 starts: G is deleted (P1 finished counts as started), P1 still waits for C2
+    advance(p2["ShardId"])
+    assert syncer.sync_once().deleted == (g,)
+    # WHEN C2 starts: P1 is deleted (its parent G is gone now)
+    advance(c2)
+    assert syncer.sync_once().deleted == (p1["ShardId"],)
+    assert {lease.lease_key for lease in store.list_leases()} == {p2["ShardId"], c1, c2}
+
+
+def test_a_lease_of_a_vanished_shard_is_deleted_after_two_complete_listings(
+    kinesis: Any, store: DynamoDBLeaseStore
+) -> None:
+    stream = f"gone-{uuid.uuid4().hex[:8]}"
+    create_stream(kinesis, stream, 1)
+    assert store.create_lease_if_absent(Lease(lease_key="shardId-999999999999", checkpoint=SHARD_END))
+    syncer = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(L))
+    first = syncer.sync_once()
+    assert "shardId-999999999999" not in first.deleted and first.unknown_pending == ("shardId-999999999999",)
+    assert "shardId-999999999999" in syncer.sync_once().deleted
+
+
+@pytest.mark.parametrize("backend", ["moto", "kinesalite"])
+def test_detector_paginates(backend: str, request: pytest.FixtureRequest) -> None:
+    endpoint = request.getfixturevalue(f"{backend}_endpoint")
+    client = aws.client("kinesis", AwsConfig(endpoint_url=endpoint, max_attempts=2))
+    stream = f"pages-{uuid.uuid4().hex[:8]}"
+    create_stream(client, stream, 25)
+    detector = KinesisShardDetector(stream, client=client, page_size=10)
+    listing = detector.list_shards()
+    assert listing.complete and len({s.shard_id for s in listing.shards}) == 25
+    # moto pages by MaxResults (3 pages of ≤ 10); kinesalite ignores MaxResults and answers in one page
+    assert listing.pages == (3 if backend == "moto" else 1)
+
+
+def test_a_missing_stream_is_a_typed_error(kinesis: Any) -> None:
+    with pytest.raises(StreamMissingError):
+        KinesisShardDetector("no-such-stream", client=kinesis).list_shards()
+
+
+def test_leader_once_runs_a_shard_sync_and_exits_0(moto_endpoint: str, moto_aws: AwsConfig) -> None:
+    app = f"cli-{uuid.uuid4().hex[:8]}"
+    ddb = aws.client("dynamodb", moto_aws)
+    kinesis = aws.client("kinesis", moto_aws)
+    ensure_tables(app, ddb)
+    create_stream(kinesis, f"{app}-s", 3)
+    args = [sys.executable, "-m", "worker_lib.cli", "leader", "--app", app, "--stream", f"{app}-s", "--once"]
+    args += ["--initial-position", "TRIM_HORIZON", "--endpoint-url", moto_endpoint]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    assert "created 3 lease(s)" in first.stdout
+    second = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120, check=False)
+    assert second.returncode == 0, second.stderr
+    import json
+
+    report = json.loads(second.stdout)
+    assert report["leader"] and report["shard_sync"]["created"] == []
