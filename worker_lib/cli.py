@@ -82,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the system on local emulators (no AWS account needed)")
     demo.add_argument("--workers", type=_positive_int, default=3, metavar="N")
     demo.add_argument("--shards", type=_positive_int, default=8, metavar="N")
-    demo.add_argument("--duration", type=_positive_float, default=60.0, metavar="S")
-    demo.add_argument("--scenario", default="shard-sync", metavar="NAME", help="scenario to run (default shard-sync)")
+    demo.add_argument("--duration", type=_positive_float, default=90.0, metavar="S")
+    demo.add_argument(
+        "--scenario", default="default", metavar="NAME", help="default (the whole fleet) or shard-sync (lease lifecycle)"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     create = sub.add_parser("create-tables", help="create the lease, worker-metrics and coordinator tables")

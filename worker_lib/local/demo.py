@@ -27,7 +27,7 @@ from .streams import create_stream, list_all_shards, merge_shards, split_shard
 
 log = logging.getLogger("shardlease.demo")
 
-SCENARIOS = ("shard-sync",)
+SCENARIOS = ("default", "shard-sync")
 Printer = Callable[[str], None]
 
 
@@ -160,6 +160,7 @@ def _leader(app: str, stream: str, ddb: Any, kinesis: Any, clock: Clock) -> Lead
         leader_config=LeaderConfig(),
         lock_config=LeaderLockConfig(),
         clock=clock,
+        with_assignment=False,  # this scenario's consumer takes leases itself
         dynamodb=ddb,
         kinesis=kinesis,
     )
@@ -191,12 +192,17 @@ def _sync_line(result: Any) -> str:
 def run_demo(*, workers: int, shards: int, duration_s: float, scenario: str, clock: Clock = SYSTEM_CLOCK) -> int:
     if scenario not in SCENARIOS:
         raise ConfigError(f"unknown scenario {scenario!r}: choose one of {', '.join(SCENARIOS)}")
-    if shards < 2:
-        raise ConfigError("the shard-sync scenario needs at least 2 shards (it splits one and merges two)")
-    del workers, duration_s  # the shard-sync scenario is sequential; the multi-worker demo arrives with issue 6
+    if shards < 3:
+        raise ConfigError("the demo needs at least 3 shards (it splits one and merges two)")
+    if scenario == "default" and duration_s < 30:
+        raise ConfigError("the default scenario needs --duration of at least 30 seconds")
 
     def say(line: str) -> None:
         print(line, flush=True)
 
     say(f"shardlease demo — scenario {scenario}")
-    return _shard_sync_scenario(shards=shards, say=say, clock=clock)
+    if scenario == "shard-sync":
+        return _shard_sync_scenario(shards=shards, say=say, clock=clock)
+    from .demo_fleet import run_fleet_demo
+
+    return run_fleet_demo(workers=workers, shards=shards, duration_s=duration_s, say=say, clock=clock)

@@ -47,9 +47,11 @@ DEMO_ENV = {
     "SHARDLEASE_DISCOVERY_INTERVAL_MS": "500",
     "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS": "200",
     "SHARDLEASE_PARENT_POLL_INTERVAL_MS": "500",
-    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "2000",
+    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1500",
     "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "500",
-    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "2",
+    # the leader's activity window is 2 × this: generous, because a 2-core laptop running emulators, a producer
+    # and several workers delays reports by seconds; a dead worker is still noticed within 6 s
+    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "3",
     "SHARDLEASE_CPU_METRIC": "process",
     "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "2000",
     "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS": "1500",
@@ -212,7 +214,7 @@ class Fleet:
             "SHARDLEASE_CLOUDWATCH_ENDPOINT_URL": moto.endpoint_url,
             "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite.endpoint_url,
             JOURNAL_ENV: str(self.journal_dir),
-            WORK_ENV: "150",
+            WORK_ENV: "1500",
         }
 
     def event(self, text: str) -> None:
@@ -298,6 +300,7 @@ def _load_lambda_handler() -> Callable[[dict[str, Any], Any], Any] | None:
     if spec is None or spec.loader is None:
         return None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses in the module look themselves up there
     spec.loader.exec_module(module)
     handler = getattr(module, "handler", None)
     return handler if callable(handler) else None
@@ -318,6 +321,8 @@ class LeaderSchedule:
         os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "shardlease-demo")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the live view shows the leader's decisions
+        os.environ.setdefault("SHARDLEASE_PER_WORKER_METRICS", "false")
         self._thread.start()
 
     def stop(self) -> None:
@@ -325,7 +330,11 @@ class LeaderSchedule:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        handler = _load_lambda_handler()
+        try:
+            handler = _load_lambda_handler()
+        except Exception as exc:  # a broken checkout must not stop the demo: run the same Leader in-process
+            log.warning("could not load functions/leader/handler.py (%s); running the leader in-process", exc)
+            handler = None
         self.mode = "Lambda handler" if handler is not None else "in-process leader"
         while not self._stop.is_set():
             budget_ms = int(self.period_s * 1000)
@@ -571,8 +580,10 @@ def run_fleet_demo(
     state = DemoState()
     use_rich = sys.stdout.isatty() if live is None else live
     capture = _DecisionCapture(state)
-    logging.getLogger("shardlease.leader.decisions").addHandler(capture)
-    logging.getLogger("shardlease.leader.decisions").setLevel(logging.INFO)
+    decisions = logging.getLogger("shardlease.leader.decisions")
+    decisions.addHandler(capture)
+    decisions.setLevel(logging.INFO)
+    decisions.propagate = False  # shown in the live view, not as raw log lines
     with _workdir() as workdir:
         moto = start_moto(log_path=workdir / "moto.log")
         try:
@@ -619,7 +630,8 @@ def run_fleet_demo(
                 say(line)
             return 0 if report.ok else 1
         finally:
-            logging.getLogger("shardlease.leader.decisions").removeHandler(capture)
+            decisions.removeHandler(capture)
+            decisions.propagate = True
             if producer is not None:
                 producer.stop()
             if fleet is not None:
