@@ -84,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shards", type=_positive_int, default=8, metavar="N")
     demo.add_argument("--duration", type=_positive_float, default=90.0, metavar="S")
     demo.add_argument(
-        "--scenario", default="default", metavar="NAME", help="default (the whole fleet) or shard-sync (lease lifecycle)"
+        "--scenario",
+        default="default",
+        metavar="NAME",
+        help="default (the whole fleet) or shard-sync (lease lifecycle)",
     )
     demo.set_defaults(func=_cmd_demo)
 
@@ -113,6 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_position(worker)
     _add_aws(worker)
     worker.set_defaults(func=_cmd_worker)
+
+    sim = sub.add_parser("simulate", help="offline fleet running the real deciders cycle by cycle")
+    sim.add_argument("--workers", type=_positive_int, default=8, metavar="N")
+    sim.add_argument("--shards", type=_positive_int, default=64, metavar="N")
+    sim.add_argument("--skew", default="zipf:1.2", metavar="uniform|zipf[:S]|hot[:K[:F]]")
+    sim.add_argument(
+        "--strategy", default="variance", choices=["variance", "variance-kcl", "count", "count-kcl", "kcl2"]
+    )
+    sim.add_argument("--cycles", type=_positive_int, default=12, metavar="N")
+    sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument("--plot", metavar="FILE.png", help="draw per-worker load over cycles")
+    sim.add_argument("--join", action="append", default=[], metavar="CYCLE[:N]", help="N workers join")
+    sim.add_argument("--kill", action="append", default=[], metavar="CYCLE[:N]", help="N most loaded workers die")
+    sim.add_argument("--split", action="append", default=[], metavar="CYCLE[:N]", help="split the N hottest shards")
+    sim.add_argument("--noise", type=float, default=1.0, metavar="PCT")
+    sim.add_argument("--base-cpu", type=float, default=5.0, metavar="PCT")
+    sim.add_argument("--target-cpu", type=float, default=40.0, metavar="PCT")
+    sim.add_argument("--cost-factors", metavar="F1,F2,...", help="per-worker CPU cost factors (cycled)")
+    sim.set_defaults(func=_cmd_simulate)
     return parser
 
 
@@ -178,6 +200,27 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     worker.preflight()
     worker.run()
     return EXIT_OK
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import run_simulate_cli
+
+    return run_simulate_cli(
+        workers=args.workers,
+        shards=args.shards,
+        skew=args.skew,
+        strategy=args.strategy,
+        cycles=args.cycles,
+        seed=args.seed,
+        plot=args.plot,
+        join=tuple(args.join),
+        kill=tuple(args.kill),
+        split=tuple(args.split),
+        noise=args.noise,
+        base_cpu=args.base_cpu,
+        target_cpu=args.target_cpu,
+        cost_factors=args.cost_factors,
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
