@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.recording import StandInLeader, assign_unowned, create_leases_for_open_shards, wait_until
 from worker_lib import aws
 from worker_lib.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.local.streams import create_stream
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import worker_metrics_table_name
-from tests.support.recording import assign_unowned, create_leases_for_open_shards, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +62,7 @@ class Env:
 
 
 @pytest.fixture
-def env(moto_endpoint: str, app_name: str) -> Iterator[Env]:
+def env(moto_endpoint: str, app_name: str) -> Env:
     config = AwsConfig(endpoint_url=moto_endpoint, max_attempts=2)
     ddb = aws.client("dynamodb", config)
     kinesis = aws.client("kinesis", config)
@@ -72,7 +71,7 @@ def env(moto_endpoint: str, app_name: str) -> Iterator[Env]:
     create_stream(kinesis, stream, SHARDS)
     store = DynamoDBLeaseStore(app_name, client=ddb)
     create_leases_for_open_shards(store, kinesis, stream)
-    yield Env(app=app_name, stream=stream, endpoint=moto_endpoint, kinesis=kinesis, store=store)
+    return Env(app=app_name, stream=stream, endpoint=moto_endpoint, kinesis=kinesis, store=store)
 
 
 def start_query(
@@ -119,16 +118,23 @@ def last_sequence_per_shard(env: Env) -> dict[str, str]:
 
 
 def test_exactly_once_across_a_restart_and_resume_from_the_lease_table(spark: Any, env: Env, tmp_path: Path) -> None:
+    # A stopped query may give its leases up (Spark stops the source runner without always calling stop()): a
+    # stand-in leader hands unowned leases back to the application, as the real leader would.
+    with StandInLeader(env.store, ["spark-a"], failover_s=30):
+        run_restart_scenario(spark, env, tmp_path)
+
+
+def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     assign_unowned(env.store, lambda lease: "spark-a")
     env.produce(400)
     sink = Sink()
     query = start_query(spark, env, sink, tmp_path / "ckpt", "spark-a")
     try:
-        assert wait_until(lambda: len(sink.rows()) >= 120, timeout_s=60), "the first query read nothing"
+        assert wait_until(lambda: len(sink.rows()) >= 300, timeout_s=60), "the first query read too little"
     finally:
         query.stop()
     first_run = len(sink.rows())
-    assert first_run < 400 + 200, "the restart should happen in the middle"
+    assert first_run < 400, "the restart should happen in the middle"
     env.produce(200)
     # Same lease table, same worker id, same Spark checkpoint: Spark replays or resumes; recorded ends make a
     # replayed batch read the same records.
@@ -151,8 +157,6 @@ def test_exactly_once_across_a_restart_and_resume_from_the_lease_table(spark: An
     query.awaitTermination(120)
     assert sorted(fresh.datas()) == sorted(env.produced[600:])
     assert lease_checkpoints(env) == last_sequence_per_shard(env)
-    metrics = env.kinesis  # keep the linter quiet about unused names in this long test
-    del metrics
 
 
 def test_two_queries_share_one_stream(spark: Any, env: Env, tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ class SparkLeaseCoordinator:
         self._pending_shard_ends: dict[str, BatchEnd] = {}
         self._last_probe: dict[str, float] = {}
         self._available_now_until: float | None = None
+        self._initial: SourceOffset | None = None
         self.started = False
         self.checkpoints_written = 0
         self.commits_skipped: dict[str, int] = {}
@@ -214,10 +215,12 @@ class SparkLeaseCoordinator:
         return views
 
     def initial_offset(self) -> SourceOffset:
+        """Batch 0 of a new lineage (never read). Spark may ask more than once; the answer stays the same."""
         self.start()
-        offset = SourceOffset(run=new_run_id(), batch=0, shards={})
-        log.info("spark source %s: new offset lineage run=%s", self.worker_id, offset.run)
-        return offset
+        if self._initial is None:
+            self._initial = SourceOffset(run=new_run_id(), batch=0, shards={})
+            log.info("spark source %s: new offset lineage run=%s", self.worker_id, self._initial.run)
+        return self._initial
 
     def latest_offset(self, start: SourceOffset) -> SourceOffset:
         """Spark asks for the offset after ``start`` only once batch ``start`` is in its commit log: commit it,
@@ -232,7 +235,16 @@ class SparkLeaseCoordinator:
         )
         if not candidate.shards and not start.shards:
             return start
-        if is_idle(start, ends, candidate) and (self._available_now_until is not None or not self._probe(candidate)):
+        if is_idle(start, ends, candidate) and self._available_now_until is not None:
+            # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be taken
+            # (a take can lose a race with the previous holder's last renewal and only succeed a moment later).
+            self._discover()
+            candidate = plan_next_offset(
+                start, ends, self.held_leases(), now_epoch_s=self._clock.wall(), initial_timestamp_epoch_s=initial_ts
+            )
+            if is_idle(start, ends, candidate):
+                return start
+        elif is_idle(start, ends, candidate) and not self._probe(candidate):
             return start
         for key in candidate.shards:
             self._last_planned[key] = candidate.batch

@@ -9,6 +9,8 @@ as soon as the query starts. ``read`` uses nothing but its partition.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +46,9 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _driver(self) -> SparkLeaseCoordinator:
         if self._coordinator is None:
+            level = os.environ.get("SHARDLEASE_SPARK_LOG_LEVEL")
+            if level:  # the source runner is a Python process of its own: nobody configured its logging
+                logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
             self._coordinator = SparkLeaseCoordinator(self.options)
         self._coordinator.start()
         return self._coordinator

@@ -1,0 +1,193 @@
+"""The source's pure planning logic: offsets, next offsets, idleness, partitions, commit decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker_lib.errors import ConfigError
+from worker_lib.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
+from worker_lib.spark.options import SourceOptions
+from worker_lib.spark.planning import (
+    BatchEnd,
+    HeldLease,
+    ReadSettings,
+    ShardOffset,
+    SourceOffset,
+    busy_seconds,
+    commit_actions,
+    handoffs_to_complete,
+    is_idle,
+    later_of,
+    plan_next_offset,
+    plan_partitions,
+    positions_after,
+)
+
+
+def cp(seq: int, sub: int = 0) -> Checkpoint:
+    return Checkpoint(sequence=str(seq), sub_sequence=sub)
+
+
+def offset(batch: int, **shards: tuple[Checkpoint, str]) -> SourceOffset:
+    return SourceOffset(
+        run="r1", batch=batch, shards={k: ShardOffset(position=p, epoch=e) for k, (p, e) in shards.items()}
+    )
+
+
+def test_offsets_round_trip_through_json() -> None:
+    original = SourceOffset(
+        run="abc",
+        batch=3,
+        shards={
+            "s1": ShardOffset(position=cp(17, 2), epoch="x:1"),
+            "s2": ShardOffset(position=AT_TIMESTAMP, epoch="x:2", timestamp=1700000000.5),
+        },
+    )
+    assert SourceOffset.from_json(original.to_json()) == original
+
+
+def test_a_bad_offset_is_refused() -> None:
+    with pytest.raises(ConfigError):
+        SourceOffset.from_json({"v": 99, "run": "r", "batch": 0, "shards": {}})
+    with pytest.raises(ConfigError):
+        SourceOffset.from_json({"v": 1, "run": "r", "batch": 1, "shards": {"s": {"seq": "abc", "sub": 0}}})
+
+
+def test_later_of() -> None:
+    assert later_of(cp(5), cp(7)) == cp(7)
+    assert later_of(cp(7, 1), cp(7, 0)) == cp(7, 1)
+    assert later_of(TRIM_HORIZON, cp(3)) == cp(3)
+    assert later_of(cp(3), TRIM_HORIZON) == cp(3)
+    assert later_of(cp(3), SHARD_END) == SHARD_END
+
+
+def test_the_initial_offset_is_never_read_and_recorded_ends_move_positions() -> None:
+    start = offset(0, s1=(TRIM_HORIZON, "e1"))
+    assert positions_after(start, {"s1": BatchEnd(lease_key="s1", position=cp(9))}) == {"s1": TRIM_HORIZON}
+    start = offset(4, s1=(cp(3), "e1"), s2=(cp(5), "e1"))
+    ends = {"s1": BatchEnd(lease_key="s1", position=cp(9), records=2)}
+    # s2 has no recorded end: the sink did not evaluate it; it stays where it was.
+    assert positions_after(start, ends) == {"s1": cp(9), "s2": cp(5)}
+
+
+def test_next_offset_follows_held_readable_leases() -> None:
+    start = offset(2, s1=(cp(3), "e1"), s2=(cp(5), "e1"), s3=(cp(1), "e1"))
+    ends = {
+        "s1": BatchEnd(lease_key="s1", position=cp(9), records=3),
+        "s2": BatchEnd(lease_key="s2", position=SHARD_END, records=1),
+        "s3": BatchEnd(lease_key="s3", position=cp(2), records=1),
+    }
+    held = [
+        HeldLease(lease_key="s1", checkpoint=cp(3), epoch="e1"),
+        HeldLease(lease_key="s2", checkpoint=cp(5), epoch="e1"),  # ended: not read again
+        # s3 lost: dropped
+        HeldLease(lease_key="s4", checkpoint=cp(40), epoch="e2"),  # newly taken: from its checkpoint
+        HeldLease(lease_key="s5", checkpoint=cp(1), epoch="e3", readable=False),  # handoff / parents: not read
+    ]
+    nxt = plan_next_offset(start, ends, held, now_epoch_s=100.0)
+    assert nxt.batch == 3 and nxt.run == "r1"
+    assert nxt.positions() == {"s1": cp(9), "s4": cp(40)}
+    assert nxt.shards["s4"].epoch == "e2"
+
+
+def test_next_offset_takes_the_lease_checkpoint_when_another_owner_moved_it() -> None:
+    start = offset(2, s1=(cp(3), "e1"))
+    ends = {"s1": BatchEnd(lease_key="s1", position=cp(9), records=3)}
+    nxt = plan_next_offset(start, ends, [HeldLease(lease_key="s1", checkpoint=cp(50), epoch="e9")], now_epoch_s=1)
+    assert nxt.positions() == {"s1": cp(50)}
+
+
+def test_latest_is_pinned_to_the_time_it_was_first_planned() -> None:
+    start = offset(0)
+    held = [HeldLease(lease_key="s1", checkpoint=LATEST, epoch="e1")]
+    first = plan_next_offset(start, {}, held, now_epoch_s=1000.0)
+    assert first.shards["s1"].position == AT_TIMESTAMP and first.shards["s1"].timestamp == 1000.0
+    idle = {"s1": BatchEnd(lease_key="s1", position=AT_TIMESTAMP, caught_up=True)}
+    second = plan_next_offset(first, idle, held, now_epoch_s=2000.0)
+    assert second.shards["s1"].timestamp == 1000.0  # records between the two batches are not skipped
+    assert is_idle(first, idle, second)
+
+
+def test_idleness() -> None:
+    start = offset(5, s1=(cp(3), "e1"))
+    idle_end = {"s1": BatchEnd(lease_key="s1", position=cp(3), caught_up=True)}
+    held = [HeldLease(lease_key="s1", checkpoint=cp(3), epoch="e1")]
+    assert is_idle(start, idle_end, plan_next_offset(start, idle_end, held, now_epoch_s=0))
+    busy_end = {"s1": BatchEnd(lease_key="s1", position=cp(8), records=2, caught_up=True)}
+    assert not is_idle(start, busy_end, plan_next_offset(start, busy_end, held, now_epoch_s=0))
+    capped = {"s1": BatchEnd(lease_key="s1", position=cp(3), caught_up=False)}  # time budget ran out
+    assert not is_idle(start, capped, plan_next_offset(start, capped, held, now_epoch_s=0))
+    more = [*held, HeldLease(lease_key="s2", checkpoint=TRIM_HORIZON, epoch="e2")]
+    assert not is_idle(start, idle_end, plan_next_offset(start, idle_end, more, now_epoch_s=0))
+    assert not is_idle(offset(0, s1=(cp(3), "e1")), {}, plan_next_offset(offset(0), {}, held, now_epoch_s=0))
+
+
+def test_one_partition_per_shard_and_deterministic() -> None:
+    settings = ReadSettings(app="app", stream="s", worker_id="w", region="us-east-1")
+    end = offset(7, b=(cp(2), "e"), a=(TRIM_HORIZON, "e"))
+    tasks = plan_partitions(end, settings)
+    assert [t.lease_key for t in tasks] == ["a", "b"]
+    assert tasks == plan_partitions(SourceOffset.from_json(end.to_json()), settings)
+    assert tasks[0].item_key == "spark-batch#w#r1#7#a"
+
+
+def test_commit_writes_only_what_a_still_held_lease_read() -> None:
+    committed = offset(3, ok=(cp(1), "e1"), lost=(cp(1), "e1"), retaken=(cp(1), "e1"), none=(cp(1), "e1"))
+    committed = SourceOffset(
+        run="r1",
+        batch=3,
+        shards={
+            **committed.shards,
+            "ended": ShardOffset(position=cp(1), epoch="e1"),
+            "empty": ShardOffset(position=TRIM_HORIZON, epoch="e1"),
+            "same": ShardOffset(position=cp(4), epoch="e1"),
+        },
+    )
+    ends = {
+        "ok": BatchEnd(lease_key="ok", position=cp(9), records=3, bytes=30),
+        "lost": BatchEnd(lease_key="lost", position=cp(9), records=3),
+        "retaken": BatchEnd(lease_key="retaken", position=cp(9), records=3),
+        "ended": BatchEnd(lease_key="ended", position=SHARD_END, records=1, children=("c1", "c2")),
+        "empty": BatchEnd(lease_key="empty", position=TRIM_HORIZON, caught_up=True),
+        "same": BatchEnd(lease_key="same", position=cp(4), caught_up=True),
+    }
+    epochs = {"ok": "e1", "retaken": "e7", "ended": "e1", "empty": "e1", "none": "e1", "same": "e1"}
+    checkpoints = {"ok": cp(1), "retaken": cp(1), "ended": cp(1), "empty": TRIM_HORIZON, "same": cp(4)}
+    actions = {
+        a.lease_key: a for a in commit_actions(committed, ends, held_epochs=epochs, lease_checkpoints=checkpoints)
+    }
+    assert actions["ok"].checkpoint == cp(9) and actions["ok"].bytes == 30
+    assert actions["lost"].checkpoint is None and actions["lost"].skipped == "lease lost"
+    assert actions["retaken"].checkpoint is None and actions["retaken"].skipped == "lease re-taken"
+    assert actions["none"].checkpoint is None and actions["none"].skipped == "not read"
+    assert actions["ended"].checkpoint == SHARD_END and actions["ended"].shard_end
+    assert actions["ended"].children == ("c1", "c2")
+    assert actions["empty"].checkpoint is None
+    assert actions["same"].checkpoint is None and actions["same"].skipped == "already checkpointed"
+    assert commit_actions(offset(0, ok=(cp(1), "e1")), ends, held_epochs=epochs, lease_checkpoints={}) == []
+
+
+def test_handoffs_complete_once_no_uncommitted_batch_reads_the_shard() -> None:
+    assert handoffs_to_complete(["a", "b", "c"], {"a": 4, "b": 5}, 4) == ["a", "c"]
+
+
+def test_busy_seconds() -> None:
+    ends = [BatchEnd(lease_key="a", position=cp(1), finished_at=105.0), BatchEnd(lease_key="b", position=cp(1))]
+    assert busy_seconds(100.0, ends) == 5.0
+    assert busy_seconds(None, ends) == 0.0
+
+
+def test_options() -> None:
+    options = SourceOptions.parse(
+        {"app": "orders", "stream": "orders-stream", "max_records_per_shard": "50", "endpoint_url": "http://x:1"}
+    )
+    assert options.max_records_per_shard == 50 and options.aws.endpoint_url == "http://x:1"
+    assert options.worker_id.startswith("spark-")
+    with pytest.raises(ConfigError, match="unknown"):
+        SourceOptions.parse({"app": "orders", "stream": "s", "max_record": "5"})
+    with pytest.raises(ConfigError, match="stream"):
+        SourceOptions.parse({"app": "orders"})
+    with pytest.raises(ConfigError, match="AT_TIMESTAMP"):
+        SourceOptions.parse({"app": "orders", "stream": "s", "initial_position": "AT_TIMESTAMP"})
+    with pytest.raises(ConfigError, match="whole number"):
+        SourceOptions.parse({"app": "orders", "stream": "s", "max_read_ms": "soon"})
