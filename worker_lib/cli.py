@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_aws(worker)
     worker.set_defaults(func=_cmd_worker)
 
+    status = sub.add_parser("status", help="leases per worker and cluster, CPU, throughput, leader, problems")
+    _add_app(status, stream=False)
+    status.add_argument("--watch", action="store_true", help="refresh every few seconds (and detect expiry)")
+    status.add_argument("--interval", type=_positive_float, default=5.0, metavar="S", help="refresh period")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    _add_aws(status)
+    status.set_defaults(func=_cmd_status)
+
     sim = sub.add_parser("simulate", help="offline fleet running the real deciders cycle by cycle")
     sim.add_argument("--workers", type=_positive_int, default=8, metavar="N")
     sim.add_argument("--shards", type=_positive_int, default=64, metavar="N")
@@ -200,6 +208,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     worker.preflight()
     worker.run()
     return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .status import run_status_cli
+
+    return run_status_cli(
+        app=args.app, aws_config=_aws_config(args), watch=args.watch, as_json=args.json, interval_s=args.interval
+    )
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

@@ -1,0 +1,165 @@
+"""``shardlease status``: what the fleet looks like now, from the three tables (read-only).
+
+Per worker: leases, CPU (latest ``sts.C``), throughput (sum of its leases' ``throughputKBps``), last report age;
+per cluster (the worker-id prefix before the first ``-``, as seed 001's distribution script groups them): workers
+and leases; the current leader; unassigned leases; leases whose owner no longer reports (orphaned); and, with
+``--watch``, expired leases (counter unchanged for the lease duration across refreshes, judged exactly as the
+leader does with :class:`~worker_lib.assignment.snapshot.ExpiryTracker`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import aws
+from .assignment.snapshot import ExpiryTracker, is_active_worker
+from .clock import SYSTEM_CLOCK, Clock
+from .config import AwsConfig, LeaseConfig
+from .leader.lock import DynamoDBLeaderLock
+from .leader.state_store import CoordinatorStateStore, LeaseCapRecorder
+from .leases.dynamodb import DynamoDBLeaseStore
+from .metrics.stats_store import WorkerMetricsStore
+from .tables.schema import all_specs
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRow:
+    worker: str
+    cluster: str
+    leases: int
+    throughput_kbps: float
+    cpu: float | None
+    report_age_s: float | None
+    active: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetStatus:
+    app: str
+    leader: str | None
+    leases: int
+    finished: int
+    unassigned: list[str]
+    orphaned: list[str]
+    expired: list[str]
+    handoffs: list[str]
+    cap: int | None
+    workers: list[WorkerRow] = field(default_factory=list)
+    clusters: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cluster_of(worker_id: str, separator: str = "-") -> str:
+    return worker_id.split(separator, 1)[0] if separator else worker_id
+
+
+def collect(
+    app: str,
+    ddb: Any,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    separator: str = "-",
+    report_interval_s: float = 30.0,
+    tracker: ExpiryTracker | None = None,
+) -> FleetStatus:
+    leases = DynamoDBLeaseStore(app, client=ddb, clock=clock).list_leases()
+    metrics = {m.worker_id: m for m in WorkerMetricsStore(app, client=ddb, clock=clock).list_all()}
+    leader = DynamoDBLeaderLock(app, "shardlease-status", client=ddb, clock=clock).current_leader()
+    cap_item = CoordinatorStateStore(app, client=ddb, clock=clock).get(LeaseCapRecorder.KEY)
+    now = clock.wall()
+    live = [lease for lease in leases if not lease.is_finished]
+    expired = sorted(tracker.observe(live, clock.monotonic())) if tracker is not None else []
+    per_worker: dict[str, list[Any]] = defaultdict(list)
+    for lease in live:
+        if lease.actual_owner:
+            per_worker[lease.actual_owner].append(lease)
+    rows = []
+    for worker in sorted(set(per_worker) | set(metrics)):
+        stats = metrics.get(worker)
+        cpu_values = [v for v in (stats.stats.get("C", ()) if stats else ()) if v >= 0]
+        rows.append(
+            WorkerRow(
+                worker=worker,
+                cluster=cluster_of(worker, separator),
+                leases=len(per_worker.get(worker, [])),
+                throughput_kbps=round(sum(x.throughput_kbps or 0.0 for x in per_worker.get(worker, [])), 3),
+                cpu=cpu_values[-1] if cpu_values else None,
+                report_age_s=round(now - stats.last_update_epoch_s, 1) if stats else None,
+                active=stats is not None and is_active_worker(stats, now, report_interval_s),
+            )
+        )
+    active = {row.worker for row in rows if row.active}
+    clusters: dict[str, dict[str, int]] = {}
+    workers_per_cluster = Counter(row.cluster for row in rows)
+    for row in rows:
+        entry = clusters.setdefault(row.cluster, {"workers": workers_per_cluster[row.cluster], "leases": 0})
+        entry["leases"] += row.leases
+    cap = cap_item.get("cap") if cap_item else None
+    return FleetStatus(
+        app=app,
+        leader=leader,
+        leases=len(live),
+        finished=len(leases) - len(live),
+        unassigned=sorted(x.lease_key for x in live if not x.actual_owner),
+        orphaned=sorted(x.lease_key for x in live if x.actual_owner and x.actual_owner not in active),
+        expired=[key for key in expired if any(x.lease_key == key and x.actual_owner for x in live)],
+        handoffs=sorted(x.lease_key for x in live if x.is_handoff_in_progress),
+        cap=int(cap) if isinstance(cap, int) and cap >= 0 else None,
+        workers=rows,
+        clusters=clusters,
+    )
+
+
+def render(status: FleetStatus, *, watch: bool = False) -> str:
+    lines = [
+        f"app {status.app}: leader {status.leader or '(none)'}; {status.leases} leases "
+        f"({status.finished} finished awaiting cleanup); cap {status.cap if status.cap is not None else 'none'}",
+        f"{'worker':<28} {'cluster':<12} {'leases':>6} {'KB/s':>10} {'CPU %':>6} {'report':>8}",
+    ]
+    for row in status.workers:
+        cpu = f"{row.cpu:.1f}" if row.cpu is not None else "-"
+        age = f"{row.report_age_s:.0f}s ago" if row.report_age_s is not None else "never"
+        flag = "" if row.active else "  (not reporting)"
+        lines.append(
+            f"{row.worker:<28} {row.cluster:<12} {row.leases:>6} {row.throughput_kbps:>10.1f} {cpu:>6} {age:>8}{flag}"
+        )
+    for cluster, entry in sorted(status.clusters.items()):
+        lines.append(f"cluster {cluster}: {entry['workers']} workers, {entry['leases']} leases")
+    lines.append(f"unassigned: {', '.join(status.unassigned) or 'none'}")
+    lines.append(f"owner not reporting: {', '.join(status.orphaned) or 'none'}")
+    if watch:
+        lines.append(f"expired: {', '.join(status.expired) or 'none'}")
+    if status.handoffs:
+        lines.append(f"graceful handoffs in progress: {', '.join(status.handoffs)}")
+    return "\n".join(lines)
+
+
+def run_status_cli(
+    *,
+    app: str,
+    aws_config: AwsConfig,
+    watch: bool,
+    as_json: bool,
+    interval_s: float = 5.0,
+    clock: Clock = SYSTEM_CLOCK,
+) -> int:
+    ddb = aws.client("dynamodb", aws_config)
+    for spec in all_specs():
+        with aws.translated("dynamodb DescribeTable", spec.table_name(app)):
+            ddb.describe_table(TableName=spec.table_name(app))
+    tracker = ExpiryTracker(LeaseConfig.from_env().failover_time_ms / 1000) if watch else None
+    while True:
+        status = collect(app, ddb, clock=clock, tracker=tracker)
+        text = json.dumps(status.to_dict(), sort_keys=True) if as_json else render(status, watch=watch)
+        if watch and not as_json and sys.stdout.isatty():
+            print("\x1b[2J\x1b[H", end="")
+        print(text, flush=True)
+        if not watch:
+            return 0
+        clock.sleep(interval_s)
