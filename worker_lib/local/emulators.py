@@ -18,10 +18,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..clock import SYSTEM_CLOCK
 from ..errors import ShardleaseError
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,9 @@ def find_node_module(name: str) -> Path:
 
 def _wait_ready(process: subprocess.Popen[bytes], name: str, timeout_s: float) -> int:
     assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
+    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
     buffer = b""
-    while time.monotonic() < deadline:
+    while SYSTEM_CLOCK.monotonic() < deadline:
         if process.poll() is not None:
             raise EmulatorError(f"{name} exited with code {process.returncode} before it was ready")
         ready, _, _ = select.select([process.stdout], [], [], 0.1)
