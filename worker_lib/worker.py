@@ -84,6 +84,7 @@ class WorkerConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig)
     report_worker_metrics: bool = True
+    leader_mode: str = "none"  # "embedded": this process also runs the leader loop (fleets without Lambda)
     cpu_metric: Any = None  # a WorkerMetric to report instead of the detected CPU provider
 
     def __post_init__(self) -> None:
@@ -96,6 +97,8 @@ class WorkerConfig:
             raise ConfigError("discovery_interval_ms must be at least 100")
         if self.shutdown_timeout_ms < 0:
             raise ConfigError("shutdown_timeout_ms must not be negative")
+        if self.leader_mode not in ("none", "embedded"):
+            raise ConfigError(f"invalid leader_mode {self.leader_mode!r}: expected none or embedded")
 
     @property
     def renewer_interval_s(self) -> float:
@@ -117,6 +120,7 @@ class WorkerConfig:
             "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 9_975),
             "metrics": MetricsConfig.from_env(e),
             "worker_metrics": WorkerMetricsConfig.from_env(e),
+            "leader_mode": e.get("SHARDLEASE_LEADER_MODE", "none").strip().lower() or "none",
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -206,6 +210,7 @@ class Worker:
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._leader_thread: threading.Thread | None = None
         self._shard_cache: tuple[float, list[ShardInfo]] | None = None
         self.renewal_failures = 0
         self.outcomes: dict[str, ConsumerOutcome] = {}
@@ -230,6 +235,8 @@ class Worker:
             self._reporter.start()
         self._thread = threading.Thread(target=self._coordinate, name=f"worker-{self.worker_id}", daemon=True)
         self._thread.start()
+        if self.config.leader_mode == "embedded":
+            self._start_embedded_leader()
         log.info("worker started id=%s app=%s stream=%s", self.worker_id, self.config.app, self.config.stream)
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
@@ -266,6 +273,8 @@ class Worker:
         self._give_up_undiscovered()
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
+        if self._leader_thread is not None:
+            self._leader_thread.join(max(1.0, deadline - self._clock.monotonic()))
         if self._reporter is not None:
             self._reporter.stop()
         self._metrics.flush()
@@ -273,6 +282,26 @@ class Worker:
         self._stopped.set()
         log.info("worker stopped id=%s clean=%s", self.worker_id, clean)
         return clean
+
+    def _start_embedded_leader(self) -> None:
+        """The same Leader the Lambda runs, in a thread of this worker: every worker may contend, the lock picks
+        one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md)."""
+        from .leader.host import build_leader_from_env
+
+        env = {**os.environ, "SHARDLEASE_APP": self.config.app, "SHARDLEASE_STREAM": self.config.stream}
+        parts = build_leader_from_env(
+            env, owner=f"{self.worker_id}:leader", dynamodb=self._dynamodb, kinesis=self._kinesis, clock=self._clock
+        )
+
+        def lead() -> None:
+            try:
+                parts.leader.run(stop=self._stop)
+            except Exception:
+                log.exception("embedded leader stopped with an error")
+
+        self._leader_thread = threading.Thread(target=lead, name=f"leader-{self.worker_id}", daemon=True)
+        self._leader_thread.start()
+        log.info("embedded leader started for worker %s", self.worker_id)
 
     def _give_up_undiscovered(self) -> None:
         """Leases the leader assigned to us that we never started: hand them back now rather than let them

@@ -118,6 +118,8 @@ def build_leader_from_env(
     *,
     owner: str | None = None,
     boto3_session: boto3.Session | None = None,
+    dynamodb: Any = None,
+    kinesis: Any = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> LeaderParts:
     """The leader as the Lambda handler and the embedded host build it: everything from ``SHARDLEASE_*``."""
@@ -136,6 +138,8 @@ def build_leader_from_env(
         assignment=AssignmentConfig.from_env(e),
         lease_config=LeaseConfig.from_env(e),
         boto3_session=boto3_session,
+        dynamodb=dynamodb,
+        kinesis=kinesis,
         clock=clock,
     )
 
