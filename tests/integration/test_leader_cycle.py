@@ -80,7 +80,8 @@ def test_scenario_10_not_leader_then_leader_assigns_unassigned_then_expired(env:
     third = parts.leader.run_cycle()
     # THEN the expired lease is reassigned
     assert third.assignment.reassigned_expired == 1
-    assert store.get_lease("stale").lease_owner == "take"  # type: ignore[union-attr]
+    stale = store.get_lease("stale")
+    assert stale is not None and stale.lease_owner == "take"
 
 
 def test_scenario_14_three_failed_cycles_release_leadership_once(env: dict[str, Any]) -> None:
