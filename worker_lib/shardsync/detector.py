@@ -5,7 +5,10 @@ Follow-up pages pass ``NextToken`` and ``MaxResults`` only (AWS rejects ``NextTo
 ``InvalidToken`` unless ``StreamName`` and ``MaxResults`` are repeated; when an endpoint answers a follow-up page
 that way, the detector repeats the first call's parameters for the rest of the listing (tests run on both). A
 listing that could not be finished is reported as incomplete, never as a shorter list, so that cleanup never
-mistakes "not listed" for "gone".
+mistakes "not listed" for "gone"; an expired page token restarts the listing once. Throttling
+(``LimitExceededException`` and the like) and ``ResourceInUseException`` (stream updating) are retried with
+exponential backoff on the injected clock; a missing stream raises :class:`~worker_lib.errors.StreamMissingError`;
+everything else is translated by :mod:`worker_lib.aws`.
 """
 
 from __future__ import annotations
@@ -95,24 +98,35 @@ class KinesisShardDetector:
         raise ThrottledError(f"kinesis ListShards on {self.stream}: gave up")  # pragma: no cover - loop returns
 
     def list_shards(self) -> ShardListing:
+        """Every shard of the stream, page by page; ``complete=False`` when a later page could not be read.
+
+        An expired page token (``ExpiredNextTokenException``: a listing that took longer than the token's
+        lifetime) restarts the listing from the first page, once.
+        """
+        for restart in range(2):
+            try:
+                return self._list_all()
+            except _ExpiredToken as expired:
+                if restart:
+                    log.warning("ListShards on %s: page token expired twice; listing incomplete", self.stream)
+                    return ShardListing(shards=expired.shards, complete=False, pages=expired.pages)
+                log.info("ListShards on %s: page token expired; listing again from the first page", self.stream)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _list_all(self) -> ShardListing:
         shards: list[ShardInfo] = []
         first: dict[str, Any] = {"StreamName": self.stream, "MaxResults": self._page_size}
         kwargs = dict(first)
         pages = 0
         while True:
             try:
-                try:
-                    response = self._page(kwargs)
-                except DependencyError as exc:
-                    if "NextToken" not in kwargs or "StreamName" in kwargs or "InvalidToken" not in str(exc):
-                        raise
-                    log.debug("endpoint wants the first call's parameters with NextToken (moto); repeating them")
-                    self._repeat_first = True
-                    response = self._page({**first, "NextToken": kwargs["NextToken"]})
-            except DependencyError:
+                response = self._follow_up(kwargs, first) if pages else self._page(kwargs)
+            except DependencyError as exc:
                 if not pages:
                     raise
-                log.warning("ListShards on %s stopped after %d pages: the listing is incomplete", self.stream, pages)
+                if aws.error_code(exc.__cause__ or exc) == "ExpiredNextTokenException":
+                    raise _ExpiredToken(tuple(shards), pages) from exc
+                log.warning("ListShards on %s stopped after %d pages (%s): listing incomplete", self.stream, pages, exc)
                 return ShardListing(shards=tuple(shards), complete=False, pages=pages)
             pages += 1
             shards.extend(shard_from_response(raw) for raw in response.get("Shards", []))
@@ -120,3 +134,21 @@ class KinesisShardDetector:
             if not token:
                 return ShardListing(shards=tuple(shards), complete=True, pages=pages)
             kwargs = {**first, "NextToken": token} if self._repeat_first else {"NextToken": token}
+
+    def _follow_up(self, kwargs: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:
+        """A follow-up page the AWS way (token only); moto's stateful tokens want the first call's parameters."""
+        try:
+            return self._page(kwargs)
+        except DependencyError as exc:
+            if "StreamName" in kwargs or aws.error_code(exc.__cause__ or exc) != "InvalidToken":
+                raise
+            log.debug("endpoint wants the first call's parameters with NextToken (moto); repeating them")
+            self._repeat_first = True
+            return self._page({**first, "NextToken": kwargs["NextToken"]})
+
+
+class _ExpiredToken(Exception):
+    def __init__(self, shards: tuple[ShardInfo, ...], pages: int) -> None:
+        super().__init__("page token expired")
+        self.shards = shards
+        self.pages = pages

@@ -8,7 +8,10 @@ Three decisions per sync:
   for every open shard without a lease, a memoised descendant check; a *descendant* (some ancestor has, or will
   get, a lease) gets leases created for the lease-less parents that must be read, and nothing for itself (its
   lease is created when its parents end); a non-descendant gets a lease at the initial position. This reproduces
-  every cell of the reference's shard graph A (tests/unit/test_shard_hierarchy.py).
+  every cell of the reference's shard graph A (tests/unit/test_shard_hierarchy.py). Inconsistent input is skipped
+  with a reason, never a crash: an open shard whose parent is still open gets no lease (KCL's inconsistent
+  shards), and a listing whose open shards leave a hole in the hash-key space creates nothing at all and counts
+  as incomplete (it missed shards).
 * **repair** — a finished (SHARD_END) lease whose children have no lease: create each child lease (TRIM_HORIZON,
   parents set) once *every* parent of that child has a lease — what the worker does at SHARD_END, done again by
   the leader in case that worker died in between. Also records missing ``childShardIds`` on finished leases.
@@ -66,6 +69,30 @@ def new_lease(shard: ShardInfo, checkpoint: Checkpoint) -> Lease:
 def _parents_in_listing(shard: ShardInfo, shards: Mapping[str, ShardInfo]) -> tuple[str, ...]:
     """KCL ignores parents that are no longer listed (trimmed): such a shard counts as a root."""
     return tuple(p for p in shard.parent_ids if p in shards)
+
+
+MAX_HASH_KEY = 2**128 - 1
+LISTING = "(listing)"  # the ``shard_id`` of a Skipped entry about the listing as a whole
+
+
+def hash_range_holes(shards: Iterable[ShardInfo]) -> list[str]:
+    """Gaps in the hash-key space covered by the open shards (KCL's completeness check), described in words.
+
+    Every key from 0 to 2^128 − 1 belongs to exactly one open shard of a healthy stream; a gap means the listing
+    missed a shard (a partial answer, or one caught in the middle of a reshard). Overlaps (an open child whose
+    parent is still open) are reported by :func:`inconsistent_shards` instead.
+    """
+    ranges = sorted((int(s.starting_hash_key), int(s.ending_hash_key), s.shard_id) for s in shards if s.is_open)
+    holes: list[str] = []
+    covered_to, last = -1, "the start of the key space"
+    for start, end, shard_id in ranges:
+        if start > covered_to + 1:
+            holes.append(f"hash keys {covered_to + 1}..{start - 1} (between {last} and {shard_id}) have no open shard")
+        if end > covered_to:
+            covered_to, last = end, shard_id
+    if covered_to < MAX_HASH_KEY:
+        holes.append(f"hash keys {covered_to + 1}..{MAX_HASH_KEY} (after {last}) have no open shard")
+    return holes
 
 
 def inconsistent_shards(shards: Mapping[str, ShardInfo]) -> dict[str, str]:
@@ -140,6 +167,11 @@ def plan_creation(
     by_id = {shard.shard_id: shard for shard in shards}
     bad = inconsistent_shards(by_id)
     skipped = [Skipped(shard_id=s, reason=r) for s, r in sorted(bad.items())]
+    holes = hash_range_holes(shards)
+    if holes:
+        # KCL refuses to build leases from a listing that does not cover the key space: it is partial.
+        skipped += [Skipped(shard_id=LISTING, reason=f"{hole}: no lease created this sync") for hole in holes]
+        return [], skipped, {}
     leased = {lease.shard_id for lease in leases}
     checkpoint = initial_checkpoint(position)
     if not leases:
@@ -188,6 +220,8 @@ def plan_sync(
     by_id = {shard.shard_id: shard for shard in shards}
     by_key = {lease.lease_key: lease for lease in leases}
     created, skipped, reasons = plan_creation(shards, leases, position)
+    # a listing with holes missed shards: "not listed" would not mean "gone"
+    listing_complete = listing_complete and not any(s.shard_id == LISTING for s in skipped)
     leased = set(by_key) | {lease.lease_key for lease in created}
     children_of = children_in_listing(shards)
 
