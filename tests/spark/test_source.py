@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import StandInLeader, assign_unowned, create_leases_for_open_shards, wait_until
+from tests.support.recording import assign_unowned, create_leases_for_open_shards, wait_until
 from worker_lib import aws
 from worker_lib.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -118,10 +118,21 @@ def last_sequence_per_shard(env: Env) -> dict[str, str]:
 
 
 def test_exactly_once_across_a_restart_and_resume_from_the_lease_table(spark: Any, env: Env, tmp_path: Path) -> None:
-    # A stopped query may give its leases up (Spark stops the source runner without always calling stop()): a
-    # stand-in leader hands unowned leases back to the application, as the real leader would.
-    with StandInLeader(env.store, ["spark-a"], failover_s=30):
+    # A stopped query may give its leases up (when Spark calls the source's stop()): hand unowned leases back to
+    # the application, as the leader would.
+    stop = threading.Event()
+
+    def reassign() -> None:
+        while not stop.wait(0.25):
+            assign_unowned(env.store, lambda lease: "spark-a")
+
+    reassigner = threading.Thread(target=reassign, daemon=True)
+    reassigner.start()
+    try:
         run_restart_scenario(spark, env, tmp_path)
+    finally:
+        stop.set()
+        reassigner.join(timeout=5)
 
 
 def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
