@@ -107,3 +107,46 @@ def wait_until(predicate: Callable[[], bool], *, timeout_s: float, step_s: float
         time.sleep(step_s)
     return predicate()
 
+
+class StandInLeader:
+    """A minimal leader for tests that exercise a worker-like component in isolation (the Spark source):
+    assigns unowned leases and leases whose counter stood still for ``failover_s`` to live workers, round-robin.
+    Runs in a thread, in real time (the workers are real processes)."""
+
+    def __init__(self, store: DynamoDBLeaseStore, workers: list[str], *, failover_s: float) -> None:
+        self.store = store
+        self.alive = list(workers)
+        self.failover_s = failover_s
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._turn = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.reassigned: list[tuple[str, str | None, str, float]] = []
+
+    def __enter__(self) -> StandInLeader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _next_owner(self) -> str:
+        self._turn += 1
+        return self.alive[self._turn % len(self.alive)]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            now = time.monotonic()
+            for lease in self.store.list_leases():
+                if lease.is_finished:
+                    continue
+                counter, since = self._seen.get(lease.lease_key, (-1, now))
+                if lease.lease_counter != counter:
+                    self._seen[lease.lease_key] = (lease.lease_counter, now)
+                    since = now
+                expired = lease.lease_owner is not None and now - since > self.failover_s
+                if lease.lease_owner is None or expired:
+                    owner = self._next_owner()
+                    if self.store.assign_lease(lease, owner, expected_counter=lease.lease_counter):
+                        self.reassigned.append((lease.lease_key, lease.lease_owner, owner, now))
