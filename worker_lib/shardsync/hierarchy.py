@@ -225,28 +225,34 @@ def plan_sync(
     leased = set(by_key) | {lease.lease_key for lease in created}
     children_of = children_in_listing(shards)
 
-    # repair: child leases of finished parents, once every parent of the child has a lease
+    # repair: child leases of finished parents, once every parent of the child has a lease. Repeated until
+    # nothing changes: a lease repaired for one parent can complete the parents of a merge child of another.
     children_to_record: dict[str, frozenset[str]] = {}
-    for lease in leases:
-        if not lease.is_finished:
-            continue
+    finished = sorted((lease for lease in leases if lease.is_finished), key=lambda lease: lease.lease_key)
+    for lease in finished:
         children = set(lease.child_shard_ids) | children_of.get(lease.shard_id, set())
         if children and not lease.child_shard_ids >= children:
             children_to_record[lease.lease_key] = frozenset(children)
-        for child_id in sorted(children):
-            child = by_id.get(child_id)
-            if child is None or child_id in leased:
-                continue
-            # (a parent no longer listed was trimmed: it will never get a lease and does not hold the child back)
-            if all(p in leased for p in child.parent_ids if p in by_id):
-                created.append(new_lease(child, TRIM_HORIZON))
-                leased.add(child_id)
-                reasons[child_id] = f"child of finished {lease.lease_key} (every parent has a lease)"
+    changed = True
+    while changed:
+        changed = False
+        for lease in finished:
+            children = set(lease.child_shard_ids) | children_of.get(lease.shard_id, set())
+            for child_id in sorted(children):
+                child = by_id.get(child_id)
+                if child is None or child_id in leased:
+                    continue
+                # (a parent no longer listed was trimmed: it will never get a lease and does not hold the child back)
+                if all(p in leased for p in child.parent_ids if p in by_id):
+                    created.append(new_lease(child, TRIM_HORIZON))
+                    leased.add(child_id)
+                    reasons[child_id] = f"child of finished {lease.lease_key} (every parent has a lease)"
+                    changed = True
 
     to_delete: list[Lease] = []
     unknown: list[str] = []
     if cleanup:
-        for lease in leases:
+        for lease in sorted(leases, key=lambda lease: lease.lease_key):
             if lease.shard_id not in by_id:
                 if listing_complete and delete_unknown:
                     unknown.append(lease.lease_key)
