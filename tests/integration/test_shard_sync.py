@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import uuid
 from typing import Any
 
+import botocore.exceptions
 import pytest
 
 from worker_lib import aws
+from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, InitialPosition, ShardSyncConfig
-from worker_lib.errors import StreamMissingError
+from worker_lib.errors import DependencyError, StreamMissingError, ThrottledError
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
-from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
+from worker_lib.shardsync.detector import KinesisShardDetector, ShardListing
 from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.admin import ensure_tables
 
@@ -115,9 +118,14 @@ def test_graph_a_on_a_resharded_stream(  # noqa: PLR0917 - pytest passes fixture
     assert sorted(number[key] for key in result.created) == sorted(expected)
     assert result.shards_seen == 11 and result.listing_complete and result.deleted == ()
     want = {L: LATEST, TH: TRIM_HORIZON, AT: AT_TIMESTAMP}[position]
+    listed = {s["ShardId"]: s for s in list_all_shards(kinesis, stream)}
     for key in result.created:
         lease = store.get_lease(key)
         assert lease is not None and lease.checkpoint == want and lease.lease_owner is None
+        assert lease.lease_counter == 0 and lease.child_shard_ids == frozenset()
+        raw = listed[key]
+        assert lease.parent_shard_ids == {raw.get("ParentShardId"), raw.get("AdjacentParentShardId")} - {None}
+        assert lease.starting_hash_key == raw["HashKeyRange"]["StartingHashKey"]
     # AND a second sync creates nothing more
     again = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(position)).sync_once()
     assert again.created == ()
@@ -239,3 +247,170 @@ def test_leader_once_runs_a_shard_sync_and_exits_0(moto_endpoint: str, moto_aws:
 
     report = json.loads(second.stdout)
     assert report["leader"] and report["shard_sync"]["created"] == []
+
+
+# --- detector behaviour on scripted answers (what no emulator produces: throttling, expiry, mid-listing failure) ---
+
+
+class ScriptedKinesis:
+    """ListShards the AWS way (follow-ups carry NextToken only) with scripted errors by call number."""
+
+    def __init__(self, shards: int, *, errors: dict[int, str] | None = None) -> None:
+        self.shards = [
+            {"ShardId": f"shardId-{n:012d}", "HashKeyRange": {}, "SequenceNumberRange": {}} for n in range(shards)
+        ]
+        self.errors = dict(errors or {})
+        self.calls: list[dict[str, Any]] = []
+
+    def list_shards(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        code = self.errors.get(len(self.calls))
+        if code:
+            raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "scripted"}}, "ListShards")
+        if "NextToken" in kwargs:
+            assert set(kwargs) <= {"NextToken", "MaxResults"}, kwargs  # AWS rejects StreamName with NextToken
+            start, page = (int(part) for part in kwargs["NextToken"].split(":"))
+        else:
+            start, page = 0, kwargs["MaxResults"]
+        end = start + page
+        answer: dict[str, Any] = {"Shards": self.shards[start:end]}
+        if end < len(self.shards):
+            answer["NextToken"] = f"{end}:{page}"
+        return answer
+
+
+def test_detector_pages_with_next_token_only_after_the_first_call() -> None:
+    # GIVEN an AWS-like endpoint with 7 shards, pages of 3
+    fake = ScriptedKinesis(7)
+    # WHEN listed
+    listing = KinesisShardDetector("s", client=fake, page_size=3, clock=ManualClock()).list_shards()
+    # THEN 3 pages, all shards, StreamName and MaxResults on the first call only
+    assert listing == ShardListing(shards=listing.shards, complete=True, pages=3) and len(listing.shards) == 7
+    assert fake.calls[0] == {"StreamName": "s", "MaxResults": 3}
+    assert all(set(call) == {"NextToken"} for call in fake.calls[1:])
+
+
+@pytest.mark.parametrize("code", ["LimitExceededException", "ThrottlingException", "ResourceInUseException"])
+def test_detector_backs_off_on_the_injected_clock_and_retries(code: str) -> None:
+    # GIVEN an endpoint that answers the first two calls with a retryable error
+    fake = ScriptedKinesis(2, errors={1: code, 2: code})
+    clock = ManualClock()
+    before = clock.monotonic()
+    # WHEN listed
+    listing = KinesisShardDetector("s", client=fake, clock=clock, backoff_base_s=0.2).list_shards()
+    # THEN the listing completes after exponential backoff (0.2 s + 0.4 s) measured on the manual clock
+    assert listing.complete and len(listing.shards) == 2 and len(fake.calls) == 3
+    assert clock.monotonic() - before == pytest.approx(0.6)
+
+
+def test_detector_gives_up_with_a_typed_error_after_max_attempts() -> None:
+    fake = ScriptedKinesis(2, errors=dict.fromkeys(range(1, 10), "LimitExceededException"))
+    with pytest.raises(ThrottledError):
+        KinesisShardDetector("s", client=fake, clock=ManualClock(), max_attempts=3).list_shards()
+    assert len(fake.calls) == 3
+
+
+@pytest.mark.parametrize(
+    ("code", "error"), [("ResourceNotFoundException", StreamMissingError), ("AccessDeniedException", DependencyError)]
+)
+def test_detector_translates_other_errors_without_retrying(code: str, error: type[Exception]) -> None:
+    fake = ScriptedKinesis(2, errors={1: code})
+    with pytest.raises(error):
+        KinesisShardDetector("s", client=fake, clock=ManualClock()).list_shards()
+    assert len(fake.calls) == 1
+
+
+def test_a_listing_that_fails_after_the_first_page_is_incomplete_not_shorter() -> None:
+    # GIVEN an endpoint that fails for good on the second page
+    fake = ScriptedKinesis(5, errors={2: "InternalFailure"})
+    # WHEN listed THEN the first page is returned, flagged incomplete
+    listing = KinesisShardDetector("s", client=fake, page_size=2, clock=ManualClock()).list_shards()
+    assert not listing.complete and len(listing.shards) == 2 and listing.pages == 1
+
+
+def test_an_expired_page_token_restarts_the_listing_once() -> None:
+    # GIVEN a token that expires between the first and second page
+    fake = ScriptedKinesis(5, errors={2: "ExpiredNextTokenException"})
+    # WHEN listed THEN the listing starts over and completes without duplicates
+    listing = KinesisShardDetector("s", client=fake, page_size=2, clock=ManualClock()).list_shards()
+    assert listing.complete and [s.shard_id for s in listing.shards] == [s["ShardId"] for s in fake.shards]
+    assert fake.calls[2] == {"StreamName": "s", "MaxResults": 2}
+    # AND a token that keeps expiring gives an incomplete listing, not an endless loop
+    always = ScriptedKinesis(5, errors={2: "ExpiredNextTokenException", 4: "ExpiredNextTokenException"})
+    assert not KinesisShardDetector("s", client=always, page_size=2, clock=ManualClock()).list_shards().complete
+
+
+# --- syncer on listings no emulator gives: partial answers -----------------------------------------------------
+
+
+class FixedDetector:
+    def __init__(self, shards: list[ShardInfo], *, complete: bool = True) -> None:
+        self.listing = ShardListing(shards=tuple(shards), complete=complete)
+
+    def list_shards(self) -> ShardListing:
+        return self.listing
+
+
+HALF = 2**127
+TWO_SHARDS = [
+    ShardInfo(shard_id="shardId-000000000000", ending_hash_key=str(HALF - 1)),
+    ShardInfo(shard_id="shardId-000000000001", starting_hash_key=str(HALF)),
+]
+
+
+def test_an_incomplete_listing_writes_nothing(store: DynamoDBLeaseStore) -> None:
+    # GIVEN an empty table and a listing flagged incomplete
+    syncer = ShardSyncer(store, FixedDetector(TWO_SHARDS, complete=False), config=sync_config(TH))
+    # WHEN synced THEN no lease is created and the result says why
+    result = syncer.sync_once()
+    assert result.created == () and not result.listing_complete and store.list_leases() == []
+
+
+def test_a_listing_with_a_hole_creates_nothing_and_never_condemns_unlisted_leases(
+    store: DynamoDBLeaseStore,
+) -> None:
+    # GIVEN a lease of a shard missing from a listing that also misses half the key space
+    assert store.create_lease_if_absent(Lease(lease_key="shardId-000000000001", checkpoint=Checkpoint(sequence="7")))
+    syncer = ShardSyncer(store, FixedDetector(TWO_SHARDS[:1]), config=sync_config(L))
+    # WHEN synced twice (two complete listings would otherwise delete an unknown shard's lease)
+    results = [syncer.sync_once(), syncer.sync_once()]
+    # THEN nothing is created or deleted, the hole is reported as skipped
+    assert all(r.created == () and r.deleted == () and r.unknown_pending == () for r in results)
+    assert "no open shard" in results[0].skipped[0]
+    assert [lease.lease_key for lease in store.list_leases()] == ["shardId-000000000001"]
+
+
+def test_each_created_and_deleted_lease_is_logged_with_its_reason(
+    store: DynamoDBLeaseStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a finished parent whose two children have started, and an empty slot for nothing else
+    parent = ShardInfo(shard_id="shardId-000000000000", ending_sequence_number="9")
+    children = [
+        ShardInfo(shard_id="shardId-000000000001", parent_shard_id=parent.shard_id, ending_hash_key=str(HALF - 1)),
+        ShardInfo(shard_id="shardId-000000000002", parent_shard_id=parent.shard_id, starting_hash_key=str(HALF)),
+    ]
+    assert store.create_lease_if_absent(Lease(lease_key=parent.shard_id, checkpoint=SHARD_END))
+    assert store.create_lease_if_absent(
+        Lease(
+            lease_key=children[0].shard_id,
+            checkpoint=Checkpoint(sequence="5"),
+            parent_shard_ids=frozenset({parent.shard_id}),
+        )
+    )
+    syncer = ShardSyncer(store, FixedDetector([parent, *children]), config=sync_config(L))
+    caplog.set_level(logging.INFO, logger="shardlease.shardsync")
+    # WHEN synced: the missing child lease is repaired
+    first = syncer.sync_once()
+    assert first.created == (children[1].shard_id,) and first.children_recorded == (parent.shard_id,)
+    # AND once that child has started, the parent is deleted
+    child = store.get_lease(children[1].shard_id)
+    assert child is not None
+    taken = store.assign_lease(child, "w")
+    assert taken is not None and store.checkpoint(taken, "w", Checkpoint(sequence="8")) is not None
+    second = syncer.sync_once()
+    assert second.deleted == (parent.shard_id,) and second.created == ()
+    # THEN one log line per write, each with its reason
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lease ")]
+    assert len(lines) == 2
+    assert lines[0].startswith(f"lease created lease={children[1].shard_id} checkpoint=TRIM_HORIZON reason=child of")
+    assert lines[1].startswith(f"lease deleted lease={parent.shard_id} reason=finished")
