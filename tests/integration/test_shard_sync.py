@@ -200,16 +200,48 @@ def test_cleanup_steps(kinesis: Any, store: DynamoDBLeaseStore) -> None:
     assert {lease.lease_key for lease in store.list_leases()} == {p2["ShardId"], c1, c2}
 
 
-def test_a_lease_of_a_vanished_shard_is_deleted_after_two_complete_listings(
-    kinesis: Any, store: DynamoDBLeaseStore
+@pytest.mark.parametrize("backend", ["moto", "kinesalite"])
+def test_a_lease_of_a_vanished_shard_is_deleted_once_the_service_confirms_it_is_gone(
+    backend: str, request: pytest.FixtureRequest, store: DynamoDBLeaseStore
 ) -> None:
+    # GIVEN a stream and, next to its shard's lease, an owned lease of a shard the stream does not have (trimmed)
+    endpoint = request.getfixturevalue(f"{backend}_endpoint")
+    kinesis = aws.client("kinesis", AwsConfig(endpoint_url=endpoint, max_attempts=2))
     stream = f"gone-{uuid.uuid4().hex[:8]}"
     create_stream(kinesis, stream, 1)
-    assert store.create_lease_if_absent(Lease(lease_key="shardId-999999999999", checkpoint=SHARD_END))
+    (real,) = (s["ShardId"] for s in list_all_shards(kinesis, stream))
+    gone = "shardId-999999999999"
+    assert store.create_lease_if_absent(Lease(lease_key=gone, lease_owner="w", checkpoint=Checkpoint(sequence="3")))
+    assert store.create_lease_if_absent(Lease(lease_key=real, lease_owner="w", checkpoint=Checkpoint(sequence="3")))
+    # WHEN a leader built afresh (as each Lambda invocation is) syncs once
     syncer = ShardSyncer(store, KinesisShardDetector(stream, client=kinesis), config=sync_config(L))
-    first = syncer.sync_once()
-    assert "shardId-999999999999" not in first.deleted and first.unknown_pending == ("shardId-999999999999",)
-    assert "shardId-999999999999" in syncer.sync_once().deleted
+    result = syncer.sync_once()
+    # THEN the unknown shard's lease is deleted (GetShardIterator: not found) and the real one is kept
+    assert result.deleted == (gone,) and result.unknown_pending == ()
+    assert [lease.lease_key for lease in store.list_leases()] == [real]
+
+
+@pytest.mark.parametrize("exists", [True, None], ids=["still-exists", "cannot-tell"])
+def test_an_unlisted_shard_that_is_not_confirmed_gone_keeps_its_lease(
+    store: DynamoDBLeaseStore, exists: bool | None
+) -> None:
+    # GIVEN a complete listing that misses a leased shard the service still knows (or cannot tell about)
+    assert store.create_lease_if_absent(Lease(lease_key="shardId-000000000009", checkpoint=Checkpoint(sequence="7")))
+    detector = FixedDetector(TWO_SHARDS, exists={"shardId-000000000009": exists})
+    syncer = ShardSyncer(store, detector, config=sync_config(L))
+    # WHEN synced twice THEN the lease is kept and reported pending each time
+    for _ in range(2):
+        result = syncer.sync_once()
+        assert result.deleted == () and result.unknown_pending == ("shardId-000000000009",)
+    assert detector.asked == ["shardId-000000000009"] * 2
+
+
+def test_unknown_shard_leases_are_kept_when_deletion_is_disabled(store: DynamoDBLeaseStore) -> None:
+    assert store.create_lease_if_absent(Lease(lease_key="shardId-000000000009", checkpoint=SHARD_END))
+    detector = FixedDetector(TWO_SHARDS, exists={"shardId-000000000009": False})
+    config = ShardSyncConfig(initial_position=L, delete_unknown_shard_leases=False)
+    result = ShardSyncer(store, detector, config=config).sync_once()
+    assert result.deleted == () and detector.asked == [] and store.get_lease("shardId-000000000009") is not None
 
 
 @pytest.mark.parametrize("backend", ["moto", "kinesalite"])
@@ -261,6 +293,13 @@ class ScriptedKinesis:
         ]
         self.errors = dict(errors or {})
         self.calls: list[dict[str, Any]] = []
+
+    def get_shard_iterator(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        code = self.errors.get(len(self.calls))
+        if code:
+            raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "scripted"}}, "GetShardIterator")
+        return {"ShardIterator": "it"}
 
     def list_shards(self, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(kwargs)
@@ -344,11 +383,19 @@ def test_an_expired_page_token_restarts_the_listing_once() -> None:
 
 
 class FixedDetector:
-    def __init__(self, shards: list[ShardInfo], *, complete: bool = True) -> None:
+    def __init__(
+        self, shards: list[ShardInfo], *, complete: bool = True, exists: dict[str, bool | None] | None = None
+    ) -> None:
         self.listing = ShardListing(shards=tuple(shards), complete=complete)
+        self.exists = exists or {}
+        self.asked: list[str] = []
 
     def list_shards(self) -> ShardListing:
         return self.listing
+
+    def shard_exists(self, shard_id: str) -> bool | None:
+        self.asked.append(shard_id)
+        return self.exists.get(shard_id, True)
 
 
 HALF = 2**127
@@ -414,3 +461,23 @@ def test_each_created_and_deleted_lease_is_logged_with_its_reason(
     assert len(lines) == 2
     assert lines[0].startswith(f"lease created lease={children[1].shard_id} checkpoint=TRIM_HORIZON reason=child of")
     assert lines[1].startswith(f"lease deleted lease={parent.shard_id} reason=finished")
+
+
+@pytest.mark.parametrize(
+    ("errors", "answer", "calls"),
+    [
+        ({}, True, 1),
+        ({1: "ResourceNotFoundException"}, False, 1),
+        ({1: "LimitExceededException", 2: "ProvisionedThroughputExceededException"}, True, 3),
+        ({1: "AccessDeniedException"}, None, 1),
+        (dict.fromkeys(range(1, 10), "LimitExceededException"), None, 6),
+    ],
+    ids=["exists", "not-found", "throttled-then-exists", "denied", "always-throttled"],
+)
+def test_shard_exists_asks_get_shard_iterator(errors: dict[int, str], answer: bool | None, calls: int) -> None:
+    # GIVEN scripted GetShardIterator answers WHEN asked about a shard THEN only "not found" means gone
+    fake = ScriptedKinesis(1, errors=errors)
+    detector = KinesisShardDetector("s", client=fake, clock=ManualClock(), max_attempts=6)
+    assert detector.shard_exists("shardId-000000000000") is answer
+    assert len(fake.calls) == calls
+    assert fake.calls[0] == {"StreamName": "s", "ShardId": "shardId-000000000000", "ShardIteratorType": "TRIM_HORIZON"}

@@ -39,7 +39,16 @@ class ShardListing:
 
 
 class ShardDetector(Protocol):
-    def list_shards(self) -> ShardListing: ...
+    def list_shards(self) -> ShardListing:
+        """Every shard of the stream; ``complete=False`` when the listing could not be finished."""
+        ...
+
+    def shard_exists(self, shard_id: str) -> bool | None:
+        """Whether the service still knows ``shard_id``: True, False (it says "not found"), None (could not tell).
+
+        Asked only for leases whose shard a complete listing did not return, before such a lease is deleted.
+        """
+        ...
 
 
 def shard_from_response(raw: dict[str, Any]) -> ShardInfo:
@@ -90,12 +99,37 @@ class KinesisShardDetector:
                 code = aws.error_code(exc)
                 if code not in _RETRY_CODES or attempt == self._max_attempts:
                     aws.raise_translated(exc, operation="kinesis ListShards", resource=self.stream)
-                delay = min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1))
+                delay = self._delay(attempt)
                 log.info("ListShards on %s: %s, retrying in %.1f s", self.stream, code, delay)
                 self._clock.sleep(delay)
             except botocore.exceptions.BotoCoreError as exc:
                 aws.raise_translated(exc, operation="kinesis ListShards", resource=self.stream)
         raise ThrottledError(f"kinesis ListShards on {self.stream}: gave up")  # pragma: no cover - loop returns
+
+    def shard_exists(self, shard_id: str) -> bool | None:
+        """GetShardIterator(TRIM_HORIZON) on the shard: ResourceNotFoundException means it is gone (trimmed after
+        its retention period, as KCL's lease cleanup checks); any other failure means "cannot tell"."""
+        kwargs = {"StreamName": self.stream, "ShardId": shard_id, "ShardIteratorType": "TRIM_HORIZON"}
+        for attempt in range(1, self._max_attempts + 1):
+            self.calls += 1
+            try:
+                self._client.get_shard_iterator(**kwargs)
+                return True
+            except botocore.exceptions.ClientError as exc:
+                code = aws.error_code(exc)
+                if code == "ResourceNotFoundException":
+                    return False
+                if code not in _RETRY_CODES or attempt == self._max_attempts:
+                    log.warning("cannot tell whether shard %s of %s exists: %s", shard_id, self.stream, code)
+                    return None
+                self._clock.sleep(self._delay(attempt))
+            except botocore.exceptions.BotoCoreError as exc:
+                log.warning("cannot tell whether shard %s of %s exists: %s", shard_id, self.stream, exc)
+                return None
+        return None  # pragma: no cover - the loop returns
+
+    def _delay(self, attempt: int) -> float:
+        return float(min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1)))
 
     def list_shards(self) -> ShardListing:
         """Every shard of the stream, page by page; ``complete=False`` when a later page could not be read.

@@ -2,8 +2,12 @@
 
 Leases are scanned *before* shards are listed: a lease can only exist for a shard that already existed, so every
 lease considered here had its shard in the listing unless the shard is really gone. (Listing first would let a
-child lease created by a worker in between look like a lease of an unknown shard.) An unknown-shard lease is
-deleted only when two consecutive complete listings missed it; an incomplete listing writes nothing at all.
+child lease created by a worker in between look like a lease of an unknown shard.) An incomplete listing writes
+nothing at all. A lease whose shard a complete listing (without hash-range holes) misses is deleted only when the
+detector confirms the shard is gone (``shard_exists`` is False: GetShardIterator answers ResourceNotFound, as KCL's
+lease cleanup checks); otherwise it is reported in ``unknown_pending`` and asked about again next sync. The
+confirmation needs no memory between syncs, so it works as well in a Lambda leader built afresh per invocation
+and in ``shardlease leader --once``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class ShardSyncResult:
     deleted: tuple[str, ...] = ()
     children_recorded: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()  # "shard: reason"
-    unknown_pending: tuple[str, ...] = ()  # unknown-shard leases seen once; deleted if missing again next sync
+    unknown_pending: tuple[str, ...] = ()  # leases whose shard is not listed but not confirmed gone: kept
     listing_complete: bool = True
     duration_ms: float = 0.0
 
@@ -48,7 +52,6 @@ class ShardSyncer:
         self._detector = detector
         self._config = config or ShardSyncConfig()
         self._clock = clock
-        self._unknown_seen: set[str] = set()
 
     def sync_once(self) -> ShardSyncResult:
         started = self._clock.monotonic()
@@ -96,11 +99,17 @@ class ShardSyncer:
         for lease in plan.to_delete:
             if self._delete(lease.lease_key, only_if_finished=True, reason=plan.reasons.get(lease.lease_key, "")):
                 deleted.append(lease.lease_key)
-        unknown_now = set(plan.unknown_shard_leases)
-        for key in sorted(unknown_now & self._unknown_seen):
-            if self._delete(key, only_if_finished=False, reason="shard no longer listed in two consecutive syncs"):
+        pending = []
+        for key in plan.unknown_shard_leases:
+            shard_id = key.rsplit(":", 1)[-1]
+            exists = self._detector.shard_exists(shard_id)
+            if exists is False and self._delete(
+                key, only_if_finished=False, reason="shard no longer listed and the service reports it not found"
+            ):
                 deleted.append(key)
-        self._unknown_seen = unknown_now - set(deleted)
+            elif exists is not False:
+                log.info("lease %s: shard not listed but %s; kept", key, "still exists" if exists else "unconfirmed")
+                pending.append(key)
 
         return ShardSyncResult(
             shards_seen=len(listing.shards),
@@ -110,7 +119,7 @@ class ShardSyncer:
             deleted=tuple(deleted),
             children_recorded=tuple(recorded),
             skipped=tuple(f"{s.shard_id}: {s.reason}" for s in plan.skipped),
-            unknown_pending=tuple(sorted(self._unknown_seen)),
+            unknown_pending=tuple(pending),
             listing_complete=True,
             duration_ms=self._elapsed_ms(started),
         )
