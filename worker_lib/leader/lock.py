@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import boto3
+import botocore.exceptions
 
 from .. import aws
 from ..clock import SYSTEM_CLOCK, Clock, wall_millis
 from ..config import AwsConfig, LeaderLockConfig
 from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
+
+if TYPE_CHECKING:
+    import boto3
 
 log = logging.getLogger("shardlease.leader.lock")
 
@@ -41,6 +44,8 @@ VERSION = "recordVersionNumber"
 RELEASED = "isReleased"
 EXPIRES = "expiresAtMillis"
 UPDATED = "lastUpdatedMillis"
+
+_BOTO_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
 
 
 @runtime_checkable
@@ -83,11 +88,14 @@ class DynamoDBLeaderLock:
         self.owner = owner
         self.table_name = coordinator_state_table_name(app)
         self._config = config or LeaderLockConfig()
-        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._client = (
+            client if client is not None else aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        )
         self._clock = clock
         self._version: str | None = None  # the recordVersionNumber of our last successful write
         self._sent_at: float | None = None  # monotonic send time of that write
         self._watched: tuple[str, float] | None = None  # (version, first seen) for KCL-format items
+        self._skew_warned = False
 
     # --- reading --------------------------------------------------------------------------------------------
 
@@ -104,6 +112,31 @@ class DynamoDBLeaderLock:
         value = item.get(name, {})
         return str(value["S"]) if "S" in value else None
 
+    @staticmethod
+    def _n(item: dict[str, Any], name: str) -> int | None:
+        try:
+            return int(item.get(name, {})["N"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _check_skew(self, item: dict[str, Any]) -> None:
+        """Warn (once) when the item was stamped ahead of our wall clock by more than the skew bound: the writer's
+        clock or ours is off, and the bound the lock relies on does not hold."""
+        updated = self._n(item, UPDATED)
+        if updated is None or self._skew_warned:
+            return
+        ahead_ms = updated - wall_millis(self._clock)
+        if ahead_ms > self._config.max_clock_skew_ms:
+            self._skew_warned = True
+            log.warning(
+                "leader lock item written %d ms ahead of this host's wall clock (bound %d ms): check NTP / "
+                "Amazon Time Sync on owner=%s and writer=%s",
+                ahead_ms,
+                self._config.max_clock_skew_ms,
+                self.owner,
+                self._s(item, OWNER),
+            )
+
     def _duration_ms(self, item: dict[str, Any]) -> int:
         raw = self._s(item, DURATION) or item.get(DURATION, {}).get("N")
         try:
@@ -114,12 +147,10 @@ class DynamoDBLeaderLock:
     def _expired(self, item: dict[str, Any]) -> bool:
         if item.get(RELEASED, {}).get("BOOL") is True:
             return True
-        expires = item.get(EXPIRES, {}).get("N")
+        expires = self._n(item, EXPIRES)
         if expires is not None:
-            try:
-                return wall_millis(self._clock) > int(expires) + self._config.max_clock_skew_ms
-            except ValueError:
-                pass  # unreadable expiry: fall back to watching the version
+            return wall_millis(self._clock) > expires + self._config.max_clock_skew_ms
+        # A KCL-written item (or an unreadable expiry): KCL's rule, on our own monotonic clock.
         version = self._s(item, VERSION) or ""
         now = self._clock.monotonic()
         if self._watched is None or self._watched[0] != version:
@@ -133,11 +164,13 @@ class DynamoDBLeaderLock:
         return self._clock.monotonic() < self._sent_at + validity_s
 
     def current_leader(self) -> str | None:
+        """The owner of the lock item unless it is released or past its written expiry (+ skew); one read. A KCL
+        item (no expiry written) is reported as held: only watching its version over time could tell otherwise."""
         item = self._read()
         if item is None or item.get(RELEASED, {}).get("BOOL") is True:
             return None
-        expires = item.get(EXPIRES, {}).get("N")
-        if expires is not None and wall_millis(self._clock) > int(expires) + self._config.max_clock_skew_ms:
+        expires = self._n(item, EXPIRES)
+        if expires is not None and wall_millis(self._clock) > expires + self._config.max_clock_skew_ms:
             return None
         return self._s(item, OWNER)
 
@@ -177,28 +210,39 @@ class DynamoDBLeaderLock:
         item = self._read()
         kwargs: dict[str, Any]
         if item is None:
+            self._lost("lock item deleted")
             kwargs = {
                 "ConditionExpression": "attribute_not_exists(#k)",
                 "ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY},
             }
         else:
-            ours = self._version is not None and self._s(item, VERSION) == self._version
-            if not ours and not self._expired(item):
-                return False
-            kwargs = {
-                "ConditionExpression": "#v = :observed",
-                "ExpressionAttributeNames": {"#v": VERSION},
-                "ExpressionAttributeValues": {":observed": {"S": self._s(item, VERSION) or ""}},
-            }
+            self._check_skew(item)
+            observed = self._s(item, VERSION)
+            ours = self._version is not None and observed == self._version
+            if not ours:
+                self._lost(f"taken over by {self._s(item, OWNER)}")
+                if not self._expired(item):
+                    return False
+            if observed is None:  # a malformed item: whoever replaces it first wins
+                kwargs = {
+                    "ConditionExpression": "attribute_exists(#k) AND attribute_not_exists(#v)",
+                    "ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY, "#v": VERSION},
+                }
+            else:
+                kwargs = {
+                    "ConditionExpression": "#v = :observed",
+                    "ExpressionAttributeNames": {"#v": VERSION},
+                    "ExpressionAttributeValues": {":observed": {"S": observed}},
+                }
         version = str(uuid.uuid4())
         sent = self._clock.monotonic()
         try:
             self._client.put_item(TableName=self.table_name, Item=self._new_item(version), **kwargs)
-        except Exception as exc:
+        except _BOTO_ERRORS as exc:
             if not aws.is_conditional_check_failed(exc):
                 aws.raise_translated(exc, operation="dynamodb PutItem (leader lock)", resource=self.table_name)
             if not self._applied(version):
-                return self._lost("another contender won") if self._version else False
+                return self._lost("another contender won")
         previous = self._s(item, OWNER) if item else None
         return self._won(version, sent, f"acquired (previous holder {previous or 'none'})")
 
@@ -207,9 +251,10 @@ class DynamoDBLeaderLock:
         while True:
             if self.try_acquire():
                 return True
-            if self._clock.monotonic() >= deadline:
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
                 return False
-            self._clock.sleep(self._config.poll_interval_ms / 1000)
+            self._clock.sleep(min(self._config.poll_interval_ms / 1000, remaining))
 
     def _update_own(self, *, release: bool) -> bool:
         if self._version is None:
@@ -242,7 +287,7 @@ class DynamoDBLeaderLock:
                     ":mine": {"S": self._version},
                 },
             )
-        except Exception as exc:
+        except _BOTO_ERRORS as exc:
             if not aws.is_conditional_check_failed(exc):
                 aws.raise_translated(exc, operation="dynamodb UpdateItem (leader lock)", resource=self.table_name)
             if not self._applied(version):

@@ -1,16 +1,19 @@
 """``<app>-CoordinatorState``: small items keyed by ``key`` (KCL: the ``Leader`` lock, ``Migration3.0``; ours: the
-published lease cap). Every write is conditional; losing a condition is ``False``, not an exception.
+published lease cap). Generic on purpose: any leader state fits. Every write is conditional; losing a condition is
+``False``, not an exception; any other botocore error becomes one of :mod:`worker_lib.errors`.
 
-Values are plain Python (str, int, float, bool, None, lists, dicts); numbers come back as ``int`` or ``float``.
+Values are plain Python (str, int, float, bool, None, lists/tuples, dicts, sets); numbers come back as ``int`` or
+``float``, sets as lists. In ``expected`` mappings, ``None`` means "the attribute is absent".
 """
 
 from __future__ import annotations
 
 import decimal
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
+import botocore.exceptions
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from .. import aws
@@ -18,12 +21,17 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import AwsConfig
 from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
 
+if TYPE_CHECKING:
+    import boto3
+
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
 
 
 def _to_dynamo(value: Any) -> dict[str, Any]:
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"DynamoDB cannot store the number {value!r}")
         value = decimal.Decimal(repr(value))
     elif isinstance(value, Mapping):
         return {"M": {k: _to_dynamo(v) for k, v in value.items()}}
@@ -43,6 +51,7 @@ def _plain(value: Any) -> Any:
 
 
 def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A low-level DynamoDB item as plain Python values."""
     return {name: _plain(_DESERIALIZER.deserialize(value)) for name, value in item.items()}
 
 
@@ -57,7 +66,9 @@ class CoordinatorStateStore:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.table_name = coordinator_state_table_name(app)
-        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._client = (
+            client if client is not None else aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        )
         self._clock = clock
 
     def get(self, key: str) -> dict[str, Any] | None:
@@ -70,6 +81,7 @@ class CoordinatorStateStore:
         return from_item(item) if item else None
 
     def put_if_absent(self, key: str, attrs: Mapping[str, Any]) -> bool:
+        """Create the item ``key`` with ``attrs``; False if an item with that key already exists."""
         item = {name: _to_dynamo(value) for name, value in attrs.items()}
         item[CoordinatorAttr.KEY] = {"S": key}
         return self._conditional(
@@ -82,7 +94,12 @@ class CoordinatorStateStore:
         )
 
     def update_if(self, key: str, attrs: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
-        """Set ``attrs`` (``None`` removes) if every ``expected`` attribute has the given value (``None``: absent)."""
+        """Set ``attrs`` (``None`` removes) if the item exists and every ``expected`` attribute has the given value
+        (``None``: absent). False if the item is missing or a condition does not hold."""
+        if not attrs:
+            raise ValueError("update_if needs at least one attribute to write")
+        if CoordinatorAttr.KEY in attrs:
+            raise ValueError(f"the key attribute {CoordinatorAttr.KEY!r} cannot be updated")
         names: dict[str, str] = {"#k": CoordinatorAttr.KEY}
         values: dict[str, Any] = {}
         sets, removes, conditions = [], [], ["attribute_exists(#k)"]
@@ -117,13 +134,17 @@ class CoordinatorStateStore:
         return self._conditional("UpdateItem", self._client.update_item, **kwargs)
 
     def delete_if(self, key: str, expected: Mapping[str, Any]) -> bool:
+        """Delete the item if it exists and every ``expected`` attribute has the given value (``None``: absent)."""
         names: dict[str, str] = {"#k": CoordinatorAttr.KEY}
         values: dict[str, Any] = {}
         conditions = ["attribute_exists(#k)"]
         for i, (name, value) in enumerate(expected.items()):
             names[f"#e{i}"] = name
-            values[f":e{i}"] = _to_dynamo(value)
-            conditions.append(f"#e{i} = :e{i}")
+            if value is None:
+                conditions.append(f"attribute_not_exists(#e{i})")
+            else:
+                values[f":e{i}"] = _to_dynamo(value)
+                conditions.append(f"#e{i} = :e{i}")
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "Key": {CoordinatorAttr.KEY: {"S": key}},
@@ -137,7 +158,7 @@ class CoordinatorStateStore:
     def _conditional(self, operation: str, call: Any, **kwargs: Any) -> bool:
         try:
             call(**kwargs)
-        except Exception as exc:
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
                 return False
             aws.raise_translated(exc, operation=f"dynamodb {operation}", resource=self.table_name)

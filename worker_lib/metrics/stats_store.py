@@ -1,88 +1,33 @@
-"""``<app>-WorkerMetricStats`` in KCL 3.x's format (reference §2): ``wid`` (S), ``lut`` (N, epoch seconds),
-``sts`` (M: metric → list of N, newest last), ``opr`` (M: metric → list of N, first = max utilisation).
+"""``<app>-WorkerMetricStats`` in KCL 3.x's format (reference §2; item conversion in :mod:`.stats_serializer`).
 
-Workers write their item unconditionally (as KCL does); the leader scans all items and deletes stale ones
-conditionally on the ``lut`` it saw. Items of another ``entityType`` and corrupt items are skipped with one log
-line naming only their key.
+Workers write their item unconditionally, as KCL does (each worker owns exactly one item). The leader scans all
+items and deletes stale ones conditionally on the ``lut`` it saw, so a worker that came back in between keeps its
+entry. Items of another ``entityType`` are skipped silently; corrupt items are skipped with one log line naming
+only their key and the faulty attribute, never a payload.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
+import botocore.exceptions
 
 from .. import aws
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import AwsConfig
 from ..errors import CorruptItemError
 from ..models import WorkerMetricStats
-from ..tables.schema import WORKER_METRICS_ENTITY_TYPE, WorkerMetricsAttr, worker_metrics_table_name
+from ..tables.schema import WorkerMetricsAttr, worker_metrics_table_name
+from .stats_serializer import from_item, is_foreign, key_of, number, to_item
+
+if TYPE_CHECKING:
+    import boto3
+
+__all__ = ["WorkerMetricsStore", "from_item", "is_foreign", "to_item"]
 
 log = logging.getLogger("shardlease.metrics.store")
 A = WorkerMetricsAttr
-
-
-def _number(value: float) -> dict[str, str]:
-    text = repr(float(value))
-    return {"N": text[:-2] if text.endswith(".0") else text}
-
-
-def _metric_map(values: Mapping[str, tuple[float, ...]]) -> dict[str, Any]:
-    return {"M": {name: {"L": [_number(v) for v in series]} for name, series in values.items()}}
-
-
-def to_item(stats: WorkerMetricStats) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        A.WORKER_ID: {"S": stats.worker_id},
-        A.LAST_UPDATE: {"N": str(int(stats.last_update_epoch_s))},
-        A.STATS: _metric_map(stats.stats),
-        A.OPERATING_RANGE: _metric_map(stats.operating_range),
-    }
-    if stats.entity_type is not None:
-        item[A.ENTITY_TYPE] = {"S": stats.entity_type}
-    return item
-
-
-def is_foreign(item: Mapping[str, Any]) -> bool:
-    entity = item.get(A.ENTITY_TYPE, {}).get("S")
-    return entity is not None and entity != WORKER_METRICS_ENTITY_TYPE
-
-
-def _read_map(item: Mapping[str, Any], attr: str, key: str) -> dict[str, tuple[float, ...]]:
-    raw = item.get(attr)
-    if raw is None:
-        return {}
-    if "M" not in raw:
-        raise CorruptItemError(key, f"{attr} is not a map")
-    out: dict[str, tuple[float, ...]] = {}
-    for name, series in raw["M"].items():
-        if "L" not in series:
-            raise CorruptItemError(key, f"{attr}.{name} is not a list")
-        try:
-            out[name] = tuple(float(v["N"]) for v in series["L"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptItemError(key, f"{attr}.{name} holds a non-number") from exc
-    return out
-
-
-def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
-    key = str(item.get(A.WORKER_ID, {}).get("S", "?"))
-    if A.WORKER_ID not in item or "S" not in item[A.WORKER_ID]:
-        raise CorruptItemError(key, "no wid")
-    try:
-        lut = int(float(item[A.LAST_UPDATE]["N"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptItemError(key, "lut missing or not a number") from exc
-    return WorkerMetricStats(
-        worker_id=key,
-        last_update_epoch_s=lut,
-        stats=_read_map(item, A.STATS, key),
-        operating_range=_read_map(item, A.OPERATING_RANGE, key),
-        entity_type=item.get(A.ENTITY_TYPE, {}).get("S"),
-    )
 
 
 class WorkerMetricsStore:
@@ -98,14 +43,19 @@ class WorkerMetricsStore:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.table_name = worker_metrics_table_name(app)
-        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._client = (
+            client if client is not None else aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        )
         self._clock = clock
 
     def put(self, stats: WorkerMetricStats) -> None:
+        """Write (replace) this worker's item, unconditionally as KCL does."""
+        item = to_item(stats)
         with aws.translated("dynamodb PutItem", self.table_name):
-            self._client.put_item(TableName=self.table_name, Item=to_item(stats))
+            self._client.put_item(TableName=self.table_name, Item=item)
 
     def get(self, worker_id: str) -> WorkerMetricStats | None:
+        """One worker's entry (strongly consistent), or ``None`` if absent, foreign or corrupt."""
         with aws.translated("dynamodb GetItem", self.table_name):
             response = self._client.get_item(
                 TableName=self.table_name, Key={A.WORKER_ID: {"S": worker_id}}, ConsistentRead=True
@@ -116,10 +66,13 @@ class WorkerMetricsStore:
         try:
             return from_item(item)
         except CorruptItemError as exc:
-            log.warning("skipping corrupt worker-metrics item wid=%s: %s", worker_id, exc)
+            log.warning(
+                "skipping corrupt worker-metrics item table=%s wid=%s: %s", self.table_name, worker_id, exc.reason
+            )
             return None
 
     def list_all(self) -> list[WorkerMetricStats]:
+        """Every worker's entry (all scan pages), skipping foreign and corrupt items."""
         out: list[WorkerMetricStats] = []
         kwargs: dict[str, Any] = {"TableName": self.table_name}
         while True:
@@ -131,23 +84,28 @@ class WorkerMetricsStore:
                 try:
                     out.append(from_item(item))
                 except CorruptItemError as exc:
-                    log.warning("skipping corrupt worker-metrics item: %s", exc)
+                    log.warning(
+                        "skipping corrupt worker-metrics item table=%s wid=%s: %s",
+                        self.table_name,
+                        key_of(item),
+                        exc.reason,
+                    )
             last = response.get("LastEvaluatedKey")
             if not last:
                 return out
             kwargs["ExclusiveStartKey"] = last
 
     def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool:
-        """Delete a stale entry only if its ``lut`` is still the one seen (a revived worker keeps its entry)."""
+        """Delete a stale entry only if its ``lut`` is still the one seen; False if it changed or is gone."""
         try:
             self._client.delete_item(
                 TableName=self.table_name,
                 Key={A.WORKER_ID: {"S": worker_id}},
                 ConditionExpression="#lut = :seen",
                 ExpressionAttributeNames={"#lut": A.LAST_UPDATE},
-                ExpressionAttributeValues={":seen": {"N": str(int(last_update_epoch_s))}},
+                ExpressionAttributeValues={":seen": number(int(last_update_epoch_s))},
             )
-        except Exception as exc:
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
                 return False
             aws.raise_translated(exc, operation="dynamodb DeleteItem", resource=self.table_name)

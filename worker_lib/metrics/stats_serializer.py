@@ -1,0 +1,123 @@
+"""``<app>-WorkerMetricStats`` items <-> :class:`~worker_lib.models.WorkerMetricStats`, as pure functions.
+
+The item format is KCL 3.x's (reference §2): ``wid`` (S), ``lut`` (N, epoch seconds), ``sts`` (M: metric → L of N,
+newest last, −1 = a window without samples), ``opr`` (M: metric → L of N, first = maximum utilisation), and, from
+KCL 3.5 on, ``entityType`` (S). Items use DynamoDB's low-level attribute-value shapes (``{"S": ...}``), as the
+stores' clients send and receive them.
+
+Reading is strict about shapes and lenient about extras: an attribute we do not know is ignored, a known
+attribute of the wrong shape makes the item corrupt (:class:`~worker_lib.errors.CorruptItemError`, whose message
+names the key and the attribute, never a value). Writing refuses values DynamoDB cannot store (NaN, infinities).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import CorruptItemError
+from ..models import WorkerMetricStats
+from ..tables.schema import WORKER_METRICS_ENTITY_TYPE, WorkerMetricsAttr
+
+A = WorkerMetricsAttr
+Item = dict[str, Any]
+
+__all__ = ["from_item", "is_foreign", "key_of", "number", "to_item"]
+
+
+def number(value: float) -> dict[str, str]:
+    """A DynamoDB ``N`` for a finite number, written as KCL writes it (``40.5``, ``55``, ``-1``)."""
+    as_float = float(value)
+    if not math.isfinite(as_float):
+        raise ValueError(f"worker metrics cannot store the non-finite number {value!r}")
+    if as_float.is_integer():
+        return {"N": str(int(as_float))}
+    return {"N": repr(as_float)}
+
+
+def _metric_map(values: Mapping[str, tuple[float, ...]]) -> dict[str, Any]:
+    return {"M": {str(name): {"L": [number(v) for v in series]} for name, series in values.items()}}
+
+
+def to_item(stats: WorkerMetricStats) -> Item:
+    """The item a worker writes (unconditionally) for ``stats``."""
+    if not stats.worker_id:
+        raise ValueError("a worker-metrics item needs a worker id")
+    item: Item = {
+        A.WORKER_ID: {"S": stats.worker_id},
+        A.LAST_UPDATE: number(int(stats.last_update_epoch_s)),
+        A.STATS: _metric_map(stats.stats),
+        A.OPERATING_RANGE: _metric_map(stats.operating_range),
+    }
+    if stats.entity_type is not None:
+        item[A.ENTITY_TYPE] = {"S": stats.entity_type}
+    return item
+
+
+def key_of(item: Mapping[str, Any]) -> str:
+    """The item's ``wid`` for log lines ("?" when it has none)."""
+    raw = item.get(A.WORKER_ID)
+    if isinstance(raw, Mapping) and isinstance(raw.get("S"), str):
+        return str(raw["S"])
+    return "?"
+
+
+def _entity_type(item: Mapping[str, Any]) -> str | None:
+    raw = item.get(A.ENTITY_TYPE)
+    if isinstance(raw, Mapping) and isinstance(raw.get("S"), str):
+        return str(raw["S"])
+    return None
+
+
+def is_foreign(item: Mapping[str, Any]) -> bool:
+    """True for an item of another entity (KCL 3.5 single-table mode): readers skip it silently."""
+    entity = _entity_type(item)
+    return entity is not None and entity != WORKER_METRICS_ENTITY_TYPE
+
+
+def _finite(raw: Any) -> float:
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("N"), str):
+        raise ValueError("not a number")
+    value = float(raw["N"])
+    if not math.isfinite(value):
+        raise ValueError("not finite")
+    return value
+
+
+def _read_map(item: Mapping[str, Any], attr: str, key: str) -> dict[str, tuple[float, ...]]:
+    raw = item.get(attr)
+    if raw is None or (isinstance(raw, Mapping) and raw.get("NULL") is True):
+        return {}
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("M"), Mapping):
+        raise CorruptItemError(key, f"{attr} is not a map")
+    out: dict[str, tuple[float, ...]] = {}
+    for name, series in raw["M"].items():
+        if not isinstance(series, Mapping) or not isinstance(series.get("L"), list):
+            raise CorruptItemError(key, f"{attr}.{name} is not a list")
+        try:
+            out[str(name)] = tuple(_finite(v) for v in series["L"])
+        except ValueError as exc:
+            raise CorruptItemError(key, f"{attr}.{name} holds a non-number") from exc
+    return out
+
+
+def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
+    """The model for one item; :class:`CorruptItemError` if it is not a worker-metrics item.
+
+    Callers skip :func:`is_foreign` items first (this function reads the ``entityType`` through unchanged).
+    """
+    key = key_of(item)
+    if key == "?" or not key:
+        raise CorruptItemError(key, f"no {A.WORKER_ID}")
+    try:
+        lut = _finite(item.get(A.LAST_UPDATE))
+    except ValueError as exc:
+        raise CorruptItemError(key, f"{A.LAST_UPDATE} missing or not a number") from exc
+    return WorkerMetricStats(
+        worker_id=key,
+        last_update_epoch_s=int(lut),
+        stats=_read_map(item, A.STATS, key),
+        operating_range=_read_map(item, A.OPERATING_RANGE, key),
+        entity_type=_entity_type(item),
+    )
