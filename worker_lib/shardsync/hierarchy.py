@@ -14,11 +14,12 @@ Three decisions per sync:
   as incomplete (it missed shards).
 * **repair** — a finished (SHARD_END) lease whose children have no lease: create each child lease (TRIM_HORIZON,
   parents set) once *every* parent of that child has a lease — what the worker does at SHARD_END, done again by
-  the leader in case that worker died in between. Also records missing ``childShardIds`` on finished leases.
+  the leader in case that worker died in between; repeated to a fixed point, since a child repaired for one
+  finished lease can complete the parents of another's merge child. Also records missing ``childShardIds``.
 * **cleanup** — a finished lease is deleted once every child lease exists with a real checkpoint (the child has
   started: not TRIM_HORIZON / LATEST / AT_TIMESTAMP) and none of its own parents still has a lease; a lease of a
-  shard the listing no longer contains is deleted only when the listing is complete (the caller adds a second
-  confirmation across syncs).
+  shard the listing no longer contains is reported only when the listing is complete and has no holes (the caller
+  deletes it once the service confirms the shard is gone).
 """
 
 from __future__ import annotations
