@@ -246,8 +246,8 @@ def test_a_merge_child_is_created_only_once_both_parents_have_leases() -> None:
 
 
 def test_repair_reaches_a_merge_child_whose_partner_is_repaired_in_the_same_sync() -> None:
-    # GIVEN s0 split into s2, s3 which merged again into s4; s0 and s2 finished, the worker of s0 died before
-    # creating s3's lease
+    # GIVEN s0 split into s1, s2 which merged again into s3; s0 and s1 finished, the worker of s0 died before
+    # creating s2's lease
     stream = Resharder(1)
     assert stream.split("s0") == ("s1", "s2")
     assert stream.merge("s1", "s2") == "s3"
@@ -287,18 +287,42 @@ def test_a_trimmed_merge_partner_does_not_hold_the_child_back() -> None:
 def test_cleanup_deletes_a_finished_parent_only_when_children_started_and_own_parents_are_gone(
     children: dict[str, Checkpoint], parent_parents: tuple[str, ...], deleted: bool
 ) -> None:
+    # GIVEN finished s0 (split into s1, s2) with the given child leases and own parents
     parent = Lease(lease_key="s0", checkpoint=SHARD_END, parent_shard_ids=frozenset(parent_parents))
     leases = [parent, *(Lease(lease_key=k, checkpoint=c) for k, c in children.items())]
     leases += [Lease(lease_key=p, checkpoint=SHARD_END) for p in parent_parents]
+    # WHEN planned
     plan = plan_sync(SPLIT, leases, L)
+    # THEN s0 is deleted exactly when both children have started and no parent of s0 has a lease
+    assert ("s0" in {lease.lease_key for lease in plan.to_delete}) is deleted
+    # AND never with cleanup disabled
+    assert plan_sync(SPLIT, leases, L, cleanup=False).to_delete == ()
+
+
+@pytest.mark.parametrize(("child_checkpoint", "deleted"), [(None, False), (TRIM_HORIZON, False), (SHARD_END, True)])
+def test_children_recorded_on_the_lease_count_even_when_the_listing_no_longer_shows_them(
+    child_checkpoint: Checkpoint | None, deleted: bool
+) -> None:
+    # GIVEN a finished lease whose recorded child s9 the listing does not relate to it
+    parent = Lease(lease_key="s0", checkpoint=SHARD_END, child_shard_ids=frozenset({"s9"}))
+    leases = [parent] + ([Lease(lease_key="s9", checkpoint=child_checkpoint)] if child_checkpoint else [])
+    listing = [shard(0, closed=True), shard(9)]
+    # WHEN planned THEN the parent goes only once s9 has a lease with a real checkpoint
+    plan = plan_sync(listing, leases, L)
     assert ("s0" in {lease.lease_key for lease in plan.to_delete}) is deleted
 
 
 def test_leases_of_unknown_shards_are_reported_only_with_a_complete_listing() -> None:
+    # GIVEN a lease of a shard the listing does not contain
     leases = [Lease(lease_key="gone", checkpoint=SHARD_END), Lease(lease_key="s1")]
+    # THEN it is reported for deletion (after confirmation by the caller) only when the listing is complete and
+    # deleting unknown-shard leases is enabled
     assert plan_sync(SPLIT, leases, L).unknown_shard_leases == ("gone",)
     assert plan_sync(SPLIT, leases, L, listing_complete=False).unknown_shard_leases == ()
     assert plan_sync(SPLIT, leases, L, delete_unknown=False).unknown_shard_leases == ()
+    # AND a multi-stream lease key is judged by its shard id
+    multi = [Lease(lease_key="123:orders:1700000000:s1"), Lease(lease_key="123:orders:1700000000:s7")]
+    assert plan_sync(SPLIT, multi, L).unknown_shard_leases == ("123:orders:1700000000:s7",)
 
 
 # --- properties over random split/merge histories --------------------------------------------------------------
