@@ -126,18 +126,27 @@ def test_sigkill_of_a_worker_loses_no_record(setup: dict[str, Any], tmp_path: Pa
         group.signal("w2", signal.SIGTERM)
         assert group.wait("w2", timeout_s=30) == 0
     records = processed(s["journal"])
-    # AND duplicates are only records w1 processed but had not checkpointed when it died
+    events = [line.split() for line in s["journal"].read_text().splitlines()]
+    lost = {(int(e[0]), e[1]) for e in events if len(e) >= 3 and e[2] == "LOST"}
+    # AND a record is processed twice only after an ownership change before its checkpoint landed: its first
+    # processor was killed (w1) or lost that shard's lease (a renewal late under load; the fenced checkpoint failed)
     counts = Counter(r[4] for r in records)
-    duplicates = {data for data, n in counts.items() if n > 1}
-    first_by: dict[str, int] = {}
-    for pid, _, _, _, data in records:
-        first_by.setdefault(data, pid)
-    assert all(first_by[d] == w1_pid for d in duplicates)
-    # AND per shard, each owner saw its records in sequence order
-    for pid in (w1_pid, w2_pid):
-        for shard in {r[1] for r in records}:
-            seqs = [int(r[2]) for r in records if r[0] == pid and r[1] == shard]
-            assert seqs == sorted(seqs)
+    first: dict[str, tuple[int, str]] = {}
+    for pid, shard, _, _, data in records:
+        first.setdefault(data, (pid, shard))
+    for data, n in counts.items():
+        if n > 1:
+            pid, shard = first[data]
+            assert pid == w1_pid or (pid, shard) in lost, (data, pid, shard)
+    # AND within each ownership session (from one INIT to the next, per process and shard) order is kept
+    last_seq: dict[tuple[int, str], int] = {}
+    for e in events:
+        key = (int(e[0]), e[1])
+        if len(e) >= 3 and e[2] == "INIT":
+            last_seq.pop(key, None)
+        elif len(e) == 5 and e[2].isdigit():
+            assert int(e[2]) > last_seq.get(key, -1), e
+            last_seq[key] = int(e[2])
     # AND failover took at most: leader lock takeover (3.5 s) + lease expiry (3 s) + a few cycles
     assert failover_s < 15, failover_s
 
