@@ -1,0 +1,106 @@
+"""The README's first command, shortened: `shardlease demo` runs the whole fleet and reports nothing lost; Ctrl-C
+stops everything it started and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry includes ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        children = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= children
+        frontier = children
+    return found
+
+
+def is_running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def temp_dirs() -> set[str]:
+    return {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("shardlease-demo-*")}
+
+
+@pytest.mark.slow
+def test_the_demo_runs_the_fleet_and_loses_nothing() -> None:
+    # WHEN the demo runs a shortened scenario (kill, add, split, merge) in a non-terminal
+    result = subprocess.run(
+        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "40", "--workers", "2", "--shards", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    out = result.stdout
+    # THEN it exits 0 with a report proving nothing was lost
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    produced = int(re.search(r"records produced\s+(\d+)", out).group(1))  # type: ignore[union-attr]
+    processed = int(re.search(r"records processed\s+(\d+) distinct", out).group(1))  # type: ignore[union-attr]
+    assert produced > 1000 and processed == produced and "none lost" in out
+    # AND the scripted events happened, the leader ran through the Lambda handler, and failover was measured
+    for event in ("kill -9 demo-w1", "started worker demo-w3", "split hot shard", "merged cold shards"):
+        assert event in out, event
+    assert "leader ran as: Lambda handler" in out
+    assert re.search(r"failover\s+demo-w1: its shards resumed on other workers after [\d.]+ s", out)
+    assert "Traceback" not in out + result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_the_demo_started() -> None:
+    # GIVEN a running demo
+    before = temp_dirs()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(descendants(process.pid)) < 4:  # emulators + workers
+            time.sleep(0.5)
+        started = descendants(process.pid)
+        assert len(started) >= 4
+        time.sleep(3)
+        # WHEN the user presses Ctrl-C
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        # THEN it exits 130 with one line, every process it started is gone, and its temporary files too
+        assert process.returncode == 130, err
+        assert "interrupted" in err and "Traceback" not in err
+        assert {pid for pid in started if is_running(pid)} == set()
+        assert temp_dirs() <= before
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
