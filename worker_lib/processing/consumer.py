@@ -28,7 +28,8 @@ from ..config import ConsumerConfig, ProcessorFailurePolicy
 from ..errors import DependencyError
 from ..leases.renewer import LeaseHolder
 from ..leases.store import LeaseStore
-from ..models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
+from ..models import SHARD_END, Checkpoint, Lease, ShardInfo
+from ..shardsync.children import ensure_child_leases
 from .config import RetrievalConfig
 from .processor import (
     InitializationInput,
@@ -336,36 +337,10 @@ class ShardConsumer:
     # --- SHARD_END ------------------------------------------------------------------------------------------
 
     def _child_leases_ready(self, children: Sequence[str]) -> bool:
-        """Create missing child leases (TRIM_HORIZON, parents set). For a merge child both parents' leases must
-        be present (KCL's rule): if the partner's lease is missing, shard sync must create it first."""
         if not children:
             return True
         shards = {shard.shard_id: shard for shard in self._list_shards()}
-        for child_id in children:
-            if self._store.get_lease(child_id) is not None:
-                continue
-            shard = shards.get(child_id)
-            if shard is None:
-                log.warning("child shard %s of %s is not listed yet; retrying", child_id, self.lease_key)
-                return False
-            # (a partner no longer listed was trimmed: it will never have a lease and does not hold the child back)
-            partners = [p for p in shard.parent_ids if p != self.lease_key and p in shards]
-            if any(self._store.get_lease(p) is None for p in partners):
-                log.warning(
-                    "merge child %s: partner lease %s missing; waiting for shard sync", child_id, ",".join(partners)
-                )
-                return False
-            created = self._store.create_lease_if_absent(
-                Lease(
-                    lease_key=child_id,
-                    checkpoint=TRIM_HORIZON,
-                    parent_shard_ids=frozenset(shard.parent_ids),
-                    starting_hash_key=shard.starting_hash_key,
-                    ending_hash_key=shard.ending_hash_key,
-                )
-            )
-            log.info("child lease %s of %s %s", child_id, self.lease_key, "created" if created else "exists")
-        return True
+        return ensure_child_leases(self._store, self.lease_key, children, shards)
 
     def _shard_end(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
         children = list(batch.child_shards)

@@ -21,9 +21,11 @@ from ..leases.renewer import LeaseDiscoverer, LeaseHolder
 from ..metrics.config import WorkerMetricsConfig
 from ..metrics.reporter import WorkerMetricsReporter
 from ..metrics.throughput import ThroughputRecorder
-from ..models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
+from ..models import SHARD_END, Checkpoint, Lease, ShardInfo
 from ..processing.config import RetrievalConfig
 from ..processing.retrieval import ShardRecordFetcher
+from ..shardsync.children import ensure_child_leases
+from ..shardsync.detector import KinesisShardDetector
 from .batches import BatchEndStore
 from .load import BatchDutyCycle, worker_metrics_sink
 from .options import SourceOptions
@@ -373,49 +375,11 @@ class SparkLeaseCoordinator:
                 log.warning("SHARD_END handling for %s failed (retrying next batch): %s", key, exc)
 
     def _list_shards(self) -> Mapping[str, ShardInfo]:
-        shards: dict[str, ShardInfo] = {}
-        kwargs: dict[str, Any] = {"StreamName": self.options.stream}
-        while True:
-            with aws.translated("kinesis ListShards", self.options.stream):
-                response = self._kinesis.list_shards(**kwargs)
-            for raw in response.get("Shards", []):
-                hashes = raw.get("HashKeyRange", {})
-                shards[raw["ShardId"]] = ShardInfo(
-                    shard_id=raw["ShardId"],
-                    parent_shard_id=raw.get("ParentShardId"),
-                    adjacent_parent_shard_id=raw.get("AdjacentParentShardId"),
-                    starting_hash_key=hashes.get("StartingHashKey", "0"),
-                    ending_hash_key=hashes.get("EndingHashKey", str(2**128 - 1)),
-                )
-            token = response.get("NextToken")
-            if not token:
-                return shards
-            kwargs = {"NextToken": token}
+        listing = KinesisShardDetector(self.options.stream, client=self._kinesis, clock=self._clock).list_shards()
+        return {shard.shard_id: shard for shard in listing.shards}
 
     def _child_leases_ready(self, lease_key: str, children: tuple[str, ...]) -> bool:
-        """The consumer's rule: create missing child leases (TRIM_HORIZON, parents set); a merge child only once
-        its other parent's lease exists (otherwise shard sync creates it first)."""
+        """The consumer's rule (:func:`~worker_lib.shardsync.children.ensure_child_leases`)."""
         if not children:
             return True
-        shards = self._list_shards()
-        for child_id in children:
-            if self._store.get_lease(child_id) is not None:
-                continue
-            shard = shards.get(child_id)
-            if shard is None:
-                log.warning("child shard %s of %s is not listed yet; retrying", child_id, lease_key)
-                return False
-            partners = [p for p in shard.parent_ids if p != lease_key]
-            if any(self._store.get_lease(p) is None for p in partners):
-                log.warning("merge child %s: partner lease %s missing; waiting for shard sync", child_id, partners)
-                return False
-            self._store.create_lease_if_absent(
-                Lease(
-                    lease_key=child_id,
-                    checkpoint=TRIM_HORIZON,
-                    parent_shard_ids=frozenset(shard.parent_ids),
-                    starting_hash_key=shard.starting_hash_key,
-                    ending_hash_key=shard.ending_hash_key,
-                )
-            )
-        return True
+        return ensure_child_leases(self._store, lease_key, children, self._list_shards())

@@ -1,0 +1,40 @@
+"""Child-lease creation at SHARD_END, shared by the worker's shard consumer and the Spark driver.
+
+KCL's rule: create each missing child lease (TRIM_HORIZON, parents and hash range set); for a merge child only
+once the merge partner's lease exists too — otherwise shard sync creates the partner's lease first (it must be
+read before the child). A partner no longer listed was trimmed: it will never have a lease and does not hold the
+child back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from ..leases.store import LeaseStore
+from ..models import TRIM_HORIZON, ShardInfo
+from .hierarchy import new_lease
+
+log = logging.getLogger("shardlease.shardsync.children")
+
+
+def ensure_child_leases(
+    store: LeaseStore, parent_key: str, children: Sequence[str], shards: Mapping[str, ShardInfo]
+) -> bool:
+    """True when every child of ``parent_key`` has a lease (creating what is missing); False to retry later."""
+    for child_id in children:
+        if store.get_lease(child_id) is not None:
+            continue
+        shard = shards.get(child_id)
+        if shard is None:
+            log.warning("child shard %s of %s is not listed yet; retrying", child_id, parent_key)
+            return False
+        partners = [p for p in shard.parent_ids if p != parent_key and p in shards]
+        if any(store.get_lease(p) is None for p in partners):
+            log.warning(
+                "merge child %s: partner lease %s missing; waiting for shard sync", child_id, ",".join(partners)
+            )
+            return False
+        created = store.create_lease_if_absent(new_lease(shard, TRIM_HORIZON))
+        log.info("child lease %s of %s %s", child_id, parent_key, "created" if created else "exists")
+    return True
