@@ -455,6 +455,17 @@ def test_a_malformed_lock_item_without_version_is_replaced_after_a_lease_duratio
     assert [a.try_acquire(), b.try_acquire()] == [True, False]
 
 
+def test_a_deleted_lock_item_ends_the_holders_leadership(ddb: Any, app_name: str) -> None:
+    # GIVEN a holder WHEN an operator deletes the Leader item
+    clock = ManualClock()
+    holder, other = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "other", clock)
+    assert holder.try_acquire()
+    ddb.delete_item(TableName=coordinator_state_table_name(app_name), Key={"key": {"S": LOCK_KEY}})
+    # THEN the holder's heartbeat fails and anyone may create the lock again
+    assert not holder.heartbeat() and not holder.is_leader()
+    assert other.try_acquire() and not holder.try_acquire()
+
+
 # --- lost replies and errors --------------------------------------------------------------------------------
 
 
