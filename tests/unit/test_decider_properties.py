@@ -3,7 +3,9 @@
 GIVEN any fleet (active, inactive, excluded, invalid and default-metric workers; owned, unassigned, expired and
 in-handoff leases; caps or none), WHEN a decider decides, THEN:
 nothing goes to a worker that is not assignable; caps hold for every receiver; unassigned leases are all
-assigned when capacity exists; no lease ends with two owners; the same seed gives the same plan.
+assigned when capacity exists; no lease ends with two owners; the same seed gives the same plan; (ours) an expired
+lease never goes back to the worker that let it expire, and a worker all of whose leases expired (a suspect: it has
+most likely died while its metrics still look fresh) receives nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from worker_lib.assignment.decider import (
     KCL2StealingDecider,
     VarianceDecider,
     apply_plan,
+    suspect_workers,
 )
 from worker_lib.assignment.snapshot import AssignmentSnapshot, is_assignable_worker
 from worker_lib.models import Lease, WorkerMetricStats
@@ -109,6 +112,21 @@ def assignable(snapshot: AssignmentSnapshot) -> set[str]:
     return {w.worker_id for w in snapshot.workers if is_assignable_worker(w, snapshot.now_epoch_s)}
 
 
+def live_assignable(snapshot: AssignmentSnapshot) -> set[str]:
+    """Assignable workers that are not suspects (ours gives suspects nothing)."""
+    allowed = assignable(snapshot)
+    return allowed - suspect_workers(snapshot, allowed)
+
+
+def ours(config: AssignmentConfig) -> list[Decider]:
+    """The deciders that apply our expiry rules: variance and count in the default mode, and the KCL 2.x model
+    (a dead worker runs no taker)."""
+    out: list[Decider] = [KCL2StealingDecider(config)]
+    if not config.kcl_compatible:
+        out += [VarianceDecider(config), CountDecider(config)]
+    return out
+
+
 SETTINGS = settings(max_examples=150, deadline=None)
 
 
@@ -171,6 +189,8 @@ def test_every_unassigned_lease_is_assigned_when_capacity_exists(
         AssignmentConfig(strategy="count", kcl_compatible=kcl_compatible),
     ):
         for decider in deciders(config):
+            if (isinstance(decider, KCL2StealingDecider) or not kcl_compatible) and not live_assignable(snapshot):
+                continue  # ours: only suspects are left, and they receive nothing
             plan = decider.decide(snapshot, rng=random.Random(seed))
             assert plan.unassigned_lease_keys == (), type(decider).__name__
             after = {lease.lease_key: lease for lease in apply_plan(snapshot.leases, plan)}
@@ -212,3 +232,47 @@ def test_same_seed_same_plan(snapshot: AssignmentSnapshot, config: AssignmentCon
         first = decider.decide(snapshot, rng=random.Random(seed))
         second = decider.decide(snapshot, rng=random.Random(seed))
         assert first == second
+
+
+@SETTINGS
+@given(snapshots(), configs(), st.integers(min_value=0, max_value=2**32))
+def test_ours_never_hands_an_expired_lease_back_and_gives_suspects_nothing(
+    snapshot: AssignmentSnapshot, config: AssignmentConfig, seed: int
+) -> None:
+    # GIVEN any fleet, some of whose leases are expired (some workers with every lease expired: suspects)
+    suspects = suspect_workers(snapshot, assignable(snapshot))
+    before = {lease.lease_key: lease for lease in snapshot.leases}
+    for decider in ours(config):
+        # WHEN one of our deciders decides
+        plan = decider.decide(snapshot, rng=random.Random(seed))
+        for d in plan.decisions:
+            lease = before[d.lease_key]
+            # THEN no suspect receives anything
+            assert d.to_worker not in suspects, (type(decider).__name__, d)
+            # AND an expired lease (not in a handoff) never goes back to the owner that let it expire
+            if (
+                not isinstance(decider, KCL2StealingDecider)
+                and d.lease_key in snapshot.expired_lease_keys
+                and lease.checkpoint_owner is None
+            ):
+                assert d.to_worker != lease.actual_owner, (type(decider).__name__, d)
+
+
+@SETTINGS
+@given(snapshots(), st.integers(min_value=0, max_value=2**32))
+def test_ours_moves_an_expired_lease_away_whenever_another_live_worker_exists(
+    snapshot: AssignmentSnapshot, seed: int
+) -> None:
+    # GIVEN no caps, and an expired lease whose owner is assignable
+    for config in (AssignmentConfig(), AssignmentConfig(strategy="count")):
+        decider = VarianceDecider(config) if config.strategy == "variance" else CountDecider(config)
+        # WHEN deciding
+        plan = decider.decide(snapshot, rng=random.Random(seed))
+        decided = {d.lease_key for d in plan.decisions}
+        live = live_assignable(snapshot)
+        for lease in snapshot.leases:
+            if lease.lease_key not in snapshot.expired_lease_keys or lease.checkpoint_owner is not None:
+                continue
+            # THEN it is reassigned unless its owner is the only live worker (then it stays, no write)
+            if live - {lease.actual_owner}:
+                assert lease.lease_key in decided, (type(decider).__name__, lease.lease_key)

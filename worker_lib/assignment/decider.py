@@ -88,7 +88,8 @@ class AssignmentPlan:
     effective_cap: the per-worker lease cap this decision used (None = unlimited).
     balancing_ran: whether this was a balancing run.
     unassigned_lease_keys: leases that needed an owner and got none (no capacity: caps, throughput limit, or no
-      assignable worker).
+      assignable worker — ours: no assignable worker that is not a suspect). An expired lease whose owner is the
+      only live candidate stays with it and is not listed.
     """
 
     strategy: str
@@ -102,6 +103,9 @@ class AssignmentPlan:
     balancing_ran: bool
     unassigned_lease_keys: tuple[str, ...] = ()
     fleet_average: Mapping[str, float] = field(default_factory=dict)
+    band_average: Mapping[str, float] = field(default_factory=dict)
+    """Ours, on balancing runs: per metric, the average the band was centred on (projected values of the live
+    workers, without suspects and without workers that cannot give anything); receivers are filled up to it."""
 
     @property
     def assigned(self) -> int:
@@ -261,6 +265,36 @@ def _ordered_pending(snapshot: AssignmentSnapshot) -> list[Lease]:
     return pending
 
 
+def suspect_workers(snapshot: AssignmentSnapshot, assignable: Iterable[str]) -> frozenset[str]:
+    """Assignable workers that own at least one unfinished lease and *all* of whose leases are expired.
+
+    Such a worker has most likely died: its metrics can still look fresh for up to two report intervals (60 s)
+    after it stopped, but it renews nothing. Our deciders give it nothing this run (neither unassigned nor
+    expired leases, nor rebalanced ones) and do not take from or balance around it. A worker that holds nothing
+    (e.g. one that just joined) is never a suspect. Finished (SHARD_END) leases say nothing about liveness.
+    """
+    candidates = set(assignable)
+    held: set[str] = set()
+    renewing: set[str] = set()
+    for lease in snapshot.leases:
+        owner = lease.actual_owner
+        if owner is None or owner not in candidates or lease.is_finished:
+            continue
+        held.add(owner)
+        if lease.lease_key not in snapshot.expired_lease_keys:
+            renewing.add(owner)
+    return frozenset(held - renewing)
+
+
+def _let_expire(lease: Lease, snapshot: AssignmentSnapshot) -> str | None:
+    """The worker that let ``lease`` expire and must not get it back (ours): its owner, for an expired lease that
+    is not in a graceful handoff. An expired lease still in handoff may go back to its checkpoint owner: that
+    write (``assignLease``) is a real change — it clears the stuck handoff."""
+    if lease.lease_key in snapshot.expired_lease_keys and lease.checkpoint_owner is None:
+        return lease.actual_owner
+    return None
+
+
 def _kind(lease: Lease) -> DecisionKind:
     return "assign" if lease.actual_owner is None else "reassign_expired"
 
@@ -270,6 +304,27 @@ def _fmt(value: float) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- variance
+
+
+_FILL_TRIES = 16
+"""Donors (most loaded first) tried per under-loaded receiver before giving up on it in one run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Band:
+    """Ours: one metric's balancing band, computed without suspects and without workers that cannot give."""
+
+    metric: str
+    avg: float
+    upper: float
+    lower: float
+    members: tuple[str, ...]
+    pinned: frozenset[str]
+    triggered: bool
+    amounts: Mapping[str, float]
+    """Over-band donors (≥ upper or above their operating range) → KBps to take (KCL's dampened formula)."""
+    fill_kbps: float
+    """Dampened KBps the workers below the band lack (what the fill phase may move)."""
 
 
 class _VarianceRun:
@@ -327,6 +382,11 @@ class _VarianceRun:
         self.fleet_avg: dict[str, float] = {m: sums[m] / counts[m] for m in sorted(sums)}
         self.queue = _LazyHeap()
         self.acted_metric: str | None = None
+        # Ours only: workers that look dead (every lease expired) receive nothing; leases decided in the
+        # assignment phase are not moved again by balancing; band averages exclude workers that cannot give.
+        self.suspects: frozenset[str] = frozenset() if self.kcl else suspect_workers(snapshot, self.worker_ids)
+        self.decided: set[str] = set()
+        self.band_avg: dict[str, float] = {}
 
     # ---- projections
 
@@ -358,13 +418,17 @@ class _VarianceRun:
     def priority(self, worker: str) -> tuple[float, ...]:
         if self.kcl:
             return (-self.capacity(worker),)
-        return (self.utilisation(worker),)
+        # Ties on utilisation (an idle fleet: every value and the average 0, so assigning raises nothing) go to
+        # the worker with the least projected throughput, then the fewest leases — never the same id forever.
+        return (self.utilisation(worker), self.owner_tp.get(worker, 0.0), float(self.count(worker)))
 
     def count(self, worker: str | None) -> int:
         return len(self.owner_leases.get(worker, ()))
 
     def eligible(self, worker: str) -> bool:
-        """KCL: under the throughput limit (≤) and under the lease cap (or holding none)."""
+        """KCL: under the throughput limit (≤) and under the lease cap (or holding none). Ours: not a suspect."""
+        if worker in self.suspects:
+            return False
         if self.owner_tp.get(worker, 0.0) > self.max_tp:
             return False
         n = self.count(worker)
@@ -390,10 +454,17 @@ class _VarianceRun:
             return self.acted_metric
         return max(values, key=lambda m: (values[m] / self.fleet_avg[m] if self.fleet_avg[m] > 0 else values[m], m))
 
+    def limit_avg(self, metric: str) -> float:
+        """The average a receiver may be filled up to: the fleet's (KCL), or ours' band average (which leaves out
+        workers that cannot give anything) once balancing computed it."""
+        if self.kcl:
+            return self.fleet_avg[metric]
+        return self.band_avg.get(metric, self.fleet_avg[metric])
+
     def will_go_above(self, worker: str, throughput: float) -> bool:
         for m, v in self.values[worker].items():
             new = v + self.increment(m, throughput)
-            if new > self.fleet_avg[m] or new > self.opr[worker].get(m, math.inf):
+            if new > self.limit_avg(m) or new > self.opr[worker].get(m, math.inf):
                 return True
         return False
 
@@ -420,6 +491,8 @@ class _VarianceRun:
         before = {w: v for w in involved if (v := self.load_of(w, metric)) is not None}
         emit = not (kind == "rebalance" and lease.checkpoint_owner is not None)
         self.move(lease, to, project_donor=project_donor)
+        if kind != "rebalance":
+            self.decided.add(lease.lease_key)
         after = {w: v for w in involved if (v := self.load_of(w, metric)) is not None}
         self.recorder.record(
             Decision(
@@ -464,6 +537,13 @@ class _VarianceRun:
                 left.extend(p.lease_key for p in pending[i:])
                 break
             current = self.owner_of[lease.lease_key]
+            if not self.kcl and worker == _let_expire(lease, self.snapshot):
+                # Ours: never hand an expired lease back to the worker that let it expire; take the next best.
+                second = self.queue.pop()
+                self.queue.push(worker, self.priority(worker))
+                if second is None:
+                    continue  # nobody else can take it: it stays where it is (no write)
+                worker = second
             expired_handoff = lease.checkpoint_owner is not None
             if current == worker and not expired_handoff:
                 self.queue.push(worker, self.priority(worker))
@@ -513,6 +593,9 @@ class _VarianceRun:
         return amounts
 
     def balance(self) -> None:
+        if not self.kcl:
+            self._balance_ours()
+            return
         best_metric: str | None = None
         best_total = -1.0
         best: dict[str, float] = {}
@@ -526,13 +609,176 @@ class _VarianceRun:
         self.acted_metric = best_metric
         order = sorted(best.items(), key=lambda item: (-item[1], item[0]))
         for donor, amount in order:
-            if self.kcl:
-                self._balance_donor_kcl(donor, amount, best_metric)
-            else:
-                self._balance_donor(donor, amount, best_metric)
+            self._balance_donor_kcl(donor, amount, best_metric)
+
+    # ---- ours: band without stuck workers, over-band donors, then filling the workers below the band
+
+    def per_kbps(self, metric: str) -> float:
+        """How much one KBps raises ``metric`` (0 when no lease throughput is known)."""
+        return self.increment(metric, 1.0) if self.target_avg_tp > 0 else 0.0
+
+    def cannot_give(self, worker: str, value: float, lowest: float, per_kbps: float) -> bool:
+        """Whether ``worker`` has nothing it may give for this metric: it holds a single lease (moving it only moves
+        the problem), nothing movable, or its smallest movable lease would leave even the least loaded receiver
+        (at ``lowest``) at or above the worker's own value — no move improves the pair."""
+        if len(self.owner_leases.get(worker, {})) <= 1:
+            return True
+        movable = self.movable(worker)
+        if not movable:
+            return True
+        if per_kbps <= 0:
+            return False  # throughput unknown: one lease may still move (KCL's fallback)
+        smallest = min(self.tp[lease.lease_key] for lease in movable)
+        return lowest + per_kbps * smallest >= value
+
+    def band(self, metric: str) -> _Band | None:
+        """The balancing band for ``metric`` over the non-suspect workers, leaving out (iteratively) the workers
+        above it that cannot give anything — e.g. one holding a single shard hotter than the band: they would
+        trigger every run, and they pull the average up so that everyone else looks under-loaded."""
+        threshold = self.config.rebalance_threshold_pct / 100.0
+        candidates = [w for w in self.worker_ids if w not in self.suspects and metric in self.values[w]]
+        if not candidates:
+            return None
+        k = self.per_kbps(metric)
+        pinned: set[str] = set()
+        while True:
+            members = [w for w in candidates if w not in pinned]
+            avg = sum(self.values[w][metric] for w in members) / len(members)
+            upper = avg * (1.0 + threshold)
+            lowest = min((self.values[w][metric] for w in members if self.eligible(w)), default=math.inf)
+            newly = [
+                w
+                for w in members
+                if (self.values[w][metric] > upper or self.values[w][metric] > self.opr[w].get(metric, math.inf))
+                and self.cannot_give(w, self.values[w][metric], lowest, k)
+            ]
+            if not newly or len(newly) == len(members):
+                break
+            pinned.update(newly)
+        lower = avg * (1.0 - threshold)
+        damp = self.config.dampening_pct / 100.0
+        triggered = False
+        amounts: dict[str, float] = {}
+        deficit = 0.0
+        for w in members:
+            v = self.values[w][metric]
+            above_range = v > self.opr[w].get(metric, math.inf)
+            if v > upper or v < lower or above_range:
+                triggered = True
+            if v >= upper or above_range:
+                share = max(0.0, (v - avg) / v) if v != 0 else 0.0
+                amounts[w] = self.owner_tp.get(w, 0.0) * share * damp
+            elif v < lower:
+                deficit += avg - v
+        fill_kbps = damp * deficit / k if k > 0 else 0.0
+        return _Band(
+            metric=metric,
+            avg=avg,
+            upper=upper,
+            lower=lower,
+            members=tuple(members),
+            pinned=frozenset(pinned),
+            triggered=triggered,
+            amounts=amounts,
+            fill_kbps=fill_kbps,
+        )
+
+    def _balance_ours(self) -> None:
+        bands = [b for metric in self.fleet_avg if (b := self.band(metric)) is not None]
+        for b in bands:
+            self.band_avg[b.metric] = b.avg
+        chosen: _Band | None = None
+        best_total = -1.0
+        for b in bands:
+            total = sum(b.amounts.values()) + b.fill_kbps
+            if b.triggered and best_total < total:
+                chosen, best_total = b, total
+        if chosen is None:
+            return
+        metric = chosen.metric
+        self.acted_metric = metric
+        amounts = dict(chosen.amounts)
+        if self.per_kbps(metric) <= 0 and not amounts:
+            # No lease throughput known: KCL's fallback, one lease from the most loaded worker that can give.
+            most = max(chosen.members, key=lambda w: (self.values[w][metric], w))
+            amounts[most] = 0.0
+        for donor, amount in sorted(amounts.items(), key=lambda item: (-item[1], item[0])):
+            self._balance_donor(donor, amount, metric)
+        if self.per_kbps(metric) > 0:
+            # Workers still below the band (e.g. workers joined): KCL takes from the over-band donors or, if there
+            # are none, from the single most loaded worker — one or two leases per run; ours fills them from every
+            # worker above the average.
+            self._fill(chosen)
+
+    def _fill(self, band: _Band) -> None:
+        """Bring each worker below the band a dampened share of its gap to the band average, taking from the
+        workers above the average — always the most loaded one first (so each gives in proportion to its excess,
+        water-filling from the top), the largest lease that fits both the receiver's remaining need and what the
+        donor can spare without leaving the band: the fewest moves."""
+        metric = band.metric
+        k = self.per_kbps(metric)
+        damp = self.config.dampening_pct / 100.0
+        receivers = sorted(
+            (w for w in band.members if self.values[w][metric] < band.lower),
+            key=lambda w: (self.values[w][metric], w),
+        )
+        if not receivers:
+            return
+        heap = [(-self.values[w][metric], w) for w in band.members if self.values[w][metric] > band.avg]
+        heapq.heapify(heap)
+        stock: dict[str, tuple[list[Lease], list[float]]] = {}
+
+        def leases_of(donor: str) -> tuple[list[Lease], list[float]]:
+            if donor not in stock:
+                movable = self.movable(donor)
+                self.rng.shuffle(movable)  # equal throughputs: the seeded rng chooses
+                movable.sort(key=lambda lease: self.tp[lease.lease_key])
+                stock[donor] = (movable, [self.tp[lease.lease_key] for lease in movable])
+            return stock[donor]
+
+        for receiver in receivers:
+            if not self.eligible(receiver):
+                continue
+            gap = band.avg - self.values[receiver][metric]
+            need = min(damp * gap / k, self._headroom_tp(receiver))
+            aside: list[tuple[float, str]] = []
+            misses = 0
+            while need > 0 and heap and misses < _FILL_TRIES:
+                key, donor = heapq.heappop(heap)
+                value = self.values[donor][metric]
+                if -key != value:  # stale entry
+                    if value > band.avg:
+                        heapq.heappush(heap, (-value, donor))
+                    continue
+                movable, tps = leases_of(donor)
+                spare = (value - band.lower) / k
+                index = bisect.bisect_right(tps, min(need, spare)) - 1
+                if index < 0:
+                    aside.append((key, donor))
+                    misses += 1
+                    continue
+                lease = movable.pop(index)
+                tp = tps.pop(index)
+                reason = (
+                    f"rebalance: {receiver} {metric} {_fmt(self.values[receiver][metric])} below the band "
+                    f"{_fmt(band.lower)}..{_fmt(band.upper)} (avg {_fmt(band.avg)}); filling "
+                    f"{self.config.dampening_pct:g}% of its gap from the most loaded worker above the average, "
+                    f"{donor} {metric} {_fmt(value)}"
+                )
+                self.record(lease, receiver, "rebalance", reason, project_donor=True)
+                need -= tp
+                self.push_if_eligible(receiver)
+                self.push_if_eligible(donor)
+                if not self.eligible(receiver):
+                    need = 0.0
+                after = self.values[donor][metric]
+                if after > band.avg and movable:
+                    heapq.heappush(heap, (-after, donor))
+            for item in aside:
+                heapq.heappush(heap, item)
 
     def _reason(self, donor: str, amount: float, metric: str) -> str:
-        avg = self.fleet_avg[metric]
+        avg = self.limit_avg(metric)
         v = self.values[donor][metric]
         return (
             f"rebalance: {donor} {metric} {_fmt(v)} vs fleet avg {_fmt(avg)} "
@@ -577,15 +823,23 @@ class _VarianceRun:
         room = math.inf
         for m, v in self.values[worker].items():
             per_kbps = self.increment(m, 1.0) if self.target_avg_tp > 0 else 0.0
-            limit = min(self.fleet_avg[m], self.opr[worker].get(m, math.inf))
+            limit = min(self.limit_avg(m), self.opr[worker].get(m, math.inf))
             if per_kbps > 0:
                 room = min(room, (limit - v) / per_kbps)
             elif v > limit:
                 room = 0.0
         return room
 
+    def movable(self, worker: str) -> list[Lease]:
+        """Ours: the leases ``worker`` may give in balancing — not in handoff, not decided earlier in this run."""
+        return [
+            lease
+            for lease in self.owner_leases.get(worker, {}).values()
+            if lease.checkpoint_owner is None and lease.lease_key not in self.decided
+        ]
+
     def _balance_donor(self, donor: str, amount: float, metric: str) -> None:
-        movable = [lease for lease in self.owner_leases.get(donor, {}).values() if lease.checkpoint_owner is None]
+        movable = self.movable(donor)
         if not movable:
             return
         reason = self._reason(donor, amount, metric)
@@ -670,6 +924,7 @@ class _VarianceRun:
             balancing_ran=balancing_ran,
             unassigned_lease_keys=tuple(unassigned),
             fleet_average=dict(self.fleet_avg),
+            band_average=dict(self.band_avg),
         )
 
 
@@ -715,9 +970,15 @@ def _replace(config: AssignmentConfig, **changes: Any) -> AssignmentConfig:
 class _CountState:
     """Lease counts per worker for the count-based deciders."""
 
-    def __init__(self, config: AssignmentConfig, snapshot: AssignmentSnapshot) -> None:
+    def __init__(self, config: AssignmentConfig, snapshot: AssignmentSnapshot, *, drop_suspects: bool) -> None:
         self.snapshot = snapshot
         self.worker_ids = [w.worker_id for w in snapshot.assignable_workers(config.worker_report_interval_s)]
+        # Ours and the KCL 2.x model: a worker all of whose leases expired has most likely died — it takes part in
+        # nothing (it holds no valid lease, so only its quota / its taker's turn is dropped).
+        self.suspects = suspect_workers(snapshot, self.worker_ids) if drop_suspects else frozenset()
+        self.worker_ids = [w for w in self.worker_ids if w not in self.suspects]
+        self.decided: set[str] = set()
+        """Leases assigned or reassigned in this run (ours does not move them again when balancing)."""
         self.assignable = set(self.worker_ids)
         self.cap = effective_cap(config, shard_count=snapshot.live_shard_count, worker_count=len(self.worker_ids))
         self.recorder = _Recorder()
@@ -741,6 +1002,8 @@ class _CountState:
             self.held[old].pop(lease.lease_key, None)
         self.held[to][lease.lease_key] = lease
         self.owner_of[lease.lease_key] = to
+        if kind != "rebalance":
+            self.decided.add(lease.lease_key)
         after = {w: float(self.count(w)) for w in (old, to) if w is not None and w in self.held}
         emit = not (kind == "rebalance" and lease.checkpoint_owner is not None)
         self.recorder.record(
@@ -817,7 +1080,7 @@ class CountDecider:
         self.config = config
 
     def decide(self, snapshot: AssignmentSnapshot, *, rng: random.Random) -> AssignmentPlan:
-        state = _CountState(self.config, snapshot)
+        state = _CountState(self.config, snapshot, drop_suspects=not self.config.kcl_compatible)
         balancing = self.config.is_balancing_run(snapshot.run_number)
         if self.config.kcl_compatible:
             unassigned = self._assign_kcl(state)
@@ -904,6 +1167,11 @@ class CountDecider:
                 left.extend(p.lease_key for p in pending[i:])
                 break
             _, _, worker = heapq.heappop(heap)
+            if worker == _let_expire(lease, state.snapshot) and heap:
+                # Never hand an expired lease back to the worker that let it expire: take the next one.
+                first = worker
+                _, _, worker = heapq.heappop(heap)
+                heapq.heappush(heap, (state.count(first) - quotas[first], state.count(first), first))
             reason = f"lease count: {worker} holds {state.count(worker)} of its quota {quotas[worker]}"
             if state.owner_of[lease.lease_key] == worker and lease.checkpoint_owner is None:
                 state.held[worker][lease.lease_key] = lease  # expired but its owner is the best choice: keep
@@ -929,7 +1197,11 @@ class CountDecider:
             return
         movable: dict[str, list[Lease]] = {}
         for w in workers:
-            leases = [lease for lease in state.held[w].values() if lease.checkpoint_owner is None]
+            leases = [
+                lease
+                for lease in state.held[w].values()
+                if lease.checkpoint_owner is None and lease.lease_key not in state.decided
+            ]
             rng.shuffle(leases)
             movable[w] = leases
 
@@ -1000,6 +1272,9 @@ class KCL2StealingDecider:
 
     Seed 001's 500 shards over 100 then 200 workers settle with every old worker at 3 and every new one at 2:
     a worker holding 2 that needs 1 may not steal from one holding exactly the target.
+
+    A worker all of whose leases are expired (:func:`suspect_workers`) has no taker turn and does not count
+    towards the target: a dead KCL 2.x worker runs no taker, even while its metrics still look fresh.
     """
 
     def __init__(self, config: AssignmentConfig | None = None, *, max_leases_to_steal: int = 1) -> None:
@@ -1009,7 +1284,7 @@ class KCL2StealingDecider:
         self.max_leases_to_steal = max_leases_to_steal
 
     def decide(self, snapshot: AssignmentSnapshot, *, rng: random.Random) -> AssignmentPlan:
-        state = _CountState(self.config, snapshot)
+        state = _CountState(self.config, snapshot, drop_suspects=True)
         workers = list(state.worker_ids)
         pool = _ordered_pending(snapshot)
         rng.shuffle(pool)
