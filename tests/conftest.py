@@ -32,6 +32,9 @@ os.environ.update(
 )
 os.environ.pop("AWS_PROFILE", None)
 os.environ.pop("SHARDLEASE_ENDPOINT_URL", None)
+# jsii (aws-cdk-lib) prints a multi-line banner about Node 20's end of life on every start; the version is pinned
+# by the machine image, the banner is noise in test output.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 _counter = itertools.count()
 
