@@ -937,6 +937,11 @@ class VarianceDecider:
     amount to move picks the donors (outside avg × (1 ± threshold) or above their operating range; else the
     single most loaded), each giving ``(v − avg) / v × dampening × its throughput``.
 
+    Ours (default) also: breaks receiver ties by projected throughput then lease count (idle fleets); never hands
+    an expired lease back to the worker that let it expire and gives suspects (every lease expired) nothing;
+    centres the band on the live workers that can give, leaving out one holding a single too-hot shard; and fills
+    workers below the band from every worker above the average (docs/assignment.md, "Where we differ").
+
     The dynamic cap (seed 004), when configured, is a strict count cap here: a worker at the cap receives
     nothing, even if it is the least loaded. It is opt-in because balancing by load deliberately gives a
     worker with hot shards fewer leases and one with cold shards more — see docs/assignment.md.
