@@ -200,3 +200,27 @@ def test_lease_config_graceful_handoff_can_be_disabled(store: DynamoDBLeaseStore
     report = assigner.run(run_number=1)
     assert report.moved >= 1
     assert all(lease.checkpoint_owner is None for lease in store.list_leases())
+
+
+def test_a_worker_that_let_its_leases_expire_gets_nothing_until_it_reports_again(store: DynamoDBLeaseStore) -> None:
+    # GIVEN "dead" stopped renewing its lease but its last metrics report is still fresh, and "live" is busy
+    clock = ManualClock()
+    metrics = MemoryMetrics([cpu_worker("dead", 5, clock), cpu_worker("live", 60, clock)])
+    assert store.create_lease_if_absent(Lease(lease_key="a", lease_owner="dead", lease_counter=1))
+    assigner = LeaseAssigner(store, metrics, config=AssignmentConfig(failover_ms=10_000), clock=clock, seed=1)
+    assigner.run(run_number=1)
+    clock.advance(11)
+    # WHEN the lease expires it moves to "live" (never back to "dead")
+    assigner.run(run_number=2)
+    assert owners(store) == {"a": "live"}
+    # AND WHEN a new lease appears while "dead" holds nothing and looks like an idle newcomer
+    assert store.create_lease_if_absent(Lease(lease_key="b"))
+    clock.advance(5)
+    assigner.run(run_number=3)
+    # THEN it goes to "live": "dead" is left out until it reports again
+    assert owners(store)["b"] == "live"
+    # WHEN "dead" reports again (it was alive after all) THEN it is back in the fleet
+    metrics.workers = [cpu_worker("dead", 5, clock, lut_offset=1), cpu_worker("live", 60, clock)]
+    assert store.create_lease_if_absent(Lease(lease_key="c"))
+    assigner.run(run_number=4)
+    assert owners(store)["c"] == "dead"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..assignment.config import AssignmentConfig
-from ..assignment.decider import AssignmentPlan, Decider, Decision, make_decider
+from ..assignment.decider import AssignmentPlan, Decider, Decision, make_decider, suspect_workers
 from ..assignment.snapshot import AssignmentSnapshot, ExpiryTracker
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LeaseConfig
@@ -122,6 +122,10 @@ class LeaseAssigner:
         self._last_lease_count = 0
         self._last_stale_sweep: float | None = None
         self._max_parallel = max(1, max_parallel_writes)
+        # Workers that let all their leases expire, with the metrics report (lut) seen then. Until they report
+        # again they are left out of the fleet: otherwise, once their leases have moved, a dead worker holds
+        # nothing and looks exactly like a worker that just joined for up to two report intervals.
+        self._suspects: dict[str, int] = {}
 
     # --- one run --------------------------------------------------------------------------------------------
 
@@ -130,6 +134,7 @@ class LeaseAssigner:
         if run_number == 1:
             self._expiry.reset()  # a new term: never judge with another term's observations
             self._handoff_seen.clear()
+            self._suspects.clear()
         segments = 4 if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
         all_leases = self._store.list_leases(segments=segments)
         self._last_lease_count = len(all_leases)
@@ -143,6 +148,7 @@ class LeaseAssigner:
             forced_keys = {lease.lease_key for lease in forced}
             live = [lease for lease in live if lease.lease_key not in forced_keys] + forced
 
+        workers = self._without_silent_suspects(workers)
         snapshot = AssignmentSnapshot(
             leases=tuple(live),
             workers=tuple(workers),
@@ -154,6 +160,7 @@ class LeaseAssigner:
         decide_started = self._clock.monotonic()
         plan = self._decider.decide(snapshot, rng=self._rng)
         decide_ms = (self._clock.monotonic() - decide_started) * 1000
+        self._remember_suspects(snapshot, workers)
         conflicts = self._write(plan, {lease.lease_key: lease for lease in live})
         if self._cap_recorder is not None:
             assignable = len(snapshot.assignable_workers(self._config.worker_report_interval_s))
@@ -178,6 +185,26 @@ class LeaseAssigner:
         )
         log.info(report.summary())
         return report
+
+    # --- suspects ---
+
+    def _without_silent_suspects(self, workers: list[WorkerMetricStats]) -> list[WorkerMetricStats]:
+        kept = []
+        for worker in workers:
+            seen = self._suspects.get(worker.worker_id)
+            if seen is not None and worker.last_update_epoch_s <= seen:
+                continue  # still no new report since it let its leases expire
+            self._suspects.pop(worker.worker_id, None)
+            kept.append(worker)
+        return kept
+
+    def _remember_suspects(self, snapshot: AssignmentSnapshot, workers: Sequence[WorkerMetricStats]) -> None:
+        assignable = [w.worker_id for w in snapshot.assignable_workers(self._config.worker_report_interval_s)]
+        lut = {w.worker_id: w.last_update_epoch_s for w in workers}
+        for worker_id in suspect_workers(snapshot, assignable):
+            if worker_id not in self._suspects:
+                log.info("worker %s let all its leases expire: left out until it reports again", worker_id)
+            self._suspects[worker_id] = lut[worker_id]
 
     # --- handoffs -------------------------------------------------------------------------------------------
 
