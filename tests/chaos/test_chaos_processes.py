@@ -1,0 +1,348 @@
+"""Seedable chaos with real `shardlease worker` processes (each with an embedded leader) and a steady producer.
+
+Scenario A (moto): 3 workers on 4 shards; random SIGKILL + restart (same or new worker id), and a SIGSTOP
+longer than the lease duration followed by SIGCONT — the resumed worker journals nothing on a shard another
+process took, and no checkpoint moves backwards. Scenario B (kinesalite for Kinesis, moto for DynamoDB): a split
+and a merge while producing, with a random SIGKILL in between in longer runs.
+
+Invariants (tests/support/chaos.py, ``check_journal``): nothing lost; duplicates only after an abnormal ownership
+change and only past the new session's start checkpoint; per-session order; children after their parents'
+END; overlap of two processes on one shard within the lease bound.
+
+    SHARDLEASE_CHAOS_SEED=7 SHARDLEASE_CHAOS_ROUNDS=20 .venv/bin/pytest tests/chaos -s   # the longer run
+
+CI runs one round with the default seed. The seed is printed with every failure.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.chaos import (
+    PROCESSOR,
+    Line,
+    Producer,
+    chaos_rounds,
+    chaos_seed,
+    check_journal,
+    failover_s,
+    fenced_after_stop,
+    read_lines,
+    record_figures,
+    wait_for,
+)
+from tests.support.processes import ProcessGroup, process_group
+from worker_lib import aws
+from worker_lib.config import AwsConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.models import Lease
+from worker_lib.tables.admin import ensure_tables
+
+LEASE_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
+ROUNDS = chaos_rounds()
+SEED = chaos_seed()
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 90 * ROUNDS)]
+
+
+def worker_env(journal: Path) -> dict[str, str]:
+    return {
+        "SHARDLEASE_CHAOS_JOURNAL": str(journal),
+        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+        "SHARDLEASE_LEADER_MODE": "embedded",
+        "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
+        "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
+        "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
+        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
+        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
+        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
+        "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
+        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
+        "SHARDLEASE_CPU_METRIC": "process",
+    }
+
+
+class Fleet:
+    """Worker processes of one scenario, by name; remembers which pids died or were frozen."""
+
+    def __init__(self, group: ProcessGroup, args: list[str], env: dict[str, str], journal: Path) -> None:
+        self.group, self.args, self.env, self.journal = group, args, env, journal
+        self.live: dict[str, int] = {}  # worker id -> pid
+        self.abnormal: set[int] = set()
+        self._starts = 0
+
+    def start(self, worker_id: str) -> int:
+        self._starts += 1
+        name = f"{worker_id}.{self._starts}"  # process-group key (log file); the worker id may repeat
+        process = self.group.start(
+            name, ["worker", *self.args, "--processor", PROCESSOR, "--worker-id", worker_id], self.env
+        )
+        self.live[worker_id] = process.pid
+        return process.pid
+
+    def process_name(self, worker_id: str) -> str:
+        pid = self.live[worker_id]
+        return next(name for name, p in self.group.processes.items() if p.pid == pid)
+
+    def lines(self) -> list[Line]:
+        return read_lines(self.journal)
+
+    def holding(self, pid: int) -> set[str]:
+        held: set[str] = set()
+        for line in self.lines():
+            if line.pid == pid and line.kind == "INIT":
+                held.add(line.shard)
+            elif line.pid == pid and line.kind in ("LOST", "END", "SHUTDOWN"):
+                held.discard(line.shard)
+        return held
+
+    def busy_worker(self, rng: random.Random) -> str:
+        """A live worker that is processing at least one shard (waits for one, bounded)."""
+        assert wait_for(lambda: any(self.holding(pid) for pid in self.live.values()), timeout_s=30)
+        candidates = sorted(w for w, pid in self.live.items() if self.holding(pid))
+        return rng.choice(candidates)
+
+    def sigkill_and_restart(self, rng: random.Random) -> float | None:
+        victim = self.busy_worker(rng)
+        pid = self.live.pop(victim)
+        killed_at = time.monotonic()
+        self.group.signal(self.process_name_for_pid(pid), signal.SIGKILL)
+        self.abnormal.add(pid)
+        time.sleep(rng.uniform(0.0, 2.0))  # a real process restarting: nothing to inject a clock into
+        self.start(victim if rng.random() < 0.5 else f"{victim}-r{self._starts}")
+        assert wait_for(lambda: failover_s(self.lines(), pid, killed_at) is not None, timeout_s=40), (
+            f"seed={SEED}: no failover after SIGKILL of {victim}"
+        )
+        return failover_s(self.lines(), pid, killed_at)
+
+    def process_name_for_pid(self, pid: int) -> str:
+        return next(name for name, p in self.group.processes.items() if p.pid == pid)
+
+    def sigstop_past_the_lease(self, rng: random.Random, store: DynamoDBLeaseStore) -> tuple[float | None, list[str]]:
+        """SIGSTOP a busy worker until others took its shards (> the lease duration), then SIGCONT it."""
+        victim = self.busy_worker(rng)
+        pid = self.live[victim]
+        name = self.process_name_for_pid(pid)
+        held = self.holding(pid)
+        stopped_at = time.monotonic()
+        self.group.signal(name, signal.SIGSTOP)
+        self.abnormal.add(pid)
+        try:
+            taken = wait_for(lambda: failover_s(self.lines(), pid, stopped_at) is not None, timeout_s=40)
+            time.sleep(rng.uniform(0.0, 1.0))
+            before = {lease.lease_key: lease for lease in store.list_leases() if lease.lease_key in held}
+        finally:
+            self.group.signal(name, signal.SIGCONT)
+        assert taken, f"seed={SEED}: shards of the stopped {victim} were not taken over"
+        failover = failover_s(self.lines(), pid, stopped_at)
+        # the resumed worker notices at its next check; give it a few renewal intervals to do anything wrong
+        time.sleep(LEASE_S)
+        problems = fenced_after_stop(self.lines(), pid, stopped_at)
+        reinit = {x.shard for x in self.lines() if x.pid == pid and x.kind == "INIT" and x.t > stopped_at}
+        for key, old in before.items():
+            new = store.get_lease(key)
+            assert new is not None
+            if new.lease_owner == victim and key not in reinit:
+                problems.append(f"{key}: owned by the resumed {victim} without a new session")
+            if _rewound(old, new):
+                problems.append(f"{key}: checkpoint moved back from {old.checkpoint} to {new.checkpoint}")
+        return failover, problems
+
+    def shutdown_all(self) -> dict[str, int | None]:
+        for worker_id in list(self.live):
+            self.group.signal(self.process_name(worker_id), signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        for worker_id in list(self.live):
+            name = self.process_name(worker_id)
+            try:
+                codes[worker_id] = self.group.wait(name, timeout_s=40)
+            except Exception:
+                codes[worker_id] = None
+        return codes
+
+
+def _rewound(old: Lease, new: Lease) -> bool:
+    a, b = old.checkpoint, new.checkpoint
+    if a.sequence.isdigit() and b.sequence.isdigit():
+        return (int(b.sequence), b.sub_sequence) < (int(a.sequence), a.sub_sequence)
+    return a.is_shard_end and not b.is_shard_end
+
+
+def _final_checkpoints_match(store: DynamoDBLeaseStore, lines: list[Line]) -> list[str]:
+    """After a graceful stop, each unfinished lease's checkpoint is the last record journaled on its shard."""
+    last: dict[str, tuple[int, int]] = {}
+    for line in lines:
+        if line.kind == "REC":
+            last[line.shard] = max(last.get(line.shard, (-1, -1)), (int(line.a), int(line.b)))
+    problems = []
+    for lease in store.list_leases():
+        cp = lease.checkpoint
+        if lease.is_finished or lease.lease_key not in last:
+            continue
+        if not cp.sequence.isdigit() or (int(cp.sequence), cp.sub_sequence) != last[lease.lease_key]:
+            problems.append(f"{lease.lease_key}: checkpoint {cp} but last journaled {last[lease.lease_key]}")
+    return problems
+
+
+@pytest.fixture
+def moto_setup(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any, DynamoDBLeaseStore]:
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    return ddb, aws.client("kinesis", moto_aws), DynamoDBLeaseStore(app_name, client=ddb)
+
+
+def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
+    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path
+) -> None:
+    _, kinesis, store = moto_setup
+    rng = random.Random(SEED)
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 4)
+    journal = tmp_path / "journal.txt"
+    journal.touch()
+    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    started = time.monotonic()
+    kills: list[float | None] = []
+    stops: list[float | None] = []
+    problems: list[str] = []
+    with process_group(tmp_path) as group:
+        fleet = Fleet(group, args, worker_env(journal), journal)
+        # GIVEN 3 workers with embedded leaders sharing 4 shards while a producer writes 100 records/s
+        for worker_id in ("w1", "w2", "w3"):
+            fleet.start(worker_id)
+        with Producer(kinesis, stream) as producer:
+            assert wait_for(lambda: len({x.shard for x in fleet.lines() if x.kind == "REC"}) == 4, timeout_s=60)
+            # WHEN, round after round, a random busy worker is SIGKILLed and restarted, and another is frozen
+            # with SIGSTOP past its lease duration and then resumed (order and victims from the seed)
+            for _ in range(ROUNDS):
+                actions = rng.choice(
+                    [["kill", "stop"], ["stop", "kill"], ["kill"], ["stop"]]
+                    if ROUNDS > 1
+                    else [
+                        ["kill", "stop"],
+                        ["stop", "kill"],
+                    ]
+                )
+                for action in actions:
+                    if action == "kill":
+                        kills.append(fleet.sigkill_and_restart(rng))
+                    else:
+                        failover, found = fleet.sigstop_past_the_lease(rng, store)
+                        stops.append(failover)
+                        problems += found
+            producer.stop()
+        produced = producer.produced
+        # THEN every produced record is processed (bounded wait)
+        assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=60), (
+            f"seed={SEED}: records still missing"
+        )
+        # AND a graceful stop of every live worker exits 0
+        codes = fleet.shutdown_all()
+    lines = read_lines(journal)
+    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, lease_bound_s=LEASE_S)
+    problems += verdict.violations
+    problems += _final_checkpoints_match(store, lines)
+    record_figures(
+        "processes-moto",
+        {
+            "seed": SEED,
+            "rounds": ROUNDS,
+            "sigkill": len(kills),
+            "sigstop": len(stops),
+            "failover_kill_s": kills,
+            "failover_stop_s": stops,
+            "runtime_s": round(time.monotonic() - started, 1),
+            "producer_errors": producer.errors,
+            **verdict.figures(),
+        },
+    )
+    # AND the journal and the lease table satisfy every invariant; the fence held for the resumed worker
+    assert not problems, f"seed={SEED}: {problems[:10]}"
+    assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
+    # AND failover after SIGKILL or a freeze is bounded: lock takeover + lease expiry + a few cycles
+    assert all(f is not None and f < 20 for f in kills + stops), f"seed={SEED}: failover {kills} {stops}"
+
+
+@pytest.mark.kinesalite
+def test_split_and_merge_while_producing_with_worker_processes(
+    kinesalite_endpoint: str, moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
+) -> None:
+    rng = random.Random(SEED + 1)
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    kinesis = aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=3))
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 3)
+    journal = tmp_path / "journal.txt"
+    journal.touch()
+    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    env = {**worker_env(journal), "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint}
+    started = time.monotonic()
+    kills: list[float | None] = []
+    with process_group(tmp_path) as group:
+        fleet = Fleet(group, args, env, journal)
+        # GIVEN 3 worker processes (Kinesis on kinesalite, leases on moto) and a steady producer
+        for worker_id in ("w1", "w2", "w3"):
+            fleet.start(worker_id)
+        with Producer(kinesis, stream) as producer:
+            assert wait_for(lambda: len({x.shard for x in fleet.lines() if x.kind == "REC"}) == 3, timeout_s=60)
+            for _ in range(ROUNDS):
+                shards = [
+                    s
+                    for s in list_all_shards(kinesis, stream)
+                    if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {})
+                ]
+                shards.sort(key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+                # WHEN a random open shard is split while records keep coming
+                split_shard(kinesis, stream, rng.choice(shards)["ShardId"])
+                time.sleep(rng.uniform(0.5, 2.0))
+                if ROUNDS > 1 and rng.random() < 0.5:  # longer runs only: keep CI within its budget
+                    kills.append(fleet.sigkill_and_restart(rng))
+                # AND two random adjacent open shards are merged
+                shards = [
+                    s
+                    for s in list_all_shards(kinesis, stream)
+                    if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {})
+                ]
+                shards.sort(key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+                i = rng.randrange(len(shards) - 1)
+                merge_shards(kinesis, stream, shards[i]["ShardId"], shards[i + 1]["ShardId"])
+                time.sleep(rng.uniform(0.5, 2.0))
+            producer.stop()
+        produced = producer.produced
+        # THEN every record is processed, children only after their parents ended
+        assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=90), (
+            f"seed={SEED}: records still missing"
+        )
+        codes = fleet.shutdown_all()
+    parents = {
+        s["ShardId"]: [p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p]
+        for s in list_all_shards(kinesis, stream)
+    }
+    lines = read_lines(journal)
+    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, parents=parents, lease_bound_s=LEASE_S)
+    problems = verdict.violations + _final_checkpoints_match(store, lines)
+    record_figures(
+        "reshard-kinesalite",
+        {
+            "seed": SEED,
+            "rounds": ROUNDS,
+            "splits": ROUNDS,
+            "merges": ROUNDS,
+            "sigkill": len(kills),
+            "failover_kill_s": kills,
+            "runtime_s": round(time.monotonic() - started, 1),
+            "producer_errors": producer.errors,
+            **verdict.figures(),
+        },
+    )
+    assert not problems, f"seed={SEED}: {problems[:10]}"
+    assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
