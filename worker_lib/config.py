@@ -60,6 +60,18 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
 
 
+def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"invalid {name} {raw!r}: expected true or false")
+
+
 def validate_app_name(app: str) -> str:
     """Application names become DynamoDB table names (3–255 chars of [A-Za-z0-9_.-]); suffixes need room."""
     if not _APP_NAME.match(app):
@@ -287,6 +299,8 @@ class ShardSyncConfig:
             initial_position=position,
             initial_timestamp=parse_timestamp(raw_ts) if raw_ts else None,
             interval_ms=_env_int(e, "SHARDLEASE_SHARD_SYNC_INTERVAL_MS", 60_000),
+            cleanup_enabled=_env_flag(e, "SHARDLEASE_LEASE_CLEANUP", True),
+            delete_unknown_shard_leases=_env_flag(e, "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES", True),
         )
 
 

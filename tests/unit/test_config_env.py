@@ -1,4 +1,4 @@
-"""The per-process CPU metric (for several workers on one host) and SHARDLEASE_CPU_METRIC selection."""
+"""Configuration read from the environment: the per-process CPU metric choice and shard-sync flags."""
 
 from __future__ import annotations
 
@@ -27,3 +27,13 @@ def test_cpu_metric_selection_by_environment() -> None:
     assert isinstance(cpu_metric_from_env({"SHARDLEASE_CPU_METRIC": "process"}), ProcessCpu)
     with pytest.raises(ConfigError, match="SHARDLEASE_CPU_METRIC"):
         cpu_metric_from_env({"SHARDLEASE_CPU_METRIC": "gpu"})
+
+
+def test_shard_sync_cleanup_flags_come_from_the_environment() -> None:
+    from worker_lib.config import ShardSyncConfig
+
+    config = ShardSyncConfig.from_env({"SHARDLEASE_LEASE_CLEANUP": "off", "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES": "0"})
+    assert (config.cleanup_enabled, config.delete_unknown_shard_leases) == (False, False)
+    assert ShardSyncConfig.from_env({}).cleanup_enabled
+    with pytest.raises(ConfigError, match="SHARDLEASE_LEASE_CLEANUP"):
+        ShardSyncConfig.from_env({"SHARDLEASE_LEASE_CLEANUP": "maybe"})
