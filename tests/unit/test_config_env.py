@@ -32,7 +32,9 @@ def test_cpu_metric_selection_by_environment() -> None:
 def test_shard_sync_cleanup_flags_come_from_the_environment() -> None:
     from worker_lib.config import ShardSyncConfig
 
-    config = ShardSyncConfig.from_env({"SHARDLEASE_LEASE_CLEANUP": "off", "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES": "0"})
+    config = ShardSyncConfig.from_env(
+        {"SHARDLEASE_LEASE_CLEANUP": "off", "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES": "0"}
+    )
     assert (config.cleanup_enabled, config.delete_unknown_shard_leases) == (False, False)
     assert ShardSyncConfig.from_env({}).cleanup_enabled
     with pytest.raises(ConfigError, match="SHARDLEASE_LEASE_CLEANUP"):
