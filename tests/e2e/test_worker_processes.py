@@ -122,7 +122,7 @@ def test_sigkill_of_a_worker_loses_no_record(setup: dict[str, Any], tmp_path: Pa
         produced = producer.produced
         # AND every produced record is processed
         assert wait_until(lambda: {r[4] for r in processed(s["journal"])} >= set(produced), timeout_s=60)
-        assert all(owner == "w2" for owner in owners(s["store"]))
+        assert wait_until(lambda: all(owner == "w2" for owner in owners(s["store"])), timeout_s=30)
         group.signal("w2", signal.SIGTERM)
         assert group.wait("w2", timeout_s=30) == 0
     records = processed(s["journal"])
@@ -167,3 +167,27 @@ def test_sigterm_gives_leases_up_within_one_renewal_interval(setup: dict[str, An
         assert group.wait("w1", timeout_s=30) == 0
     assert freed_after < 1.0 + 0.5, freed_after
     assert s["journal"].read_text().count("SHUTDOWN") == 4
+
+
+def test_a_second_sigterm_exits_at_once_keeping_checkpoints(setup: dict[str, Any], tmp_path: Path) -> None:
+    s = setup
+    with process_group(tmp_path) as group, Producer(s["kinesis"], s["stream"]) as producer:
+        # GIVEN a worker processing and checkpointing a steady stream, whose processor flushes slowly at shutdown
+        s["env"]["SHARDLEASE_TEST_SLOW_SHUTDOWN_S"] = "20"
+        start_worker(group, "w1", s)
+        assert wait_until(lambda: len(processed(s["journal"])) > 50, timeout_s=60)
+        before = {lease.lease_key: lease.checkpoint for lease in s["store"].list_leases()}
+        # WHEN it gets SIGTERM, starts its graceful shutdown, and gets SIGTERM again
+        group.signal("w1", signal.SIGTERM)
+        assert wait_until(lambda: "SHUTDOWN" in s["journal"].read_text(), timeout_s=10)
+        sent = time.monotonic()
+        group.signal("w1", signal.SIGTERM)
+        # THEN it exits at once with 128 + SIGTERM instead of waiting for the slow flush
+        assert group.wait("w1", timeout_s=10) == 128 + signal.SIGTERM
+        assert time.monotonic() - sent < 5
+        producer.stop()
+    # AND every checkpoint already written is still there (none went backwards)
+    after = {lease.lease_key: lease.checkpoint for lease in s["store"].list_leases()}
+    for key, checkpoint in before.items():
+        if checkpoint.is_real:
+            assert not checkpoint.is_after(after[key]), key

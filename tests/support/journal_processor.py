@@ -9,6 +9,7 @@ records after the last checkpoint, never losses).
 from __future__ import annotations
 
 import os
+import time
 
 from worker_lib.processing.processor import (
     InitializationInput,
@@ -53,6 +54,8 @@ class JournalProcessor:
 
     def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
         self._append([f"{os.getpid()} {input.shard_id} SHUTDOWN -\n"])
+        # a slow flush, to test what a second SIGTERM does while a graceful shutdown is in progress
+        time.sleep(float(os.environ.get("SHARDLEASE_TEST_SLOW_SHUTDOWN_S", "0")))
         input.checkpointer.checkpoint()
 
 

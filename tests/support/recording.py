@@ -106,4 +106,3 @@ def wait_until(predicate: Callable[[], bool], *, timeout_s: float, step_s: float
             return True
         time.sleep(step_s)
     return predicate()
-
