@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import botocore.exceptions
 import pytest
 
 from worker_lib import aws
@@ -13,6 +14,7 @@ from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.models import Checkpoint, Lease
+from worker_lib.processing.consumer import LeaseCheckpointer
 from worker_lib.tables.admin import ensure_tables
 
 
@@ -170,3 +172,47 @@ def test_many_leases_renew_in_parallel(store: DynamoDBLeaseStore) -> None:
     holder.close()
     # THEN every one is renewed
     assert len(report.renewed) == 40 and report.lost == () and report.failed == ()
+
+
+def test_a_checkpoint_after_a_handoff_started_between_renewals_is_written_as_checkpoint_owner(
+    store: DynamoDBLeaseStore,
+) -> None:
+    # GIVEN w1 holds a lease and the leader starts a graceful handoff to w2 before w1's next renewal
+    holder = LeaseHolder(store, "w1")
+    assert holder.take(assigned(store, "shard-a", "w1"))
+    current = store.get_lease("shard-a")
+    assert current is not None and store.initiate_graceful_handoff(current, "w2") is not None
+    # WHEN w1 checkpoints (its view still says it is the plain owner)
+    written = holder.checkpoint("shard-a", Checkpoint(sequence="77"))
+    # THEN the checkpoint lands as checkpoint owner, the lease is not lost, and the handoff is noticed
+    assert written is not None and written.checkpoint == Checkpoint(sequence="77")
+    assert holder.held_keys() == ["shard-a"] and holder.handoff_requested("shard-a")
+    # AND completing the handoff gives w2 the lease with that checkpoint
+    assert holder.complete_handoff("shard-a")
+    stored = store.get_lease("shard-a")
+    assert stored is not None and stored.lease_owner == "w2" and stored.checkpoint == Checkpoint(sequence="77")
+
+
+def test_a_checkpoint_that_fails_transiently_is_retried_not_redelivered(store: DynamoDBLeaseStore) -> None:
+    # GIVEN a held lease and a checkpointer whose first two UpdateItem calls fail with a 5xx after retries
+    holder = LeaseHolder(store, "w1")
+    assert holder.take(assigned(store, "shard-a", "w1"))
+    client = store._client  # the store's own botocore client
+    failures = {"left": 2}
+
+    def fail(params: dict[str, Any], **_: Any) -> None:
+        if failures["left"] > 0 and "#checkpoint =" in str(params.get("UpdateExpression", "")):
+            failures["left"] -= 1
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://dynamodb")
+
+    client.meta.events.register("provide-client-params.dynamodb.UpdateItem", fail)
+    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=Checkpoint(sequence="1"))
+    checkpointer.largest_permitted = Checkpoint(sequence="5")
+    try:
+        # WHEN the processor checkpoints
+        checkpointer.checkpoint()
+    finally:
+        client.meta.events.unregister("provide-client-params.dynamodb.UpdateItem", fail)
+    # THEN it succeeded after the transient failures, without raising into the processor
+    stored = store.get_lease("shard-a")
+    assert failures["left"] == 0 and stored is not None and stored.checkpoint == Checkpoint(sequence="5")

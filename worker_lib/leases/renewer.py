@@ -76,6 +76,10 @@ class LeaseHolder:
     # --- bookkeeping ----------------------------------------------------------------------------------------
 
     @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
     def validity_s(self) -> float:
         return (self._config.failover_time_ms - self._config.epsilon_ms) / 1000
 
@@ -196,13 +200,34 @@ class LeaseHolder:
         if entry is None or not self.is_valid(lease_key):
             return None
         with entry.lock:
-            sent = self._clock.monotonic()
-            updated = write(entry.lease)
-            if updated is not None:
-                entry.lease = updated
-                if moves_counter:  # a counter increment is a renewal: validity restarts from the send time
-                    entry.sent_at = sent
-                return updated
+            for _ in range(2):
+                sent = self._clock.monotonic()
+                updated = write(entry.lease)
+                if updated is not None:
+                    entry.lease = updated
+                    if moves_counter:  # a counter increment is a renewal: validity restarts from the send time
+                        entry.sent_at = sent
+                    return updated
+                # The leader may have started a graceful handoff since our last renewal (leaseOwner moved to the
+                # new owner, checkpointOwner = us, counter untouched): we are still the one processing, so the
+                # write is retried once as checkpoint owner — exactly as a renewal would be.
+                current = self._store.get_lease(lease_key)
+                if not (
+                    current is not None
+                    and current.checkpoint_owner == self.worker_id
+                    and current.lease_owner != self.worker_id
+                    and current.lease_counter == entry.lease.lease_counter
+                    and entry.lease.checkpoint_owner != self.worker_id
+                ):
+                    break
+                log.info(
+                    "graceful handoff requested lease=%s from=%s to=%s (seen at %s)",
+                    lease_key,
+                    self.worker_id,
+                    current.lease_owner,
+                    what,
+                )
+                entry.lease, entry.handoff_requested = current, True
         self._mark_lost(lease_key, f"{what} condition failed")
         return None
 

@@ -99,7 +99,23 @@ class LeaseCheckpointer:
     def _write(self, value: Checkpoint) -> None:
         if self._last is not None and value == self._last:
             return  # already recorded: spare a write
-        if self._holder.checkpoint(self._lease_key, value) is None:
+        # Infrastructure errors (throttling, 5xx, timeouts beyond botocore's own retries) are retried here while
+        # the lease is still valid: letting them out of process_records would make the consumer deliver the same
+        # batch again — duplicates without any ownership change.
+        delay = 0.2
+        while True:
+            try:
+                written = self._holder.checkpoint(self._lease_key, value)
+                break
+            except DependencyError as exc:
+                if not self._holder.is_valid(self._lease_key):
+                    raise ShutdownError(
+                        f"lease {self._lease_key}: checkpoint could not be written before the lease ran out ({exc})"
+                    ) from exc
+                log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self._lease_key, delay, exc)
+                self._holder.clock.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        if written is None:
             raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
         self._last = value
         self.writes += 1
