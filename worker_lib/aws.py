@@ -72,6 +72,13 @@ def client(service: str, aws: AwsConfig, boto3_session: boto3.Session | None = N
     return session.client(service, **kwargs)  # type: ignore[call-overload]
 
 
+def client_or_new(
+    service: str, injected: Any, aws_config: AwsConfig | None, boto3_session: boto3.Session | None = None
+) -> Any:
+    """The ``injected`` client if given, else a new one for ``service`` (what every store's constructor does)."""
+    return injected if injected is not None else client(service, aws_config or AwsConfig(), boto3_session)
+
+
 def error_code(exc: BaseException) -> str:
     """The AWS error code of a ``ClientError`` ("" for anything else)."""
     if isinstance(exc, botocore.exceptions.ClientError):

@@ -36,7 +36,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
@@ -291,32 +291,28 @@ class SimResult:
         }
 
 
-def max_over_mean(values: Iterable[float]) -> float:
-    """max ÷ mean (1.0 for an empty or idle set)."""
-    data = list(values)
-    if not data:
-        return 1.0
-    mean = sum(data) / len(data)
-    return max(data) / mean if mean > 0 else 1.0
-
-
-def min_over_mean(values: Iterable[float]) -> float:
-    """min ÷ mean (1.0 for an empty or idle set)."""
-    data = list(values)
-    if not data:
-        return 1.0
-    mean = sum(data) / len(data)
-    return min(data) / mean if mean > 0 else 1.0
-
-
-def p95_over_mean(values: Iterable[float]) -> float:
-    """95th percentile (nearest rank) ÷ mean (1.0 for an empty or idle set)."""
+def _over_mean(values: Iterable[float], pick: Callable[[list[float]], float]) -> float:
+    """``pick(sorted values)`` ÷ mean (1.0 for an empty or idle set)."""
     data = sorted(values)
     if not data:
         return 1.0
     mean = sum(data) / len(data)
-    rank = max(1, math.ceil(0.95 * len(data)))
-    return data[rank - 1] / mean if mean > 0 else 1.0
+    return pick(data) / mean if mean > 0 else 1.0
+
+
+def max_over_mean(values: Iterable[float]) -> float:
+    """max ÷ mean (1.0 for an empty or idle set)."""
+    return _over_mean(values, lambda data: data[-1])
+
+
+def min_over_mean(values: Iterable[float]) -> float:
+    """min ÷ mean (1.0 for an empty or idle set)."""
+    return _over_mean(values, lambda data: data[0])
+
+
+def p95_over_mean(values: Iterable[float]) -> float:
+    """95th percentile (nearest rank) ÷ mean (1.0 for an empty or idle set)."""
+    return _over_mean(values, lambda data: data[max(1, math.ceil(0.95 * len(data))) - 1])
 
 
 def lpt_loads(rates: Iterable[float], workers: int) -> list[float]:

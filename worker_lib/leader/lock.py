@@ -88,9 +88,7 @@ class DynamoDBLeaderLock:
         self.owner = owner
         self.table_name = coordinator_state_table_name(app)
         self._config = config or LeaderLockConfig()
-        self._client = (
-            client if client is not None else aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
-        )
+        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
         self._version: str | None = None  # the recordVersionNumber of our last successful write
         self._sent_at: float | None = None  # monotonic send time of that write

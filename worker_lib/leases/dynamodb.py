@@ -122,7 +122,7 @@ class DynamoDBLeaseStore:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.table_name = lease_table_name(app)
-        self._client = client or aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
+        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
 
     # --- reading ---------------------------------------------------------------------------------------------
@@ -262,15 +262,16 @@ class DynamoDBLeaseStore:
             # The leader started a graceful handoff away from us (counter untouched): keep renewing as the
             # checkpoint owner so the lease does not expire while we finish and checkpoint.
             return self._renew_once(current, owner, in_handoff=True, throughput_kbps=throughput_kbps)
-        if current.lease_counter == lease.lease_counter + 1 and current.actual_owner == owner and (
-            throughput_kbps is None or _close(current.throughput_kbps, throughput_kbps)
-        ) and current.checkpoint == lease.checkpoint:
+        if (
+            current.lease_counter == lease.lease_counter + 1
+            and current.actual_owner == owner
+            and (throughput_kbps is None or _close(current.throughput_kbps, throughput_kbps))
+            and current.checkpoint == lease.checkpoint
+        ):
             return current  # our write was applied and its reply lost
         return None
 
-    def _renew_once(
-        self, lease: Lease, owner: str, *, in_handoff: bool, throughput_kbps: float | None
-    ) -> Lease | None:
+    def _renew_once(self, lease: Lease, owner: str, *, in_handoff: bool, throughput_kbps: float | None) -> Lease | None:
         update = _Update().require_equal(A.LEASE_COUNTER, number(lease.lease_counter))
         if in_handoff:
             update.require_equal(A.CHECKPOINT_OWNER, {"S": owner})
@@ -291,10 +292,12 @@ class DynamoDBLeaseStore:
             lease,
             update,
             operation="checkpoint",
-            applied=lambda cur: cur.lease_counter == lease.lease_counter + 1
-            and cur.checkpoint == checkpoint
-            and cur.pending_checkpoint is None
-            and cur.actual_owner == owner,
+            applied=lambda cur: (
+                cur.lease_counter == lease.lease_counter + 1
+                and cur.checkpoint == checkpoint
+                and cur.pending_checkpoint is None
+                and cur.actual_owner == owner
+            ),
         )
 
     def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
@@ -305,9 +308,11 @@ class DynamoDBLeaseStore:
             lease,
             update,
             operation="prepare_checkpoint",
-            applied=lambda cur: cur.lease_counter == lease.lease_counter + 1
-            and cur.pending_checkpoint == pending
-            and cur.actual_owner == owner,
+            applied=lambda cur: (
+                cur.lease_counter == lease.lease_counter + 1
+                and cur.pending_checkpoint == pending
+                and cur.actual_owner == owner
+            ),
         )
 
     def _fenced_by_processing_owner(self, lease: Lease, owner: str) -> _Update:
@@ -336,9 +341,11 @@ class DynamoDBLeaseStore:
             lease,
             update,
             operation="assign",
-            applied=lambda cur: cur.lease_owner == new_owner
-            and cur.checkpoint_owner is None
-            and (expected_counter is None or cur.lease_counter == expected_counter + 1),
+            applied=lambda cur: (
+                cur.lease_owner == new_owner
+                and cur.checkpoint_owner is None
+                and (expected_counter is None or cur.lease_counter == expected_counter + 1)
+            ),
         )
 
     def initiate_graceful_handoff(self, lease: Lease, new_owner: str) -> Lease | None:

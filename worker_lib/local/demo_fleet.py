@@ -31,6 +31,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import AwsConfig
 from ..errors import ShardleaseError
 from ..leases.dynamodb import DynamoDBLeaseStore
+from ..metrics.stats_store import WorkerMetricsStore
 from ..tables.admin import ensure_tables
 from .demo_processor import JOURNAL_ENV, WORK_ENV
 from .emulators import Emulator, start_kinesalite, start_moto
@@ -403,13 +404,13 @@ def fleet_rows(fleet: Fleet, store: DynamoDBLeaseStore, metrics: dict[str, float
 
 
 def read_worker_cpu(ddb: Any, app: str) -> dict[str, float]:
-    """Latest CPU report per worker from ``<app>-WorkerMetricStats`` (KCL format: sts.C is a list, newest last)."""
+    """Latest CPU report per worker (the last real value of ``sts.C``), for the live view."""
     out: dict[str, float] = {}
-    with contextlib.suppress(Exception):
-        for item in ddb.scan(TableName=f"{app}-WorkerMetricStats").get("Items", []):
-            values = item.get("sts", {}).get("M", {}).get("C", {}).get("L", [])
+    with contextlib.suppress(ShardleaseError):
+        for stats in WorkerMetricsStore(app, client=ddb).list_all():
+            values = [v for v in stats.stats.get("C", ()) if v >= 0]
             if values:
-                out[item["wid"]["S"]] = float(values[-1]["N"])
+                out[stats.worker_id] = values[-1]
     return out
 
 

@@ -223,7 +223,13 @@ class ProcStatCpu(_CpuMetricBase):
 class _CgroupCpu(_CpuMetricBase):
     """Δ(cpu time used) / Δwall ÷ (CPUs allowed); 0 on the first call. Δwall comes from the injected clock."""
 
-    def __init__(self, root: str | os.PathLike[str], *, clock: Clock, operating_range_max: float) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        operating_range_max: float = 100.0,
+    ) -> None:
         super().__init__(clock=clock, operating_range_max=operating_range_max)
         self._root = Path(root)
         self._previous: tuple[float, float] | None = None  # (cpu seconds used, monotonic seconds)
@@ -258,15 +264,6 @@ class CgroupV2Cpu(_CgroupCpu):
     """cgroup v2 (unified hierarchy, e.g. Amazon Linux 2023 nodes): ``cpu.stat`` ``usage_usec``, ``cpu.max``
     ("quota period" or "max period"; with "max" the CPUs of ``cpuset.cpus.effective``)."""
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        operating_range_max: float = 100.0,
-    ) -> None:
-        super().__init__(root, clock=clock, operating_range_max=operating_range_max)
-
     def _usage_seconds(self) -> float:
         for line in _read_text(self._root / "cpu.stat").splitlines():
             key, _, value = line.partition(" ")
@@ -288,15 +285,6 @@ class CgroupV1Cpu(_CgroupCpu):
     """cgroup v1 (e.g. Amazon Linux 2 nodes): ``cpu/cpuacct.usage`` (ns; ``cpuacct/cpuacct.usage`` where the
     controllers are mounted apart), ``cpu/cpu.cfs_quota_us`` / ``cpu/cpu.cfs_period_us``; quota −1 → the CPUs of
     ``cpuset/cpuset.effective_cpus``."""
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        operating_range_max: float = 100.0,
-    ) -> None:
-        super().__init__(root, clock=clock, operating_range_max=operating_range_max)
 
     def _usage_path(self) -> Path:
         primary = self._root / "cpu" / "cpuacct.usage"

@@ -166,7 +166,7 @@ class CloudWatchPublisher:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._namespace, self._app, self._worker = namespace, app, worker_id
-        self._client = client or aws.client("cloudwatch", aws_config or AwsConfig())
+        self._client = aws.client_or_new("cloudwatch", client, aws_config)
         self._clock = clock
         self._buffer = _Buffer()
 

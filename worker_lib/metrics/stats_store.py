@@ -43,9 +43,7 @@ class WorkerMetricsStore:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.table_name = worker_metrics_table_name(app)
-        self._client = (
-            client if client is not None else aws.client("dynamodb", aws_config or AwsConfig(), boto3_session)
-        )
+        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
 
     def put(self, stats: WorkerMetricStats) -> None:

@@ -80,7 +80,7 @@ class KinesisShardDetector:
         backoff_max_s: float = 5.0,
     ) -> None:
         self.stream = stream
-        self._client = client or aws.client("kinesis", aws_config or AwsConfig(), boto3_session)
+        self._client = aws.client_or_new("kinesis", client, aws_config, boto3_session)
         self._clock = clock
         self._page_size = page_size
         self._max_attempts = max(1, max_attempts)
