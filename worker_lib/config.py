@@ -154,6 +154,10 @@ class LeaseConfig:
     failover_time_ms: lease duration; a lease whose counter has not moved for this long is expired (10 000).
     epsilon_ms: safety margin subtracted from the renewal interval (25).
     max_leases_for_worker: hard cap per worker (None = unlimited, as KCL).
+    heartbeat_interval_ms: the worker heartbeat (docs/failover.md): one write per worker per interval that lets
+      the leader see a departed or dead worker within about a second and brings back its notices of new leases
+      (default 1000, or a third of the failover time if that is shorter; ``SHARDLEASE_HEARTBEAT_INTERVAL_MS``;
+      0 = off: KCL's pace, liveness judged per lease only). Between 100 and a third of the failover time.
     """
 
     failover_time_ms: int = 10_000
@@ -161,10 +165,18 @@ class LeaseConfig:
     max_leases_for_worker: int | None = None
     graceful_handoff_timeout_ms: int = 30_000
     graceful_handoff_enabled: bool = True
+    heartbeat_interval_ms: int = -1  # -1: the default, min(1000, failover / 3)
 
     def __post_init__(self) -> None:
         if self.failover_time_ms < 1_000:
             raise ConfigError(f"failover_time_ms={self.failover_time_ms} is too short (minimum 1000)")
+        if self.heartbeat_interval_ms == -1:
+            object.__setattr__(self, "heartbeat_interval_ms", min(1_000, self.failover_time_ms // 3))
+        if self.heartbeat_interval_ms != 0 and not 100 <= self.heartbeat_interval_ms <= self.failover_time_ms // 3:
+            raise ConfigError(
+                f"heartbeat_interval_ms={self.heartbeat_interval_ms} must be 0 (off) or between 100 and a third of "
+                f"failover_time_ms ({self.failover_time_ms // 3})"
+            )
         if not 0 <= self.epsilon_ms < self.failover_time_ms // 3:
             raise ConfigError("epsilon_ms must be between 0 and a third of failover_time_ms")
         if self.max_leases_for_worker is not None and self.max_leases_for_worker < 1:
@@ -190,24 +202,30 @@ class LeaseConfig:
             failover_time_ms=_env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
             max_leases_for_worker=cap or None,
             graceful_handoff_timeout_ms=_env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
+            heartbeat_interval_ms=_env_int(e, "SHARDLEASE_HEARTBEAT_INTERVAL_MS", -1),
         )
+
+    @property
+    def heartbeat_enabled(self) -> bool:
+        return self.heartbeat_interval_ms > 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class LeaderLockConfig:
     """The leader lock in ``<app>-CoordinatorState``.
 
-    lease_duration_ms: how long a lock holder is leader after its last successful heartbeat (30 s). KCL uses
+    lease_duration_ms: how long a lock holder is leader after its last successful heartbeat (10 s). KCL uses
       120 s with observation-based expiry; ours is time-based so that a Lambda living < 1 min can take over
-      from a dead leader at its first invocation (docs/design.md, "Leader lock").
-    heartbeat_interval_ms: how often the holder extends the lock (10 s; must be ≤ a third of the duration).
+      from a dead leader at its first invocation (docs/leader-lock.md); 10 s bounds the leaderless time after a
+      crash to about 12 s (docs/failover.md).
+    heartbeat_interval_ms: how often the holder extends the lock (3 s; must be ≤ a third of the duration).
     max_clock_skew_ms: the bound we assume on wall-clock disagreement between hosts (1 s). A holder stops
       treating itself as leader this long before the expiry others will see.
     poll_interval_ms: how often a contender re-reads the lock while waiting (1 s).
     """
 
-    lease_duration_ms: int = 30_000
-    heartbeat_interval_ms: int = 10_000
+    lease_duration_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
     max_clock_skew_ms: int = 1_000
     poll_interval_ms: int = 1_000
 
@@ -225,8 +243,8 @@ class LeaderLockConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderLockConfig:
         e = _env(env)
         return cls(
-            lease_duration_ms=_env_int(e, "SHARDLEASE_LEADER_LOCK_DURATION_MS", 30_000),
-            heartbeat_interval_ms=_env_int(e, "SHARDLEASE_LEADER_HEARTBEAT_MS", 10_000),
+            lease_duration_ms=_env_int(e, "SHARDLEASE_LEADER_LOCK_DURATION_MS", 10_000),
+            heartbeat_interval_ms=_env_int(e, "SHARDLEASE_LEADER_HEARTBEAT_MS", 3_000),
             max_clock_skew_ms=_env_int(e, "SHARDLEASE_MAX_CLOCK_SKEW_MS", 1_000),
         )
 
@@ -239,11 +257,22 @@ class LeaderConfig:
     max_consecutive_failures: leadership is released after this many failed cycles in a row (KCL: 3).
     deadline_margin_ms: a host with a time limit (Lambda) stops starting cycles this long before its deadline,
       so that it can finish the cycle in flight and release the lock for the next invocation (10 s).
+    fast_tick_ms: between full cycles the leader reads the worker-metrics table this often and acts at once on a
+      departed, silent or changed worker (docs/failover.md); 1000, or the cycle interval if that is shorter;
+      ``SHARDLEASE_LEADER_FAST_TICK_MS``; 0 = off (KCL's pace: everything waits for the next full cycle).
+    term_ms: how long one Lambda invocation leads before it releases the lock to the next one (65 000: the 1-minute
+      schedule plus 5 s of overlap, so the next invocation is already waiting); ``SHARDLEASE_LEADER_TERM_MS``.
+    takeover_wait_ms: an invocation that finds the lock held waits up to this long when the holder will release
+      it (or its lock will expire) within that time, and takes over at once; otherwise it exits after one read
+      (20 000); ``SHARDLEASE_LEADER_TAKEOVER_WAIT_MS``; 0 = always exit at once.
     """
 
     cycle_interval_ms: int = 20_000
     max_consecutive_failures: int = 3
     deadline_margin_ms: int = 10_000
+    fast_tick_ms: int = -1  # -1: the default, min(1000, cycle_interval_ms)
+    term_ms: int = 65_000
+    takeover_wait_ms: int = 20_000
 
     def __post_init__(self) -> None:
         if self.cycle_interval_ms < 100:
@@ -252,6 +281,17 @@ class LeaderConfig:
             raise ConfigError("max_consecutive_failures must be at least 1")
         if self.deadline_margin_ms < 0:
             raise ConfigError("deadline_margin_ms must not be negative")
+        if self.fast_tick_ms == -1:
+            object.__setattr__(self, "fast_tick_ms", min(1_000, self.cycle_interval_ms))
+        if self.fast_tick_ms != 0 and not 100 <= self.fast_tick_ms <= self.cycle_interval_ms:
+            raise ConfigError(
+                f"fast_tick_ms={self.fast_tick_ms} must be 0 (off) or between 100 and cycle_interval_ms "
+                f"({self.cycle_interval_ms})"
+            )
+        if self.term_ms < 1_000:
+            raise ConfigError(f"term_ms={self.term_ms} must be at least 1000")
+        if self.takeover_wait_ms < 0:
+            raise ConfigError(f"takeover_wait_ms={self.takeover_wait_ms} must not be negative")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderConfig:
@@ -260,6 +300,9 @@ class LeaderConfig:
             cycle_interval_ms=_env_int(e, "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", 20_000),
             max_consecutive_failures=_env_int(e, "SHARDLEASE_LEADER_MAX_FAILURES", 3),
             deadline_margin_ms=_env_int(e, "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS", 10_000),
+            fast_tick_ms=_env_int(e, "SHARDLEASE_LEADER_FAST_TICK_MS", -1),
+            term_ms=_env_int(e, "SHARDLEASE_LEADER_TERM_MS", 65_000),
+            takeover_wait_ms=_env_int(e, "SHARDLEASE_LEADER_TAKEOVER_WAIT_MS", 20_000),
         )
 
 

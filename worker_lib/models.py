@@ -136,6 +136,29 @@ class ShardInfo:
         return tuple(p for p in (self.parent_shard_id, self.adjacent_parent_shard_id) if p)
 
 
+class WorkerState(enum.Enum):
+    """What a heartbeating worker says about itself (``wst``)."""
+
+    ACTIVE = "ACTIVE"
+    DEPARTING = "DEPARTING"
+    """Shutting down: finishing batches and giving its leases up. The leader assigns it nothing more."""
+    STOPPED = "STOPPED"
+    """Gone: it fenced itself (processes nothing) before writing this, so whatever it still owns may move now."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerHeartbeat:
+    """A worker's heartbeat attributes: ``hbc`` (counter, +1 per beat), ``hbt`` (its wall clock at sending, ms),
+    ``hbi`` (its beat interval, ms), ``wst`` (state) and ``evc`` (a counter it bumps when it released or created
+    leases the leader should look at)."""
+
+    counter: int
+    wall_ms: int
+    interval_ms: int
+    state: WorkerState = WorkerState.ACTIVE
+    events: int = 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerMetricStats:
     """One item of ``<app>-WorkerMetricStats`` (reference §2).
@@ -143,6 +166,9 @@ class WorkerMetricStats:
     stats: metric name (``C`` CPU, ``M`` memory, ``NI``/``NO`` network, ...) → last ≤ 10 window averages,
       newest last; −1 marks a window with no samples.
     operating_range: metric name → list whose first value is the maximum utilisation (default 100).
+    heartbeat: the worker's liveness attributes (ours, docs/failover.md); ``None`` for a worker that does not
+      heartbeat (a KCL worker, or ``SHARDLEASE_HEARTBEAT_INTERVAL_MS=0``).
+    assignment_version / assigned_keys: the leader's notice of new leases for this worker (ours).
     """
 
     worker_id: str
@@ -150,6 +176,14 @@ class WorkerMetricStats:
     stats: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     operating_range: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     entity_type: str | None = None
+    heartbeat: WorkerHeartbeat | None = None
+    assignment_version: int = 0
+    assigned_keys: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> WorkerState:
+        """ACTIVE unless the worker announced its shutdown (heartbeating workers only)."""
+        return self.heartbeat.state if self.heartbeat is not None else WorkerState.ACTIVE
 
     @property
     def is_default_metric_worker(self) -> bool:

@@ -1,10 +1,12 @@
 """The worker: the composition root users embed (DESIGN.md §4).
 
 One coordinator thread renews held leases every renewer interval (failover / 3 − ε) and discovers newly assigned
-ones every discovery interval; one consumer thread per lease reads and processes its shard; an optional
-reporter thread writes worker metrics (CPU, …) for the leader. ``shutdown()`` (or SIGTERM through
-:meth:`Worker.run`) lets every consumer finish its batch in flight, asks the processor to checkpoint, and gives
-the leases up at once so the leader reassigns them in its next cycle instead of after expiry.
+ones — at once when the heartbeat brings the leader's notice, else every discovery interval; one consumer thread
+per lease reads and processes its shard; a heartbeat thread tells the leader every second that this worker is
+alive (and fences it when it cannot, docs/failover.md); an optional reporter thread writes worker metrics (CPU, …)
+for the leader. ``shutdown()`` (or SIGTERM through :meth:`Worker.run`) announces the departure (the leader assigns
+nothing more to it), lets every consumer finish its batch in flight, asks the processor to checkpoint, gives the
+leases up at once and announces ``STOPPED``, so the leader reassigns them within about a second.
 
 Nothing starts at construction: threads start in :meth:`start`; AWS clients are created in ``__init__`` from
 the injected session/config (or passed in).
@@ -40,6 +42,7 @@ from .config import (
 )
 from .errors import ConfigError, DependencyError
 from .leases.dynamodb import DynamoDBLeaseStore
+from .leases.heartbeat import HeartbeatLoop
 from .leases.renewer import LeaseDiscoverer, LeaseHolder
 from .leases.store import LeaseStore
 from .metrics.config import WorkerMetricsConfig
@@ -49,13 +52,19 @@ from .metrics.publisher import MetricsConfig, MetricsPublisher, make_publisher
 from .metrics.reporter import WorkerMetricsReporter
 from .metrics.stats_store import WorkerMetricsStore
 from .metrics.throughput import ThroughputRecorder
-from .models import ShardInfo
+from .models import ShardInfo, WorkerState
 from .processing.config import RetrievalConfig
 from .processing.consumer import ConsumerOutcome, ShardConsumer
 from .processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
 from .shardsync.detector import KinesisShardDetector
 
 log = logging.getLogger("shardlease.worker")
+
+KCL_DISCOVERY_INTERVAL_MS = 9_975
+"""KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
+
+DISCOVERY_SAFETY_NET_MS = 30_000
+"""With the heartbeat on, new leases arrive by notice; the GSI query only catches a lost notice."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +76,9 @@ class WorkerConfig:
       groups workers into clusters in ``shardlease status``.
     initial_position / initial_timestamp: only used for a lease whose checkpoint is ``AT_TIMESTAMP`` (the
       timestamp) — the leader decides the initial checkpoint of every lease it creates.
-    discovery_interval_ms: how often the GSI is queried for leases assigned to us (KCL 9975 ms).
+    discovery_interval_ms: how often the GSI is queried for leases assigned to us. With the heartbeat on, new leases
+      arrive by the leader's notice within a beat and this query is only the safety net (30 000 ms); with the
+      heartbeat off it is the only way, at KCL's 9975 ms. ``SHARDLEASE_DISCOVERY_INTERVAL_MS``.
     shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s).
     """
 
@@ -79,7 +90,7 @@ class WorkerConfig:
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    discovery_interval_ms: int = 9_975
+    discovery_interval_ms: int | None = None
     shutdown_timeout_ms: int = 30_000
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig)
@@ -93,7 +104,10 @@ class WorkerConfig:
             raise ConfigError("a worker needs a stream name")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}")
-        if self.discovery_interval_ms < 100:
+        if self.discovery_interval_ms is None:
+            default = DISCOVERY_SAFETY_NET_MS if self.lease.heartbeat_enabled else KCL_DISCOVERY_INTERVAL_MS
+            object.__setattr__(self, "discovery_interval_ms", default)
+        if self.discovery_interval_s < 0.1:
             raise ConfigError("discovery_interval_ms must be at least 100")
         if self.shutdown_timeout_ms < 0:
             raise ConfigError("shutdown_timeout_ms must not be negative")
@@ -103,6 +117,10 @@ class WorkerConfig:
     @property
     def renewer_interval_s(self) -> float:
         return self.lease.renewer_interval_ms / 1000
+
+    @property
+    def discovery_interval_s(self) -> float:
+        return (self.discovery_interval_ms or KCL_DISCOVERY_INTERVAL_MS) / 1000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
@@ -117,7 +135,7 @@ class WorkerConfig:
             "lease": LeaseConfig.from_env(e),
             "consumer": ConsumerConfig.from_env(e),
             "retrieval": RetrievalConfig.from_env(e),
-            "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 9_975),
+            "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
             "metrics": MetricsConfig.from_env(e),
             "worker_metrics": WorkerMetricsConfig.from_env(e),
             "leader_mode": e.get("SHARDLEASE_LEADER_MODE", "none").strip().lower() or "none",
@@ -181,13 +199,14 @@ class Worker:
         self._throughput: ThroughputTracker = throughput or ThroughputRecorder(
             window_ms=config.lease.renewer_interval_ms, clock=clock
         )
+        self._worker_metrics = WorkerMetricsStore(config.app, client=self._dynamodb, clock=clock)
         self._reporter = metrics_reporter
         if self._reporter is None and config.report_worker_metrics:
             cpu = cpu_metric_from_env(clock=clock) if config.cpu_metric is None else config.cpu_metric
             self._reporter = WorkerMetricsReporter(
                 config.worker_id,
                 [cpu] if cpu is not None else [],
-                WorkerMetricsStore(config.app, client=self._dynamodb, clock=clock),
+                self._worker_metrics,
                 config=config.worker_metrics,
                 clock=clock,
             )
@@ -202,7 +221,21 @@ class Worker:
             config=config.lease,
             clock=clock,
             throughput=self._throughput.renewal_value,
+            on_release=self._on_release,
         )
+        self._heartbeat: HeartbeatLoop | None = None
+        if config.lease.heartbeat_enabled:
+            self._heartbeat = HeartbeatLoop(
+                self._worker_metrics,
+                self.worker_id,
+                interval_ms=config.lease.heartbeat_interval_ms,
+                fence=self._holder,
+                on_notice=self._on_notice,
+                clock=clock,
+            )
+        self._notice_guard = threading.Lock()
+        self._noticed_keys: set[str] = set()
+        self._notice_full = False
         self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
         self._detector = KinesisShardDetector(config.stream, client=self._kinesis, clock=clock)
         self._running: dict[str, _Running] = {}
@@ -231,6 +264,8 @@ class Worker:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("worker already started")
+        if self._heartbeat is not None:
+            self._heartbeat.start()
         if self._reporter is not None:
             self._reporter.start()
         self._thread = threading.Thread(target=self._coordinate, name=f"worker-{self.worker_id}", daemon=True)
@@ -254,6 +289,8 @@ class Worker:
         undone; a lease whose consumer did not finish expires normally.
         """
         timeout = self.config.shutdown_timeout_ms / 1000 if timeout_s is None else timeout_s
+        if self._heartbeat is not None:  # first: from now on the leader assigns nothing more to us
+            self._heartbeat.announce(WorkerState.DEPARTING)
         self._stop.set()
         with self._guard:
             running = list(self._running.values())
@@ -275,6 +312,11 @@ class Worker:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
         if self._leader_thread is not None:
             self._leader_thread.join(max(1.0, deadline - self._clock.monotonic()))
+        if self._heartbeat is not None:
+            # Fence first, then say so: whatever a consumer that did not finish still holds may move at once.
+            self._holder.fence_all("worker stopped")
+            self._heartbeat.stop()
+            self._heartbeat.announce(WorkerState.STOPPED)
         if self._reporter is not None:
             self._reporter.stop()
         self._metrics.flush()
@@ -325,12 +367,23 @@ class Worker:
         next_flush = self._clock.monotonic() + self.config.metrics.flush_interval_ms / 1000
         while not self._stop.is_set():
             now = self._clock.monotonic()
+            if self._heartbeat is not None and not self._heartbeat.established.is_set():
+                # No lease is taken before the first heartbeat landed: from then on the fence protects them.
+                next_discovery = now
+                self._sleep(0.05)
+                continue
             try:
                 if now >= next_renewal:
                     next_renewal = now + self.config.renewer_interval_s
                     self._renew()
+                noticed = self._take_notice()
+                if noticed is not None and now < next_discovery:
+                    if noticed:
+                        self._discover(keys=noticed)
+                    else:
+                        next_discovery = now
                 if now >= next_discovery:
-                    next_discovery = now + self.config.discovery_interval_ms / 1000
+                    next_discovery = now + self.config.discovery_interval_s
                     self._discover()
                 if now >= next_flush:
                     next_flush = now + self.config.metrics.flush_interval_ms / 1000
@@ -356,10 +409,12 @@ class Worker:
         if report.lost:
             self._metrics.add("LeasesLost", len(report.lost))
 
-    def _discover(self) -> None:
+    def _discover(self, keys: Sequence[str] | None = None) -> None:
         with self._guard:
             busy = set(self._running)
-        for lease in self._discoverer.discover(set(self._holder.held_keys()) | busy):
+        held = set(self._holder.held_keys()) | busy
+        found = self._discoverer.discover(held) if keys is None else self._discoverer.discover_keys(keys, held)
+        for lease in found:
             if self._stop.is_set():
                 return
             self._throughput.seed(lease.lease_key, lease.throughput_kbps)
@@ -408,6 +463,8 @@ class Worker:
             self._throughput.forget(key)
             if outcome is ConsumerOutcome.LOST:
                 self._holder.drop(key)
+            if outcome is ConsumerOutcome.FINISHED and self._heartbeat is not None:
+                self._heartbeat.note_event()  # child leases were created: the leader assigns them at once
 
     def _on_records(self, lease_key: str, records: Sequence[KinesisRecord], millis_behind: int | None) -> None:
         self._metrics.add(MetricName.RECORDS_PROCESSED, len(records))
@@ -416,6 +473,40 @@ class Worker:
             self._metrics.add(MetricName.MILLIS_BEHIND_LATEST, millis_behind, unit="Milliseconds", aggregation="max")
         if self._user_on_records is not None:
             self._user_on_records(lease_key, records, millis_behind)
+
+    # --- notices (docs/failover.md) ---------------------------------------------------------------------------
+
+    def _on_notice(self, keys: tuple[str, ...] | None) -> None:
+        """From the heartbeat thread: the leader assigned us leases (``None``: ask the index which)."""
+        with self._notice_guard:
+            if keys is None:
+                self._notice_full = True
+            else:
+                self._noticed_keys.update(keys)
+
+    def _take_notice(self) -> list[str] | None:
+        """What the coordinator should discover now: keys, ``[]`` for a full discovery, ``None`` for nothing."""
+        with self._notice_guard:
+            if self._notice_full:
+                self._notice_full = False
+                self._noticed_keys.clear()
+                return []
+            if not self._noticed_keys:
+                return None
+            keys = sorted(self._noticed_keys)
+            self._noticed_keys.clear()
+            return keys
+
+    def _on_release(self, lease_key: str, new_owner: str | None) -> None:
+        """A lease left us: tell whoever must act. After a graceful handoff the new owner may start now — it gets
+        the notice directly; a lease given up goes back to the leader, which our next beat (``evc``) wakes."""
+        if new_owner is not None and self._heartbeat is not None:
+            try:
+                self._worker_metrics.notify_assigned(new_owner, [lease_key])
+            except DependencyError as exc:
+                log.warning("could not notify %s of lease %s: %s", new_owner, lease_key, exc)
+        elif self._heartbeat is not None:
+            self._heartbeat.note_event()
 
     def _record_bytes(self, lease_key: str, nbytes: int) -> None:
         if nbytes:

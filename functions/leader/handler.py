@@ -5,11 +5,14 @@ Thin by design: every decision lives in :mod:`worker_lib.leader`. One invocation
 1. builds a :class:`~worker_lib.leader.leader.Leader` from the environment (``SHARDLEASE_APP``,
    ``SHARDLEASE_STREAM`` and the ``from_env()`` of each config area), reusing boto3 clients cached at module level
    across warm invocations (created on first use, never at import);
-2. runs leader cycles until ``LeaderConfig.deadline_margin_ms`` before the invocation's deadline
-   (``context.get_remaining_time_in_millis()``), heartbeating the lock; ``Leader.run`` releases the lock when it
-   returns, so the next scheduled invocation takes over at once;
-3. stops after the first cycle if the lock is held by someone else — a duplicate or concurrent EventBridge
-   delivery, or an embedded leader — and returns ``{"leader": false, ...}`` after one lock read;
+2. runs leader cycles (and fast ticks between them) for ``LeaderConfig.term_ms`` (65 s: the 1-minute schedule
+   plus 5 s of overlap) or until ``deadline_margin_ms`` before the invocation's deadline, whichever is first,
+   heartbeating the lock and announcing in it when it will release; ``Leader.run`` releases the lock when it
+   returns;
+3. if the lock is held by someone else: waits for it when the holder will release it (or its lock will expire)
+   within ``takeover_wait_ms`` — the next scheduled invocation, started while the previous one still leads, takes
+   over the moment it lets go, so there is no leaderless gap (docs/failover.md) — and otherwise (a duplicate
+   delivery, an embedded leader) returns ``{"leader": false, ...}`` after one lock read;
 4. publishes per-cycle metrics as CloudWatch EMF through Powertools (names in :mod:`worker_lib.metrics.names`);
 5. returns a JSON-able summary (``cycles`` holds each cycle's ``CycleReport.to_dict()``).
 
@@ -219,7 +222,10 @@ def handler(event: Mapping[str, Any] | None, context: Any) -> dict[str, Any]:
     logger.append_keys(application=app, stream=stream, owner=owner)
 
     # The deadline is taken first, so that building the leader counts against the invocation's time.
-    deadline = SYSTEM_CLOCK.monotonic() + context.get_remaining_time_in_millis() / 1000
+    started = SYSTEM_CLOCK.monotonic()
+    deadline = started + context.get_remaining_time_in_millis() / 1000
+    leader_config = LeaderConfig.from_env(env)
+    deadline = min(deadline, started + (leader_config.term_ms + leader_config.deadline_margin_ms) / 1000)
     clients = _get_clients(AwsConfig.from_env(env))
     parts = build_leader(
         app=app,
@@ -227,7 +233,7 @@ def handler(event: Mapping[str, Any] | None, context: Any) -> dict[str, Any]:
         aws_config=clients.aws_config,
         shard_sync=ShardSyncConfig.from_env(env),
         owner=owner,
-        leader_config=LeaderConfig.from_env(env),
+        leader_config=leader_config,
         lock_config=LeaderLockConfig.from_env(env),
         assignment=AssignmentConfig.from_env(env),
         lease_config=LeaseConfig.from_env(env),
@@ -235,16 +241,13 @@ def handler(event: Mapping[str, Any] | None, context: Any) -> dict[str, Any]:
         kinesis=clients.kinesis,
     )
     metrics = Metrics(namespace=namespace)
-    stop = threading.Event()
 
     def on_cycle(report: CycleReport) -> None:
         cycle = _json_safe(report.to_dict())
         logger.info("leader cycle", extra={"cycle": cycle})
         _publish(metrics, namespace, app, cycle, per_worker=per_worker)
-        if not report.leader:
-            stop.set()  # someone else leads (duplicate delivery, overlap, embedded leader): exit after one read
 
-    reports = parts.leader.run(stop=stop, deadline_monotonic=deadline, on_cycle=on_cycle)
+    reports = parts.leader.run(deadline_monotonic=deadline, on_cycle=on_cycle, exit_when_held=True)
     summary = summarize(reports, owner=owner)
     logger.info(
         "leader invocation done",

@@ -30,6 +30,7 @@ class MemoryLock:
     heartbeats: int = 0
     releases: int = 0
     heartbeat_times: list[float] = field(default_factory=list)
+    planned_release_ms: int | None = None
 
     def try_acquire(self) -> bool:
         if self.holder in (None, self.owner):
@@ -54,6 +55,12 @@ class MemoryLock:
         self.holder, self.acquired_at = None, None
         self.releases += 1
         return True
+
+    def plan_release(self, wall_ms: int | None) -> None:
+        self.planned_release_ms = wall_ms
+
+    def takeover_eta_s(self) -> float | None:
+        return 0.0 if self.holder is None else None
 
     def is_leader(self) -> bool:
         return (

@@ -957,7 +957,7 @@ class VarianceDecider:
         run = _VarianceRun(self.config, snapshot, rng)
         run.start()
         unassigned = run.assign_pending()
-        balancing = self.config.is_balancing_run(snapshot.run_number)
+        balancing = snapshot.is_balancing_run(self.config.balancing_frequency)
         if balancing and run.worker_ids:
             run.balance()
         return run.plan(balancing_ran=balancing, unassigned=unassigned)
@@ -1086,7 +1086,7 @@ class CountDecider:
 
     def decide(self, snapshot: AssignmentSnapshot, *, rng: random.Random) -> AssignmentPlan:
         state = _CountState(self.config, snapshot, drop_suspects=not self.config.kcl_compatible)
-        balancing = self.config.is_balancing_run(snapshot.run_number)
+        balancing = snapshot.is_balancing_run(self.config.balancing_frequency)
         if self.config.kcl_compatible:
             unassigned = self._assign_kcl(state)
             if balancing:

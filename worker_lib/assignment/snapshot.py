@@ -102,6 +102,8 @@ class AssignmentSnapshot:
     shard_count: live shards for the dynamic cap (seed 004); ``None`` = the number of unfinished leases.
     run_number: 1 for the first run after this leader took over, then 2, 3, … (variance balancing runs on
       runs 1, 1 + f, 1 + 2f, … for balancing frequency f, as KCL's run counter).
+    balance: force balancing on (True) or off (False) regardless of ``run_number``; the leader's fast passes
+      (docs/failover.md) only place leases that need an owner and never rebalance.
     """
 
     leases: tuple[Lease, ...]
@@ -111,6 +113,7 @@ class AssignmentSnapshot:
     last_counter_increment: Mapping[str, float] = field(default_factory=dict)
     shard_count: int | None = None
     run_number: int = 1
+    balance: bool | None = None
 
     def __post_init__(self) -> None:
         if self.run_number < 1:
@@ -130,6 +133,12 @@ class AssignmentSnapshot:
         chosen = [w for w in self.workers if is_assignable_worker(w, self.now_epoch_s, report_interval_s)]
         return tuple(sorted(chosen, key=lambda w: w.worker_id))
 
+    def is_balancing_run(self, balancing_frequency: int) -> bool:
+        """KCL's run counter (runs 1, 1 + f, 1 + 2f, …) unless :attr:`balance` says otherwise."""
+        if self.balance is not None:
+            return self.balance
+        return (self.run_number - 1) % balancing_frequency == 0
+
     def needs_owner(self, lease: Lease) -> bool:
         """Unassigned (no actual owner) or expired."""
         return lease.actual_owner is None or lease.lease_key in self.expired_lease_keys
@@ -145,6 +154,10 @@ class ExpiryTracker:
     (re)gained: a new leader must not judge with another term's observations.
 
     Any change of the counter counts as growth (a lease deleted and re-created starts again at 0).
+
+    Observations can outlive a leader (docs/failover.md): :meth:`export` dates each one on the wall clock, and a
+    new leader restores them (:meth:`restore`) before its first scan, shifted later by the clock-skew bound — a restored
+    observation counts only if the lease still shows the same counter.
     """
 
     def __init__(self, failover_s: float) -> None:
@@ -152,6 +165,7 @@ class ExpiryTracker:
             raise ValueError("failover_s must be positive")
         self._failover_s = failover_s
         self._seen: dict[str, tuple[int, float]] = {}
+        self._restored: dict[str, tuple[int, float]] = {}
 
     @property
     def failover_s(self) -> float:
@@ -160,13 +174,33 @@ class ExpiryTracker:
     def reset(self) -> None:
         """Forget every observation (call on leadership takeover)."""
         self._seen.clear()
+        self._restored.clear()
+
+    def export(self, now_monotonic: float, now_wall: float) -> list[tuple[str, int, float]]:
+        """``(lease key, counter, wall time since which the counter stood still)`` for every owned lease seen."""
+        return [
+            (key, counter, now_wall - (now_monotonic - last))
+            for key, (counter, last) in sorted(self._seen.items())
+            if last != NEVER
+        ]
+
+    def restore(
+        self, entries: Iterable[tuple[str, int, float]], now_monotonic: float, now_wall: float, skew_s: float
+    ) -> None:
+        """Seed the next :meth:`observe` with another leader's exported observations (wall-dated, trusted up to the
+        skew bound ``skew_s``: each is taken as made ``skew_s`` later than its date, never later than now)."""
+        self._restored = {
+            key: (counter, now_monotonic - max(0.0, now_wall - (since_wall + skew_s)))
+            for key, counter, since_wall in entries
+        }
 
     def observe(self, leases: Iterable[Lease], now_monotonic: float) -> frozenset[str]:
         """Record one scan taken at ``now_monotonic``; return the keys of expired or unowned leases."""
         seen: dict[str, tuple[int, float]] = {}
         expired: list[str] = []
+        restored, self._restored = self._restored, {}
         for lease in leases:
-            previous = self._seen.get(lease.lease_key)
+            previous = self._seen.get(lease.lease_key) or restored.get(lease.lease_key)
             if previous is None:
                 last = now_monotonic if lease.actual_owner is not None else NEVER
             elif lease.lease_counter != previous[0]:

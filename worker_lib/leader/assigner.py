@@ -12,6 +12,12 @@ One run (KCL's LeaseAssignmentManager, reference §4):
    counted, never retried in the same run (the next run sees the new state);
 6. delete worker-metrics entries not updated for a day (conditional on the ``lut`` seen).
 
+With worker heartbeats (docs/failover.md) every run also asks the :class:`LivenessJudge`: departing and gone workers
+get nothing, and the leases of a gone worker — confirmed by a consistent read of its heartbeat taken after the
+lease scan — count as expired at once. The leader's *fast* passes (``run(fast=True)``, between full cycles, when a
+worker left or changed something) are the same run without rebalancing. After writing, every worker that received
+leases gets a notice (``asv``/``asl``) that its next heartbeat brings back, so it starts them within a beat.
+
 Every decision is logged as one structured line with its reason and the load before/after; the run returns an
 :class:`AssignmentReport` whose fields are the leader's per-cycle metrics.
 """
@@ -28,6 +34,7 @@ from typing import Any, Protocol
 
 from ..assignment.config import AssignmentConfig
 from ..assignment.decider import AssignmentPlan, Decider, Decision, make_decider, suspect_workers
+from ..assignment.liveness import LivenessView
 from ..assignment.snapshot import AssignmentSnapshot, ExpiryTracker
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LeaseConfig
@@ -49,6 +56,29 @@ class WorkerMetricsSource(Protocol):
     def list_all(self) -> list[WorkerMetricStats]: ...
 
     def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool: ...
+
+
+class LivenessJudge(Protocol):
+    """The leader's view of heartbeating workers (:class:`~worker_lib.leader.liveness.LivenessWatch`)."""
+
+    def observe(self, workers: Sequence[WorkerMetricStats]) -> LivenessView: ...
+
+    def confirm_gone(self, worker_id: str) -> bool:
+        """A consistent read of the worker's heartbeat, taken now: is it still gone?"""
+
+
+class AssignmentNotifier(Protocol):
+    def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool: ...
+
+
+class ObservationKeeper(Protocol):
+    """Where expiry observations outlive a leader (:class:`~worker_lib.leader.state_store.ExpiryObservationStore`)."""
+
+    skew_s: float
+
+    def save(self, entries: list[tuple[str, int, float]]) -> bool: ...
+
+    def load(self) -> list[tuple[str, int, float]]: ...
 
 
 class CapRecorder(Protocol):
@@ -83,10 +113,15 @@ class AssignmentReport:
     throughput_per_worker_kbps: Mapping[str, float] = field(default_factory=dict)
     decide_ms: float = 0.0
     duration_ms: float = 0.0
+    fast: bool = False
+    workers_gone: tuple[str, ...] = ()
+    workers_departing: tuple[str, ...] = ()
+    notices: int = 0
 
     def summary(self) -> str:
+        kind = "fast pass" if self.fast else f"assignment run {self.run_number}"
         return (
-            f"assignment run {self.run_number} ({self.strategy}): {self.leases} leases, "
+            f"{kind} ({self.strategy}): {self.leases} leases, "
             f"{self.workers_assignable}/{self.workers_total} workers, assigned {self.assigned}, "
             f"reassigned {self.reassigned_expired} expired, moved {self.moved}, forced {self.handoffs_forced} "
             f"handoffs, {self.unassigned} unassigned, max/mean {self.max_over_mean:.2f}"
@@ -105,6 +140,9 @@ class LeaseAssigner:
         lease_config: LeaseConfig | None = None,
         decider: Decider | None = None,
         cap_recorder: CapRecorder | None = None,
+        liveness: LivenessJudge | None = None,
+        notifier: AssignmentNotifier | None = None,
+        observations: ObservationKeeper | None = None,
         clock: Clock = SYSTEM_CLOCK,
         seed: int | None = None,
         max_parallel_writes: int = 16,
@@ -115,6 +153,9 @@ class LeaseAssigner:
         self._lease_config = lease_config or LeaseConfig(failover_time_ms=self._config.failover_ms)
         self._decider = decider or make_decider(self._config)
         self._cap_recorder = cap_recorder
+        self._liveness = liveness
+        self._notifier = notifier
+        self._observations = observations
         self._clock = clock
         self._rng = random.Random(seed)
         self._expiry = ExpiryTracker(self._config.failover_s)
@@ -129,26 +170,35 @@ class LeaseAssigner:
 
     # --- one run --------------------------------------------------------------------------------------------
 
-    def run(self, *, run_number: int) -> AssignmentReport:
+    def run(
+        self, *, run_number: int, fast: bool = False, workers: Sequence[WorkerMetricStats] | None = None
+    ) -> AssignmentReport:
+        """One run. ``fast``: a pass between full cycles (no rebalancing, no term reset, no housekeeping);
+        ``workers``: the worker-metrics items if the caller just read them (the fast tick did)."""
         started = self._clock.monotonic()
-        if run_number == 1:
-            self._expiry.reset()  # a new term: never judge with another term's observations
+        if run_number == 1 and not fast:
+            self._expiry.reset()  # a new term: never judge with another term's observations …
             self._handoff_seen.clear()
             self._suspects.clear()
+            self._restore_observations()  # … except those kept in the table, dated and trusted up to the skew bound
         segments = 4 if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
         all_leases = self._store.list_leases(segments=segments)
         self._last_lease_count = len(all_leases)
-        workers = self._metrics.list_all()
+        all_workers = list(workers) if workers is not None else self._metrics.list_all()
         now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
 
         live = [lease for lease in all_leases if not lease.is_finished]
         expired = self._expiry.observe(live, now_mono)
+        view = self._liveness.observe(all_workers) if self._liveness is not None else LivenessView()
+        gone = self._confirmed_gone(live, view)
+        if gone:
+            expired = expired | {lease.lease_key for lease in live if lease.actual_owner in gone}
         forced = self._force_overdue_handoffs(live, now_mono)
         if forced:
             forced_keys = {lease.lease_key for lease in forced}
             live = [lease for lease in live if lease.lease_key not in forced_keys] + forced
 
-        workers = self._without_silent_suspects(workers)
+        workers = self._without_silent_suspects([w for w in all_workers if w.worker_id not in view.excluded])
         snapshot = AssignmentSnapshot(
             leases=tuple(live),
             workers=tuple(workers),
@@ -156,19 +206,26 @@ class LeaseAssigner:
             expired_lease_keys=expired,
             last_counter_increment=self._expiry.last_increments(),
             run_number=run_number,
+            balance=False if fast else None,
         )
         decide_started = self._clock.monotonic()
         plan = self._decider.decide(snapshot, rng=self._rng)
         decide_ms = (self._clock.monotonic() - decide_started) * 1000
         self._remember_suspects(snapshot, workers)
-        conflicts = self._write(plan, {lease.lease_key: lease for lease in live})
-        if self._cap_recorder is not None:
-            assignable = len(snapshot.assignable_workers(self._config.worker_report_interval_s))
-            try:
-                self._cap_recorder.record(plan.effective_cap, shards=len(live), workers=assignable)
-            except DependencyError as exc:
-                log.warning("could not publish the lease cap: %s", exc)
-        self._sweep_stale_workers(workers, now_wall, now_mono)
+        conflicts, received = self._write(plan, {lease.lease_key: lease for lease in live})
+        for lease in forced:
+            if lease.lease_owner is not None:
+                received.setdefault(lease.lease_owner, []).append(lease.lease_key)
+        notices = self._notify({w: keys for w, keys in received.items() if w in view.heartbeating})
+        if not fast:
+            if self._cap_recorder is not None:
+                assignable = len(snapshot.assignable_workers(self._config.worker_report_interval_s))
+                try:
+                    self._cap_recorder.record(plan.effective_cap, shards=len(live), workers=assignable)
+                except DependencyError as exc:
+                    log.warning("could not publish the lease cap: %s", exc)
+            self._sweep_stale_workers(all_workers, now_wall, now_mono)
+            self._keep_observations(now_mono, now_wall)
 
         report = self._report(
             run_number=run_number,
@@ -182,9 +239,67 @@ class LeaseAssigner:
             conflicts=conflicts,
             decide_ms=decide_ms,
             duration_ms=(self._clock.monotonic() - started) * 1000,
+            view=view,
+            notices=notices,
+            fast=fast,
         )
         log.info(report.summary())
         return report
+
+    # --- observations that outlive a leader (docs/failover.md) ---------------------------------------------
+
+    def _restore_observations(self) -> None:
+        if self._observations is None:
+            return
+        try:
+            entries = self._observations.load()
+        except DependencyError as exc:
+            log.warning("could not read the previous leader's expiry observations: %s", exc)
+            return
+        if entries:
+            now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
+            self._expiry.restore(entries, now_mono, now_wall, self._observations.skew_s)
+            log.info("restored %d lease-expiry observations of the previous leader", len(entries))
+
+    def _keep_observations(self, now_mono: float, now_wall: float) -> None:
+        if self._observations is None:
+            return
+        try:
+            self._observations.save(self._expiry.export(now_mono, now_wall))
+        except DependencyError as exc:
+            log.warning("could not keep the expiry observations: %s", exc)
+
+    # --- liveness (docs/failover.md) ------------------------------------------------------------------------
+
+    def _confirmed_gone(self, live: Sequence[Lease], view: LivenessView) -> frozenset[str]:
+        """Gone workers that still own (or checkpoint-own) a lease, each confirmed by a consistent read taken now —
+        after the lease scan, which is what makes moving their leases safe (the argument in docs/failover.md)."""
+        if self._liveness is None or not view.gone:
+            return frozenset()
+        owners = {lease.actual_owner for lease in live if lease.actual_owner in view.gone}
+        confirmed: set[str] = set()
+        for worker_id in sorted(o for o in owners if o is not None):
+            try:
+                if self._liveness.confirm_gone(worker_id):
+                    confirmed.add(worker_id)
+            except DependencyError as exc:
+                log.warning("could not confirm that worker %s is gone: %s", worker_id, exc)
+        if confirmed:
+            log.info("workers gone (heartbeat): %s; their leases move now", ", ".join(sorted(confirmed)))
+        return frozenset(confirmed)
+
+    def _notify(self, received: Mapping[str, list[str]]) -> int:
+        """Tell each heartbeating worker which leases it received (its next heartbeat brings the notice back)."""
+        if self._notifier is None:
+            return 0
+        sent = 0
+        for worker_id, keys in sorted(received.items()):
+            try:
+                if self._notifier.notify_assigned(worker_id, keys):
+                    sent += 1
+            except DependencyError as exc:  # the worker's periodic discovery finds the leases anyway
+                log.warning("could not notify worker %s of %d lease(s): %s", worker_id, len(keys), exc)
+        return sent
 
     # --- suspects ---
 
@@ -272,7 +387,9 @@ class LeaseAssigner:
         decision_log.info(json.dumps(fields, sort_keys=True))
         return written, graceful
 
-    def _write(self, plan: AssignmentPlan, leases: Mapping[str, Lease]) -> int:
+    def _write(self, plan: AssignmentPlan, leases: Mapping[str, Lease]) -> tuple[int, dict[str, list[str]]]:
+        """Write every decision; returns the number of lost conditions and, per worker, the leases it received
+        outright (a graceful handoff's receiver is notified by the old owner when it lets go)."""
         pairs = [(d, leases[d.lease_key]) for d in plan.decisions if d.lease_key in leases]
         if len(pairs) <= 2 or self._max_parallel == 1:
             results = [self._write_one(d, lease) for d, lease in pairs]
@@ -280,10 +397,13 @@ class LeaseAssigner:
             with ThreadPoolExecutor(max_workers=min(self._max_parallel, len(pairs))) as pool:
                 results = list(pool.map(lambda pair: self._write_one(*pair), pairs))
         started = self._clock.monotonic()
+        received: dict[str, list[str]] = {}
         for (decision, lease), (written, graceful) in zip(pairs, results, strict=True):
             if written and graceful:  # the handoff deadline runs from when we started it, not when we next see it
                 self._handoff_seen[lease.lease_key] = (decision.to_worker, lease.lease_owner, started)
-        return sum(1 for written, _ in results if not written)
+            elif written:
+                received.setdefault(decision.to_worker, []).append(lease.lease_key)
+        return sum(1 for written, _ in results if not written), received
 
     # --- housekeeping ---------------------------------------------------------------------------------------
 
@@ -313,6 +433,9 @@ class LeaseAssigner:
         conflicts: int,
         decide_ms: float,
         duration_ms: float,
+        view: LivenessView,
+        notices: int,
+        fast: bool = False,
     ) -> AssignmentReport:
         return AssignmentReport(
             run_number=run_number,
@@ -337,4 +460,8 @@ class LeaseAssigner:
             throughput_per_worker_kbps={k: round(v, 3) for k, v in plan.projected_throughput_kbps.items()},
             decide_ms=round(decide_ms, 3),
             duration_ms=round(duration_ms, 3),
+            fast=fast,
+            workers_gone=tuple(sorted(view.gone)),
+            workers_departing=tuple(sorted(view.departing)),
+            notices=notices,
         )

@@ -36,8 +36,9 @@ from ..shardsync.syncer import ShardSyncer
 from ..tables.schema import all_specs
 from .assigner import LeaseAssigner
 from .leader import CycleReport, Leader
+from .liveness import FastPath, LivenessWatch
 from .lock import DynamoDBLeaderLock
-from .state_store import CoordinatorStateStore, LeaseCapRecorder
+from .state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
 
 
 def default_owner() -> str:
@@ -83,16 +84,32 @@ def build_leader(
     detector = KinesisShardDetector(stream, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size)
     syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
     assigner = None
+    watch = None
     if with_assignment:
         assignment = assignment or AssignmentConfig()
-        assigner = LeaseAssigner(
-            store,
-            WorkerMetricsStore(app, client=dynamodb, clock=clock),
-            cap_recorder=LeaseCapRecorder(CoordinatorStateStore(app, client=dynamodb, clock=clock)),
-            config=assignment,
-            lease_config=lease_config or LeaseConfig(failover_time_ms=assignment.failover_ms),
+        worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock)
+        watch = LivenessWatch(
+            worker_rows,
+            failover_ms=assignment.failover_ms,
+            max_clock_skew_ms=lock_config.max_clock_skew_ms,
             clock=clock,
         )
+        state_store = CoordinatorStateStore(app, client=dynamodb, clock=clock)
+        assigner = LeaseAssigner(
+            store,
+            worker_rows,
+            cap_recorder=LeaseCapRecorder(state_store),
+            config=assignment,
+            lease_config=lease_config or LeaseConfig(failover_time_ms=assignment.failover_ms),
+            liveness=watch,
+            notifier=worker_rows,
+            observations=ExpiryObservationStore(state_store, max_clock_skew_ms=lock_config.max_clock_skew_ms),
+            clock=clock,
+        )
+    leader_config = leader_config or LeaderConfig()
+    fast_path = None
+    if assigner is not None and watch is not None and leader_config.fast_tick_ms > 0:
+        fast_path = FastPath(watch, assigner, max_backoff_s=leader_config.cycle_interval_ms / 1000, clock=clock)
     leader = Leader(
         lock=lock,
         shard_sync=syncer,
@@ -100,6 +117,7 @@ def build_leader(
         config=leader_config,
         lock_config=lock_config,
         shard_sync_interval_ms=shard_sync.interval_ms,
+        fast_tick=fast_path,
         clock=clock,
     )
     return LeaderParts(

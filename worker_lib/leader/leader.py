@@ -7,6 +7,12 @@ infrastructure failure) releases at once and propagates.
 
 The loop never assumes it is still leader: every step re-checks :meth:`LeaderLock.is_leader`, which is a local,
 conservative judgement (see docs/leader-lock.md), and every write the steps make is conditional anyway.
+
+Between full cycles a leader with a :class:`FastTick` (docs/failover.md) ticks every ``fast_tick_ms``: one cheap
+read of the workers' heartbeats, and an assignment pass at once when a worker left or went silent. A host with a
+deadline (a Lambda invocation) announces when it will release the lock, and an invocation that finds the lock
+about to be released (or to expire) waits for it instead of exiting, so consecutive invocations hand over with no
+leaderless gap.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardlease.leader")
 
+TAKEOVER_POLL_S = 0.25
+"""How often an invocation waiting for the lock to be handed over re-reads it."""
+
 
 class ShardSyncStep(Protocol):
     def sync_once(self) -> Any:
@@ -34,6 +43,14 @@ class ShardSyncStep(Protocol):
 class AssignmentStep(Protocol):
     def run(self, *, run_number: int) -> Any:
         """Run one assignment pass; returns a result object (a dataclass) for the report."""
+
+
+class FastTick(Protocol):
+    def tick(self, *, run_number: int) -> Any:
+        """One cheap read between full cycles; the fast pass's report if one ran, else None."""
+
+    def note_full_cycle(self) -> None:
+        """A full cycle just ran."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +66,7 @@ class CycleReport:
     error: str | None = None
     released: bool = False
     duration_ms: int = 0
+    fast: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         def plain(value: Any) -> Any:
@@ -64,6 +82,7 @@ class CycleReport:
             "error": self.error,
             "released": self.released,
             "duration_ms": self.duration_ms,
+            "fast": self.fast,
         }
 
 
@@ -89,11 +108,13 @@ class Leader:
         config: LeaderConfig | None = None,
         lock_config: LeaderLockConfig | None = None,
         shard_sync_interval_ms: int = 60_000,
+        fast_tick: FastTick | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._lock = lock
         self._shard_sync = shard_sync
         self._assignment = assignment
+        self._fast_tick = fast_tick
         self._config = config or LeaderConfig()
         self._lock_config = lock_config or LeaderLockConfig()
         self._sync_interval_s = shard_sync_interval_ms / 1000
@@ -143,6 +164,8 @@ class Leader:
             if self._assignment is not None and self._lock.is_leader():
                 state.leader_runs += 1
                 assignment_result = self._assignment.run(run_number=state.leader_runs)
+                if self._fast_tick is not None:
+                    self._fast_tick.note_full_cycle()
         except DependencyError as exc:
             state.consecutive_failures += 1
             log.warning("leader cycle failed (%d in a row) owner=%s: %s", state.consecutive_failures, self.owner, exc)
@@ -189,15 +212,23 @@ class Leader:
         deadline_monotonic: float | None = None,
         max_cycles: int | None = None,
         on_cycle: Any = None,
+        exit_when_held: bool = False,
     ) -> list[CycleReport]:
         """Run cycles until ``stop`` is set, the host's deadline approaches, or ``max_cycles`` ran; then release.
 
-        Between cycles the holder heartbeats the lock on time; a non-holder retries the lock every poll
-        interval, so a dead leader is replaced within its lease duration plus one poll.
+        Between cycles the holder heartbeats the lock on time (and ticks the fast path); a non-holder retries the
+        lock every poll interval, so a dead leader is replaced within its lease duration plus one poll. With
+        ``exit_when_held`` (a Lambda invocation) a non-holder stops after one read — unless the holder will
+        release the lock, or its lock will expire, within ``takeover_wait_ms`` and the deadline: then it waits,
+        polling four times a second, and takes over at once.
         """
         reports: list[CycleReport] = []
         cycle_s = self._config.cycle_interval_ms / 1000
         margin_s = self._config.deadline_margin_ms / 1000
+        if deadline_monotonic is not None:
+            release_at_s = self._clock.wall() + (deadline_monotonic - margin_s - self._clock.monotonic())
+            self._lock.plan_release(int(release_at_s * 1000))
+        waiting_until: float | None = None
         try:
             while not (stop is not None and stop.is_set()):
                 if deadline_monotonic is not None and self._clock.monotonic() >= deadline_monotonic - margin_s:
@@ -209,23 +240,65 @@ class Leader:
                 if max_cycles is not None and len(reports) >= max_cycles:
                     break
                 wait_s = cycle_s if report.leader else self._lock_config.poll_interval_ms / 1000
-                self._wait(wait_s, stop=stop, deadline_monotonic=deadline_monotonic)
+                if report.leader:
+                    waiting_until = None
+                elif exit_when_held:
+                    waiting_until = self._takeover_wait(waiting_until, deadline_monotonic)
+                    if waiting_until is None:
+                        break
+                    wait_s = TAKEOVER_POLL_S
+                self._wait(wait_s, stop=stop, deadline_monotonic=deadline_monotonic, on_cycle=on_cycle)
         finally:
             if self._lock.is_leader() or self._state.last_heartbeat_monotonic is not None:
                 self._release_quietly(reason="loop finished")
                 self._state.last_heartbeat_monotonic = None
         return reports
 
-    def _wait(self, seconds: float, *, stop: threading.Event | None, deadline_monotonic: float | None) -> None:
-        """Sleep ``seconds`` in slices, heartbeating when due, returning early on stop or deadline."""
+    def _takeover_wait(self, waiting_until: float | None, deadline_monotonic: float | None) -> float | None:
+        """For a host that exits when the lock is held: until when to keep polling for it (None: exit now)."""
+        now = self._clock.monotonic()
+        if waiting_until is not None:
+            return waiting_until if now < waiting_until else None
+        budget_s = self._config.takeover_wait_ms / 1000
+        if deadline_monotonic is not None:
+            # Wait only if we would then lead at least as long as we waited: a duplicate delivery that started
+            # with the holder has nothing to gain and exits after one read.
+            budget_s = min(budget_s, (deadline_monotonic - self._config.deadline_margin_ms / 1000 - now) / 2)
+        if budget_s <= 0:
+            return None
+        try:
+            eta_s = self._lock.takeover_eta_s()
+        except DependencyError as exc:
+            log.warning("could not read the leader lock owner=%s: %s", self.owner, exc)
+            return None
+        if eta_s is None or eta_s > budget_s:
+            return None
+        log.info("leader lock held; taking over in about %.1f s owner=%s", eta_s, self.owner)
+        return now + min(budget_s, eta_s + 2 * self._lock_config.poll_interval_ms / 1000)
+
+    def _wait(
+        self,
+        seconds: float,
+        *,
+        stop: threading.Event | None,
+        deadline_monotonic: float | None,
+        on_cycle: Any = None,
+    ) -> None:
+        """Sleep ``seconds`` in slices, heartbeating when due and ticking the fast path, returning early on stop or
+        deadline."""
         end = self._clock.monotonic() + seconds
         heartbeat_s = self._lock_config.heartbeat_interval_ms / 1000
+        tick_s = self._config.fast_tick_ms / 1000
+        next_tick = self._clock.monotonic() + tick_s
         while True:
             now = self._clock.monotonic()
             if now >= end or (stop is not None and stop.is_set()):
                 return
             if deadline_monotonic is not None and now >= deadline_monotonic - self._config.deadline_margin_ms / 1000:
                 return
+            if self._fast_tick is not None and tick_s > 0 and now >= next_tick:
+                next_tick = now + tick_s
+                self._tick(on_cycle)
             last = self._state.last_heartbeat_monotonic
             if self._lock.is_leader() and last is not None and now - last >= heartbeat_s:
                 try:
@@ -236,7 +309,27 @@ class Leader:
                         self._state.last_heartbeat_monotonic = None
                 except DependencyError as exc:
                     log.warning("leader heartbeat failed owner=%s: %s", self.owner, exc)
-            self._clock.sleep(min(0.25, end - now))
+            pause = min(0.25, end - now)
+            if self._fast_tick is not None and tick_s > 0:
+                pause = min(pause, max(0.0, next_tick - self._clock.monotonic()))
+            self._clock.sleep(pause)
+
+    def _tick(self, on_cycle: Any) -> None:
+        """One fast-path tick, only while leading and after this term's first full cycle."""
+        if self._fast_tick is None or self._state.leader_runs < 1 or not self._lock.is_leader():
+            return
+        started = self._clock.monotonic()
+        try:
+            result = self._fast_tick.tick(run_number=self._state.leader_runs)
+        except DependencyError as exc:
+            log.warning("fast path tick failed owner=%s: %s", self.owner, exc)
+            return
+        if result is None:
+            return
+        self._state.cycle += 1
+        report = self._report(started, leader=True, current_leader=self.owner, assignment=result, fast=True)
+        if on_cycle is not None:
+            on_cycle(report)
 
     def run_once(self) -> CycleReport:
         """Acquire (or fail to), run one full cycle, release: ``shardlease leader --once``."""

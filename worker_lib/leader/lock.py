@@ -1,6 +1,7 @@
 """The leader lock: one item ``key = "Leader"`` in ``<app>-CoordinatorState``, in the KCL lock-client format
 (``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber`` (a new UUID on every write), ``isReleased``)
-plus our ``expiresAtMillis`` and ``lastUpdatedMillis``.
+plus our ``expiresAtMillis``, ``lastUpdatedMillis`` and, for a holder that will release at a known time (a Lambda
+invocation), ``releaseAtMillis`` — so that the next invocation can wait for it instead of leaving a gap.
 
 Rules (docs/leader-lock.md explains the choices):
 
@@ -44,6 +45,7 @@ VERSION = "recordVersionNumber"
 RELEASED = "isReleased"
 EXPIRES = "expiresAtMillis"
 UPDATED = "lastUpdatedMillis"
+RELEASE_AT = "releaseAtMillis"
 
 _BOTO_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
 
@@ -70,6 +72,13 @@ class LeaderLock(Protocol):
     def current_leader(self) -> str | None:
         """Who holds an unexpired lock (one read), or None."""
 
+    def plan_release(self, wall_ms: int | None) -> None:
+        """Announce (with the next acquire or heartbeat) when this holder will release the lock; None: unknown."""
+
+    def takeover_eta_s(self) -> float | None:
+        """Seconds until the current holder releases the lock or its lock expires (one read); 0 when it is free
+        now; None when that cannot be told (an item written by KCL)."""
+
 
 class DynamoDBLeaderLock:
     def __init__(
@@ -94,6 +103,7 @@ class DynamoDBLeaderLock:
         self._sent_at: float | None = None  # monotonic send time of that write
         self._watched: tuple[str, float] | None = None  # (version, first seen) for KCL-format items
         self._skew_warned = False
+        self._release_at_ms: int | None = None
 
     # --- reading --------------------------------------------------------------------------------------------
 
@@ -172,11 +182,28 @@ class DynamoDBLeaderLock:
             return None
         return self._s(item, OWNER)
 
+    def plan_release(self, wall_ms: int | None) -> None:
+        self._release_at_ms = wall_ms
+
+    def takeover_eta_s(self) -> float | None:
+        item = self._read()
+        if item is None or item.get(RELEASED, {}).get("BOOL") is True:
+            return 0.0
+        expires = self._n(item, EXPIRES)
+        if expires is None:
+            return None
+        now_ms = wall_millis(self._clock)
+        eta_ms = expires + self._config.max_clock_skew_ms - now_ms
+        release_at = self._n(item, RELEASE_AT)
+        if release_at is not None:
+            eta_ms = min(eta_ms, release_at - now_ms)
+        return max(0.0, eta_ms / 1000)
+
     # --- writing --------------------------------------------------------------------------------------------
 
     def _new_item(self, version: str) -> dict[str, Any]:
         now_ms = wall_millis(self._clock)
-        return {
+        item = {
             CoordinatorAttr.KEY: {"S": LOCK_KEY},
             OWNER: {"S": self.owner},
             DURATION: {"S": str(self._config.lease_duration_ms)},
@@ -185,6 +212,9 @@ class DynamoDBLeaderLock:
             EXPIRES: {"N": str(now_ms + self._config.lease_duration_ms)},
             UPDATED: {"N": str(now_ms)},
         }
+        if self._release_at_ms is not None:
+            item[RELEASE_AT] = {"N": str(self._release_at_ms)}
+        return item
 
     def _applied(self, version: str) -> bool:
         """After a failed condition: was our own write applied (its reply lost)?"""
@@ -261,29 +291,31 @@ class DynamoDBLeaderLock:
         now_ms = wall_millis(self._clock)
         expires = now_ms if release else now_ms + self._config.lease_duration_ms
         sent = self._clock.monotonic()
+        names = {"#v": VERSION, "#e": EXPIRES, "#u": UPDATED, "#d": DURATION, "#r": RELEASED, "#o": OWNER}
+        values: dict[str, Any] = {
+            ":new": {"S": version},
+            ":exp": {"N": str(expires)},
+            ":now": {"N": str(now_ms)},
+            ":dur": {"S": str(self._config.lease_duration_ms)},
+            ":rel": {"BOOL": release},
+            ":me": {"S": self.owner},
+            ":mine": {"S": self._version},
+        }
+        expression = "SET #v = :new, #e = :exp, #u = :now, #d = :dur, #r = :rel"
+        names["#ra"] = RELEASE_AT
+        if self._release_at_ms is not None and not release:
+            expression += ", #ra = :ra"
+            values[":ra"] = {"N": str(self._release_at_ms)}
+        else:
+            expression += " REMOVE #ra"
         try:
             self._client.update_item(
                 TableName=self.table_name,
                 Key={CoordinatorAttr.KEY: {"S": LOCK_KEY}},
-                UpdateExpression="SET #v = :new, #e = :exp, #u = :now, #d = :dur, #r = :rel",
+                UpdateExpression=expression,
                 ConditionExpression="#o = :me AND #v = :mine",
-                ExpressionAttributeNames={
-                    "#v": VERSION,
-                    "#e": EXPIRES,
-                    "#u": UPDATED,
-                    "#d": DURATION,
-                    "#r": RELEASED,
-                    "#o": OWNER,
-                },
-                ExpressionAttributeValues={
-                    ":new": {"S": version},
-                    ":exp": {"N": str(expires)},
-                    ":now": {"N": str(now_ms)},
-                    ":dur": {"S": str(self._config.lease_duration_ms)},
-                    ":rel": {"BOOL": release},
-                    ":me": {"S": self.owner},
-                    ":mine": {"S": self._version},
-                },
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
             )
         except _BOTO_ERRORS as exc:
             if not aws.is_conditional_check_failed(exc):

@@ -9,12 +9,15 @@ Values are plain Python (str, int, float, bool, None, lists/tuples, dicts, sets)
 from __future__ import annotations
 
 import decimal
+import json
+import logging
 import math
+import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
 from .. import aws
 from ..clock import SYSTEM_CLOCK, Clock
@@ -23,6 +26,8 @@ from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
 
 if TYPE_CHECKING:
     import boto3
+
+log = logging.getLogger("shardlease.leader.state")
 
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
@@ -41,6 +46,8 @@ def _to_dynamo(value: Any) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Binary):
+        return bytes(value.value)  # type: ignore[attr-defined]  # boto3 stubs omit Binary.value
     if isinstance(value, decimal.Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, dict):
@@ -77,6 +84,13 @@ class CoordinatorStateStore:
             )
         item = response.get("Item")
         return from_item(item) if item else None
+
+    def put(self, key: str, attrs: Mapping[str, Any]) -> None:
+        """Write the item ``key`` unconditionally (state whose every version is a fact, e.g. observations)."""
+        item = {name: _to_dynamo(value) for name, value in attrs.items()}
+        item[CoordinatorAttr.KEY] = {"S": key}
+        with aws.translated("dynamodb PutItem", self.table_name):
+            self._client.put_item(TableName=self.table_name, Item=item)
 
     def put_if_absent(self, key: str, attrs: Mapping[str, Any]) -> bool:
         """Create the item ``key`` with ``attrs``; False if an item with that key already exists."""
@@ -188,3 +202,40 @@ class LeaseCapRecorder:
             written = self._store.update_if(self.KEY, {**attrs, "version": int(item.get("version", 0)) + 1}, expected)
         if written:
             self._last = current
+
+
+class ExpiryObservationStore:
+    """The leader's lease-expiry observations, kept in ``<app>-CoordinatorState`` so that the next leader (the next
+    Lambda invocation, a host that took over after a crash) need not start watching every counter from zero
+    (docs/failover.md). One item, ``LeaseExpiryObservations``: ``obs`` = zlib-compressed JSON of
+    ``[lease key, counter, wall epoch seconds since which the counter stood still]``, written unconditionally by
+    the lock holder after each full cycle — every version is a set of facts, so last-writer-wins is safe; the reader
+    trusts the dates only up to ``max_clock_skew_ms`` (:meth:`~worker_lib.assignment.snapshot.ExpiryTracker.restore`).
+    """
+
+    KEY = "LeaseExpiryObservations"
+    MAX_BYTES = 300_000  # DynamoDB items hold 400 KB; beyond this (about 30 000 leases) nothing is kept
+
+    def __init__(self, store: CoordinatorStateStore, *, max_clock_skew_ms: int) -> None:
+        self._store = store
+        self.skew_s = max_clock_skew_ms / 1000
+
+    def save(self, entries: list[tuple[str, int, float]]) -> bool:
+        blob = zlib.compress(json.dumps([[k, c, round(w, 3)] for k, c, w in entries]).encode(), 6)
+        if len(blob) > self.MAX_BYTES:
+            log.warning("not keeping %d expiry observations: %d bytes compressed", len(entries), len(blob))
+            return False
+        self._store.put(self.KEY, {"obs": blob, "count": len(entries)})
+        return True
+
+    def load(self) -> list[tuple[str, int, float]]:
+        item = self._store.get(self.KEY)
+        raw = item.get("obs") if item else None
+        if not isinstance(raw, bytes | bytearray):
+            return []
+        try:
+            entries = json.loads(zlib.decompress(bytes(raw)))
+            return [(str(k), int(c), float(w)) for k, c, w in entries]
+        except (ValueError, TypeError, zlib.error) as exc:
+            log.warning("ignoring unreadable expiry observations: %s", exc)
+            return []

@@ -9,13 +9,17 @@ which the last successful conditional write was **sent**. Any other worker can t
 leader has watched its counter stay unchanged for a full failover time, which starts no earlier than the moment
 our write was applied, which is after we sent it. So a worker stops processing before anyone else may start,
 without trusting wall clocks (docs/worker.md).
+
+With a worker heartbeat (docs/failover.md) a second, worker-wide bound applies: every lease is valid only until
+``last heartbeat sent + failover − epsilon`` as well, and a heartbeat whose reply arrives after that moment drops
+every lease held (the leader may already have moved them). :meth:`LeaseHolder.heartbeat_succeeded` keeps it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -28,6 +32,7 @@ from .store import LeaseStore
 log = logging.getLogger("shardlease.worker.leases")
 
 LostCallback = Callable[[str, str], None]  # (lease_key, reason)
+ReleaseCallback = Callable[[str, str | None], None]  # (lease_key, new owner after a handoff; None = given up)
 ThroughputSource = Callable[[str], float | None]  # lease_key -> KBps to write with the renewal
 
 
@@ -60,6 +65,7 @@ class LeaseHolder:
         clock: Clock = SYSTEM_CLOCK,
         throughput: ThroughputSource | None = None,
         on_lost: LostCallback | None = None,
+        on_release: ReleaseCallback | None = None,
         max_parallel_renewals: int = 16,
     ) -> None:
         self._store = store
@@ -68,7 +74,9 @@ class LeaseHolder:
         self._clock = clock
         self._throughput = throughput
         self._on_lost = on_lost
+        self.on_release = on_release
         self._held: dict[str, HeldLease] = {}
+        self._heartbeat_until: float | None = None  # None: no heartbeat fence (heartbeats off or not yet sent)
         self._guard = threading.Lock()
         self._max_parallel = max(1, max_parallel_renewals)
         self._pool: ThreadPoolExecutor | None = None
@@ -96,9 +104,46 @@ class LeaseHolder:
         return entry.lease if entry is not None else None
 
     def is_valid(self, lease_key: str) -> bool:
-        """Whether this worker may still process the shard (not lost, renewed recently enough)."""
+        """Whether this worker may still process the shard (not lost, renewed recently enough, heartbeat fresh)."""
         entry = self._entry(lease_key)
-        return entry is not None and not entry.lost and self._clock.monotonic() < entry.sent_at + self.validity_s
+        if entry is None or entry.lost:
+            return False
+        now = self._clock.monotonic()
+        fence = self._heartbeat_until
+        return now < entry.sent_at + self.validity_s and (fence is None or now < fence)
+
+    # --- the heartbeat fence (docs/failover.md) ---------------------------------------------------------------
+
+    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` was acknowledged at ``replied_at`` (monotonic). It extends the fence to
+        ``sent_at + validity`` — unless the previous fence had already run out when the reply came: then the leader
+        may have judged this worker dead and moved its leases, so every lease held is dropped as lost first."""
+        with self._guard:
+            lapsed = self._heartbeat_until is not None and replied_at >= self._heartbeat_until
+            dropped = self._drop_all_locked() if lapsed else []
+            self._heartbeat_until = sent_at + self.validity_s
+        self._report_lost(dropped, "heartbeat lapsed: the leader may have moved it")
+
+    def fence_all(self, reason: str) -> None:
+        """Stop processing everything now (the worker is leaving): every lease is dropped as lost and nothing is
+        valid until the next heartbeat."""
+        with self._guard:
+            dropped = self._drop_all_locked()
+            self._heartbeat_until = -float("inf")
+        self._report_lost(dropped, reason)
+
+    def _drop_all_locked(self) -> list[str]:
+        keys = list(self._held)
+        for entry in self._held.values():
+            entry.lost = True
+        self._held.clear()
+        return keys
+
+    def _report_lost(self, keys: list[str], reason: str) -> None:
+        for key in keys:
+            log.info("lease lost lease=%s worker=%s reason=%s", key, self.worker_id, reason)
+            if self._on_lost is not None:
+                self._on_lost(key, reason)
 
     def handoff_requested(self, lease_key: str) -> bool:
         entry = self._entry(lease_key)
@@ -261,7 +306,17 @@ class LeaseHolder:
             done = self._store.complete_handoff(entry.lease, self.worker_id) is not None
         self.drop(lease_key)
         log.info("graceful handoff completed lease=%s from=%s ok=%s", lease_key, self.worker_id, done)
+        if done:
+            self._released(lease_key, entry.lease.lease_owner)
         return done
+
+    def _released(self, lease_key: str, new_owner: str | None) -> None:
+        if self.on_release is None:
+            return
+        try:
+            self.on_release(lease_key, new_owner)
+        except Exception as exc:  # a notice is an optimisation: the new owner's discovery finds the lease anyway
+            log.warning("release notice for lease=%s failed: %s", lease_key, exc)
 
     def evict(self, lease_key: str) -> bool:
         """Give a lease up at once (shutdown): the leader can reassign it in its next cycle, not after expiry."""
@@ -275,6 +330,8 @@ class LeaseHolder:
                 log.warning("could not give up lease=%s worker=%s: %s", lease_key, self.worker_id, exc)
                 done = False
         self.drop(lease_key)
+        if done:
+            self._released(lease_key, None)
         return done
 
     def close(self) -> None:
@@ -291,8 +348,13 @@ class LeaseDiscoverer:
         self.worker_id = worker_id
 
     def discover(self, already_held: set[str] | frozenset[str]) -> list[Lease]:
+        return self.discover_keys(self._store.list_lease_keys_for_owner(self.worker_id), already_held)
+
+    def discover_keys(self, keys: Iterable[str], already_held: set[str] | frozenset[str]) -> list[Lease]:
+        """The leases among ``keys`` that are ours to start (one consistent read each): the leader's notice names
+        them, so no index query is needed."""
         found: list[Lease] = []
-        for key in self._store.list_lease_keys_for_owner(self.worker_id):
+        for key in keys:
             if key in already_held:
                 continue
             lease = self._store.get_lease(key)

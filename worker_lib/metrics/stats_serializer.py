@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import CorruptItemError
-from ..models import WorkerMetricStats
+from ..models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from ..tables.schema import WORKER_METRICS_ENTITY_TYPE, WorkerMetricsAttr
 
 A = WorkerMetricsAttr
@@ -120,4 +120,52 @@ def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
         stats=_read_map(item, A.STATS, key),
         operating_range=_read_map(item, A.OPERATING_RANGE, key),
         entity_type=_entity_type(item),
+        heartbeat=heartbeat_of(item),
+        assignment_version=_whole(item.get(A.ASSIGNMENT_VERSION)) or 0,
+        assigned_keys=_strings(item.get(A.ASSIGNED_KEYS)),
+    )
+
+
+# --- our liveness attributes (docs/failover.md). Read leniently: a malformed value is treated as absent, so that a
+# foreign writer can at worst make a worker look like one that does not heartbeat (judged by its leases, as KCL).
+
+
+def _whole(raw: Any) -> int | None:
+    try:
+        value = _finite(raw)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() else None
+
+
+def _strings(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, Mapping):
+        return ()
+    if isinstance(raw.get("SS"), list):
+        return tuple(sorted(str(v) for v in raw["SS"]))
+    if isinstance(raw.get("L"), list):
+        return tuple(str(v["S"]) for v in raw["L"] if isinstance(v, Mapping) and isinstance(v.get("S"), str))
+    return ()
+
+
+def heartbeat_of(item: Mapping[str, Any]) -> WorkerHeartbeat | None:
+    """The heartbeat attributes of a worker-metrics item, or ``None`` if the worker does not heartbeat."""
+    counter = _whole(item.get(A.HEARTBEAT_COUNTER))
+    wall_ms = _whole(item.get(A.HEARTBEAT_WALL_MS))
+    interval_ms = _whole(item.get(A.HEARTBEAT_INTERVAL_MS))
+    if counter is None or wall_ms is None or interval_ms is None or interval_ms <= 0:
+        return None
+    raw_state = item.get(A.WORKER_STATE)
+    state = WorkerState.ACTIVE
+    if isinstance(raw_state, Mapping) and isinstance(raw_state.get("S"), str):
+        try:
+            state = WorkerState(raw_state["S"])
+        except ValueError:
+            state = WorkerState.ACTIVE
+    return WorkerHeartbeat(
+        counter=counter,
+        wall_ms=wall_ms,
+        interval_ms=interval_ms,
+        state=state,
+        events=_whole(item.get(A.EVENT_COUNTER)) or 0,
     )

@@ -1,6 +1,8 @@
 """``<app>-WorkerMetricStats`` in KCL 3.x's format (reference §2; item conversion in :mod:`.stats_serializer`).
 
-Workers write their item unconditionally, as KCL does (each worker owns exactly one item). The leader scans all
+Workers write their metrics unconditionally, as KCL does (each worker owns exactly one item) — as an UpdateItem
+that sets ``lut``/``sts``/``opr``, so that the heartbeat and notice attributes of docs/failover.md (``hbc``,
+``hbt``, ``hbi``, ``wst``, ``evc``, ``asv``, ``asl``) in the same item survive a metrics report. The leader scans all
 items and deletes stale ones conditionally on the ``lut`` it saw, so a worker that came back in between keeps its
 entry. Items of another ``entityType`` are skipped silently; corrupt items are skipped with one log line naming
 only their key and the faulty attribute, never a payload.
@@ -9,6 +11,7 @@ only their key and the faulty attribute, never a payload.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
@@ -17,7 +20,7 @@ from .. import aws
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import AwsConfig
 from ..errors import CorruptItemError
-from ..models import WorkerMetricStats
+from ..models import WorkerMetricStats, WorkerState
 from ..tables.schema import WorkerMetricsAttr, worker_metrics_table_name
 from .stats_serializer import from_item, is_foreign, key_of, number, to_item
 
@@ -28,6 +31,9 @@ __all__ = ["WorkerMetricsStore", "from_item", "is_foreign", "to_item"]
 
 log = logging.getLogger("shardlease.metrics.store")
 A = WorkerMetricsAttr
+
+MAX_NOTICE_KEYS = 100
+"""A notice names at most this many leases (keeps the item small); a larger batch is announced without keys."""
 
 
 class WorkerMetricsStore:
@@ -47,18 +53,83 @@ class WorkerMetricsStore:
         self._clock = clock
 
     def put(self, stats: WorkerMetricStats) -> None:
-        """Write (replace) this worker's item, unconditionally as KCL does."""
+        """Write this worker's metrics (``lut``, ``sts``, ``opr``), unconditionally as KCL does; other attributes
+        of the item (heartbeat, notices) are kept."""
         item = to_item(stats)
-        with aws.translated("dynamodb PutItem", self.table_name):
-            self._client.put_item(TableName=self.table_name, Item=item)
-
-    def get(self, worker_id: str) -> WorkerMetricStats | None:
-        """One worker's entry (strongly consistent), or ``None`` if absent, foreign or corrupt."""
-        with aws.translated("dynamodb GetItem", self.table_name):
-            response = self._client.get_item(
-                TableName=self.table_name, Key={A.WORKER_ID: {"S": worker_id}}, ConsistentRead=True
+        item.pop(A.WORKER_ID)
+        names = {f"#a{i}": name for i, name in enumerate(item)}
+        values = {f":a{i}": value for i, value in enumerate(item.values())}
+        with aws.translated("dynamodb UpdateItem", self.table_name):
+            self._client.update_item(
+                TableName=self.table_name,
+                Key={A.WORKER_ID: {"S": stats.worker_id}},
+                UpdateExpression="SET " + ", ".join(f"#a{i} = :a{i}" for i in range(len(item))),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
             )
-        item = response.get("Item")
+
+    def heartbeat(
+        self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
+    ) -> WorkerMetricStats | None:
+        """One heartbeat: ``hbc`` + 1, ``hbt`` = our wall clock (ms), ``hbi``, ``wst``, ``evc``; creates the item
+        (with ``lut`` = now) if it does not exist yet. Returns the item as it now is — with the leader's notice
+        (``asv``/``asl``), so that a worker learns of new leases from the write it makes anyway — or ``None`` if the
+        returned item cannot be read."""
+        now_ms = int(self._clock.wall() * 1000)
+        with aws.translated("dynamodb UpdateItem", self.table_name):
+            response = self._client.update_item(
+                TableName=self.table_name,
+                Key={A.WORKER_ID: {"S": worker_id}},
+                UpdateExpression=(
+                    "SET #hbt = :now, #hbi = :hbi, #wst = :wst, #evc = :evc, #lut = if_not_exists(#lut, :lut) "
+                    "ADD #hbc :one"
+                ),
+                ExpressionAttributeNames={
+                    "#hbc": A.HEARTBEAT_COUNTER,
+                    "#hbt": A.HEARTBEAT_WALL_MS,
+                    "#hbi": A.HEARTBEAT_INTERVAL_MS,
+                    "#wst": A.WORKER_STATE,
+                    "#evc": A.EVENT_COUNTER,
+                    "#lut": A.LAST_UPDATE,
+                },
+                ExpressionAttributeValues={
+                    ":now": number(now_ms),
+                    ":hbi": number(interval_ms),
+                    ":wst": {"S": state.value},
+                    ":evc": number(events),
+                    ":lut": number(now_ms // 1000),
+                    ":one": number(1),
+                },
+                ReturnValues="ALL_NEW",
+            )
+        return self._parse(response.get("Attributes"), worker_id)
+
+    def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool:
+        """The leader's (or a handing-over owner's) notice to ``worker_id``: ``asv`` + 1 and ``asl`` = the keys.
+        The worker reads both back from its next heartbeat. False if the worker has no item (nothing to notify:
+        it will find the leases with its periodic discovery)."""
+        keys = sorted(set(lease_keys))
+        if len(keys) > MAX_NOTICE_KEYS:
+            keys = []  # announced without keys: the worker queries the GSI instead
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key={A.WORKER_ID: {"S": worker_id}},
+                UpdateExpression="SET #asl = :keys ADD #asv :one",
+                ConditionExpression="attribute_exists(#wid)",
+                ExpressionAttributeNames={"#asl": A.ASSIGNED_KEYS, "#asv": A.ASSIGNMENT_VERSION, "#wid": A.WORKER_ID},
+                ExpressionAttributeValues={
+                    ":keys": {"L": [{"S": key} for key in keys]},
+                    ":one": number(1),
+                },
+            )
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            if aws.is_conditional_check_failed(exc):
+                return False
+            aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
+        return True
+
+    def _parse(self, item: Any, worker_id: str) -> WorkerMetricStats | None:
         if not item or is_foreign(item):
             return None
         try:
@@ -69,10 +140,21 @@ class WorkerMetricsStore:
             )
             return None
 
-    def list_all(self) -> list[WorkerMetricStats]:
-        """Every worker's entry (all scan pages), skipping foreign and corrupt items."""
+    def get(self, worker_id: str) -> WorkerMetricStats | None:
+        """One worker's entry (strongly consistent), or ``None`` if absent, foreign or corrupt."""
+        with aws.translated("dynamodb GetItem", self.table_name):
+            response = self._client.get_item(
+                TableName=self.table_name, Key={A.WORKER_ID: {"S": worker_id}}, ConsistentRead=True
+            )
+        return self._parse(response.get("Item"), worker_id)
+
+    def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]:
+        """Every worker's entry (all scan pages), skipping foreign and corrupt items. Eventually consistent by
+        default (half the read cost): nothing unsafe is decided on this read alone (docs/failover.md)."""
         out: list[WorkerMetricStats] = []
         kwargs: dict[str, Any] = {"TableName": self.table_name}
+        if consistent:
+            kwargs["ConsistentRead"] = True
         while True:
             with aws.translated("dynamodb Scan", self.table_name):
                 response = self._client.scan(**kwargs)

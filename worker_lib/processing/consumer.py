@@ -276,6 +276,10 @@ class ShardConsumer:
                 return ConsumerOutcome.HANDED_OFF
             if not self._holder.is_valid(self.lease_key):
                 return self._lease_lost()
+            delay = fetcher.seconds_until_next_call()
+            if delay > 0:  # wait here, where a shutdown or a handoff interrupts the wait, not inside fetch()
+                self._wait(delay)
+                continue
             try:
                 batch = fetcher.fetch()
             except DependencyError as exc:

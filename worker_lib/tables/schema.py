@@ -48,6 +48,14 @@ class WorkerMetricsAttr:
     STATS = "sts"
     OPERATING_RANGE = "opr"
     ENTITY_TYPE = "entityType"
+    # Ours (docs/failover.md): the worker heartbeat and the leader's assignment notice. KCL readers ignore them.
+    HEARTBEAT_COUNTER = "hbc"
+    HEARTBEAT_WALL_MS = "hbt"
+    HEARTBEAT_INTERVAL_MS = "hbi"
+    WORKER_STATE = "wst"
+    EVENT_COUNTER = "evc"
+    ASSIGNMENT_VERSION = "asv"
+    ASSIGNED_KEYS = "asl"
 
 
 WORKER_METRICS_ENTITY_TYPE = "WORKER_METRIC_STATS"

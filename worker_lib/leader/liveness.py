@@ -1,0 +1,122 @@
+"""The leader's fast path (docs/failover.md): between full cycles, one cheap read a tick, and an assignment pass
+at once when a worker left, went silent or changed something.
+
+* :class:`LivenessWatch` — the leader's :class:`~worker_lib.assignment.liveness.HeartbeatTracker` fed from the
+  worker-metrics table, with the consistent confirmation read the assigner takes before moving a gone worker's
+  leases (the :class:`~worker_lib.leader.assigner.LivenessJudge` the assigner uses in every run).
+* :class:`FastPath` — one tick: scan the worker-metrics table (eventually consistent: one item per worker, about
+  one read unit per tick for 20 workers) and, if the picture changed in a way that needs action — a worker gone
+  (stopped, or silent past the failover time), a worker that released or created leases (``evc``) — run a fast
+  assignment pass (:meth:`~worker_lib.leader.assigner.LeaseAssigner.run` with ``fast=True``). A failing read (e.g.
+  throttling) backs the fast path off, doubling up to the full-cycle interval: the full cycle keeps assigning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..assignment.liveness import HeartbeatTracker, LivenessView
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import DependencyError
+from ..models import WorkerMetricStats
+from .assigner import AssignmentReport
+
+log = logging.getLogger("shardlease.leader.fastpath")
+
+
+class WorkerRows(Protocol):
+    def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]: ...
+
+    def get(self, worker_id: str) -> WorkerMetricStats | None: ...
+
+
+class FastAssignment(Protocol):
+    def run(
+        self, *, run_number: int, fast: bool = False, workers: Sequence[WorkerMetricStats] | None = None
+    ) -> AssignmentReport: ...
+
+
+class LivenessWatch:
+    """Heartbeat observations for one leader (kept across its terms: observations are facts on its own clock)."""
+
+    def __init__(
+        self, rows: WorkerRows, *, failover_ms: int, max_clock_skew_ms: int, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self._rows = rows
+        self._clock = clock
+        self._tracker = HeartbeatTracker(failover_s=failover_ms / 1000, max_clock_skew_s=max_clock_skew_ms / 1000)
+        self.last_view = LivenessView()
+
+    def observe(self, workers: Sequence[WorkerMetricStats]) -> LivenessView:
+        self.last_view = self._tracker.observe(workers, self._clock.monotonic(), self._clock.wall())
+        return self.last_view
+
+    def confirm_gone(self, worker_id: str) -> bool:
+        row = self._rows.get(worker_id)  # strongly consistent, and taken after the caller's lease scan
+        return self._tracker.still_gone(row, self._clock.monotonic(), self._clock.wall())
+
+    def read(self) -> tuple[list[WorkerMetricStats], LivenessView]:
+        rows = self._rows.list_all(consistent=False)
+        return rows, self.observe(rows)
+
+
+def _signature(view: LivenessView) -> tuple[frozenset[str], tuple[tuple[str, int], ...]]:
+    return view.gone, tuple(sorted(view.events.items()))
+
+
+class FastPath:
+    """One tick of the leader's fast path; see the module documentation."""
+
+    def __init__(
+        self, watch: LivenessWatch, assignment: FastAssignment, *, max_backoff_s: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self._watch = watch
+        self._assignment = assignment
+        self._clock = clock
+        self._max_backoff_s = max_backoff_s
+        self._handled: tuple[frozenset[str], tuple[tuple[str, int], ...]] | None = None
+        self._backoff_s = 0.0
+        self._resume_at = 0.0
+        self.ticks = 0
+        self.passes = 0
+
+    def note_full_cycle(self) -> None:
+        """A full cycle just ran with the current picture: nothing it saw needs a fast pass."""
+        self._handled = _signature(self._watch.last_view)
+
+    def tick(self, *, run_number: int) -> AssignmentReport | None:
+        """Read, and run a fast pass if warranted; the pass's report, or None."""
+        now = self._clock.monotonic()
+        if now < self._resume_at:
+            return None
+        self.ticks += 1
+        try:
+            rows, view = self._watch.read()
+            signature = _signature(view)
+            if self._handled is None:  # first tick of this leader: the full cycle that just ran saw the same
+                self._handled = signature
+                return None
+            if not self._needs_pass(signature):
+                self._backoff_s = 0.0
+                return None
+            report = self._assignment.run(run_number=run_number, fast=True, workers=rows)
+        except DependencyError as exc:
+            self._backoff_s = min(self._max_backoff_s, max(1.0, self._backoff_s * 2))
+            self._resume_at = now + self._backoff_s
+            log.warning("fast path read failed (backing off %.0f s; full cycles go on): %s", self._backoff_s, exc)
+            return None
+        self._handled = signature
+        self._backoff_s = 0.0
+        self.passes += 1
+        return report
+
+    def _needs_pass(self, signature: tuple[frozenset[str], tuple[tuple[str, int], ...]]) -> bool:
+        assert self._handled is not None
+        gone, events = signature
+        handled_gone, handled_events = self._handled
+        if gone - handled_gone:
+            return True
+        before = dict(handled_events)
+        return any(before.get(worker) not in (None, count) for worker, count in events)

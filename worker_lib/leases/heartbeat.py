@@ -1,0 +1,156 @@
+"""The worker heartbeat: one small write per worker per interval that tells the leader "alive", "leaving" or
+"gone", and brings back the leader's notice of newly assigned leases (docs/failover.md).
+
+Each beat is one UpdateItem on the worker's own ``<app>-WorkerMetricStats`` item (``hbc`` + 1, ``hbt``, ``hbi``,
+``wst``, ``evc``) that returns the item, so the worker learns of new leases (``asv``/``asl``, written by the
+leader) from a write it makes anyway — no read per second.
+
+The heartbeat is also a fence. The leader may move the leases of a worker whose heartbeat it has watched stand
+still for the failover time (without waiting for each lease's own counter), so a worker must stop processing
+*every* lease once its heartbeat is older than that: :class:`~worker_lib.leases.renewer.LeaseHolder` treats a
+lease as valid only while ``now < last beat's send time + failover − ε``, and a beat whose reply comes back after
+that moment does not revive anything — every lease held then is dropped as lost (the leader may have judged us
+dead in between). A worker that announces ``STOPPED`` fences itself first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import DependencyError
+from ..models import WorkerMetricStats, WorkerState
+
+log = logging.getLogger("shardlease.worker.heartbeat")
+
+NoticeCallback = Callable[[tuple[str, ...] | None], None]
+"""Called with the lease keys the leader announced (``None``: announced without keys — query the index)."""
+
+
+class HeartbeatSink(Protocol):
+    def heartbeat(
+        self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
+    ) -> WorkerMetricStats | None: ...
+
+
+class HeartbeatFence(Protocol):
+    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> None: ...
+
+
+class HeartbeatLoop:
+    """Beats every ``interval_ms`` on a daemon thread once :meth:`start` ran; :meth:`announce` and
+    :meth:`note_event` beat at once (from the caller's thread)."""
+
+    def __init__(
+        self,
+        sink: HeartbeatSink,
+        worker_id: str,
+        *,
+        interval_ms: int,
+        fence: HeartbeatFence,
+        on_notice: NoticeCallback,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if interval_ms <= 0:
+            raise ValueError("interval_ms must be positive")
+        self._sink = sink
+        self.worker_id = worker_id
+        self._interval_s = interval_ms / 1000
+        self._interval_ms = interval_ms
+        self._fence = fence
+        self._on_notice = on_notice
+        self._clock = clock
+        self._beat_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen_version: int | None = None
+        self._failing = False
+        self.state = WorkerState.ACTIVE
+        self.events = 0
+        self.established = threading.Event()
+        """Set after the first successful beat: leases are taken only from then on (the fence is in force)."""
+        self.beats = 0
+        self.failures = 0
+
+    # --- one beat ---------------------------------------------------------------------------------------------
+
+    def beat(self) -> bool:
+        """Write one heartbeat; True on success. Infrastructure failures are logged (once per run of failures)."""
+        with self._beat_lock:
+            sent = self._clock.monotonic()
+            try:
+                row = self._sink.heartbeat(
+                    self.worker_id, interval_ms=self._interval_ms, state=self.state, events=self.events
+                )
+            except DependencyError as exc:
+                self.failures += 1
+                if not self._failing:
+                    log.warning("heartbeat of %s failed (the fence keeps counting down): %s", self.worker_id, exc)
+                self._failing = True
+                return False
+            self._fence.heartbeat_succeeded(sent, self._clock.monotonic())
+            if self._failing:
+                log.info("heartbeat of %s succeeded again", self.worker_id)
+            self._failing = False
+            self.beats += 1
+            self.established.set()
+            if row is not None:
+                self._notice(row)
+            return True
+
+    def _notice(self, row: WorkerMetricStats) -> None:
+        version = row.assignment_version
+        previous, self._seen_version = self._seen_version, version
+        if previous is None or version == previous:
+            return  # the first beat only learns the version: the worker's start-up discovery covers the rest
+        keys = row.assigned_keys if version == previous + 1 and row.assigned_keys else None
+        try:
+            self._on_notice(keys)
+        except Exception:
+            log.exception("handling the assignment notice for %s failed", self.worker_id)
+
+    # --- state changes ------------------------------------------------------------------------------------------
+
+    def announce(self, state: WorkerState) -> bool:
+        """Say ``state`` now (one beat from this thread); later beats repeat it."""
+        self.state = state
+        log.info("worker %s announces %s", self.worker_id, state.value)
+        return self.beat()
+
+    def note_event(self) -> None:
+        """Something the leader should look at soon (a lease given up, child leases created): bump ``evc`` and
+        beat at the next opportunity (the beat thread is woken; no I/O in the caller's thread)."""
+        with self._beat_lock:
+            self.events += 1
+        self._wake.set()
+
+    # --- thread -------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("heartbeat already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.worker_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = self._clock.monotonic()
+            try:
+                self.beat()
+            except Exception:
+                log.exception("heartbeat of %s raised; continuing", self.worker_id)
+            remaining = self._interval_s - (self._clock.monotonic() - started)
+            if remaining > 0 and self._wake.wait(remaining):
+                self._wake.clear()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
