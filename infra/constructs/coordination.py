@@ -50,6 +50,8 @@ from .tables import build_tables
 
 LEADER_RUNTIME = lambda_.Runtime.PYTHON_3_13
 LEADER_ARCHITECTURE = lambda_.Architecture.ARM_64
+LEADER_DEADLINE_MARGIN_S = 10
+"""LeaderConfig.deadline_margin_ms: the leader stops this long before its deadline to release the lock cleanly."""
 POWERTOOLS_LAYER_ACCOUNT = "017000801446"
 POWERTOOLS_LAYER_VERSION = 27
 """Layer version 27 of ``AWSLambdaPowertoolsPythonV3-python313-arm64`` is Powertools 3.23.0 (any 3.x has the
@@ -120,8 +122,10 @@ class ShardleaseCoordination(Construct):
       taken from the ``IStream`` when it knows its key).
     failover_time: lease duration (KCL failoverTimeMillis; 10 s).
     schedule: how often EventBridge invokes the leader (``rate(1 minute)``).
-    leader_timeout: the Lambda timeout (60 s). Each invocation leads until ``deadline_margin`` before it and then
-      releases the lock, so keep it ≤ the schedule's period: the next invocation then always finds the lock free.
+    leader_term: how long one invocation leads before it hands the lock to the next (65 s: the schedule's period
+      plus 5 s, so the next invocation is already waiting and takes over with no leaderless gap; docs/failover.md).
+      Keep it a few seconds above the schedule's period.
+    leader_timeout: the Lambda timeout (80 s): at least the term plus the leader's 10 s deadline margin.
     billing_mode: ``worker_lib.tables.schema.BillingMode`` (PAY_PER_REQUEST).
     removal_policy: for the tables (RETAIN; the lease table also gets deletion protection under RETAIN).
     encryption_key: a customer managed KMS key for the tables (default: the AWS managed key).
@@ -144,6 +148,7 @@ class ShardleaseCoordination(Construct):
         failover_time: cdk.Duration | None = None,
         schedule: events.Schedule | None = None,
         leader_timeout: cdk.Duration | None = None,
+        leader_term: cdk.Duration | None = None,
         billing_mode: BillingMode = BillingMode.PAY_PER_REQUEST,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         encryption_key: kms.IKey | None = None,
@@ -159,7 +164,12 @@ class ShardleaseCoordination(Construct):
         self.application_name = validate_app_name(application_name)
         self.metrics_namespace = metrics_namespace
         failover_time = failover_time or cdk.Duration.seconds(10)
-        leader_timeout = leader_timeout or cdk.Duration.minutes(1)
+        leader_term = leader_term or cdk.Duration.seconds(65)
+        leader_timeout = leader_timeout or cdk.Duration.seconds(80)
+        if leader_timeout.to_seconds() < leader_term.to_seconds() + LEADER_DEADLINE_MARGIN_S:
+            raise ValueError(
+                f"leader_timeout must be at least leader_term + {LEADER_DEADLINE_MARGIN_S} s (the deadline margin)"
+            )
         if initial_position not in {"LATEST", "TRIM_HORIZON"}:
             raise ValueError("initial_position must be LATEST or TRIM_HORIZON (AT_TIMESTAMP: use leader_environment)")
 
@@ -200,6 +210,7 @@ class ShardleaseCoordination(Construct):
             "SHARDLEASE_APP": self.application_name,
             "SHARDLEASE_STREAM": self.stream.stream_name,
             "SHARDLEASE_FAILOVER_TIME_MS": str(int(failover_time.to_milliseconds())),
+            "SHARDLEASE_LEADER_TERM_MS": str(int(leader_term.to_milliseconds())),
             "SHARDLEASE_INITIAL_POSITION": initial_position,
             "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace,
             "POWERTOOLS_LOG_LEVEL": "INFO",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import aws_cdk as cdk
+import pytest
 from aws_cdk.assertions import Match
 
+from infra.constructs import ShardleaseCoordination
 from infra.constructs.bundling import LEADER_HANDLER
 from worker_lib.metrics.names import DEFAULT_NAMESPACE
 
 from .conftest import Synth
-from .support import APP, CMK_APP
+from .support import APP, CMK_APP, STREAM_ARN
 
 
 def test_given_default_stack_then_leader_is_python313_arm64_with_powertools_layer(synth: Synth) -> None:
@@ -17,7 +20,9 @@ def test_given_default_stack_then_leader_is_python313_arm64_with_powertools_laye
     assert props["Runtime"] == "python3.13"
     assert props["Architectures"] == ["arm64"]
     assert props["Handler"] == LEADER_HANDLER == "functions.leader.handler.handler"
-    assert props["Timeout"] == 60  # ≤ the schedule's period: each run releases the lock before the next starts
+    # a 65 s term (the 1-minute schedule + 5 s of overlap, so the next invocation is waiting) + the 10 s margin + 5 s
+    assert props["Timeout"] == 80
+    assert props["Environment"]["Variables"]["SHARDLEASE_LEADER_TERM_MS"] == "65000"
     assert props["TracingConfig"] == {"Mode": "Active"}
     (layer,) = props["Layers"]
     joined = "".join(part if isinstance(part, str) else "" for part in layer["Fn::Join"][1])
@@ -89,3 +94,19 @@ def test_given_the_stack_then_outputs_name_the_lease_table_and_worker_policy(syn
     outputs = synth.default.to_json()["Outputs"]
     assert any(k.startswith("CoordinationLeaseTableName") for k in outputs)
     assert any(k.startswith("CoordinationWorkerPolicyArn") for k in outputs)
+
+
+def test_given_a_timeout_shorter_than_the_term_plus_margin_then_the_construct_refuses_it() -> None:
+    # GIVEN a leader timeout that would end an invocation before it can hand the lock over cleanly
+    app = cdk.App(context={"aws:cdk:bundling-stacks": []})
+    stack = cdk.Stack(app, "Short")
+    # WHEN the construct is built with it
+    # THEN it says what the timeout must cover
+    with pytest.raises(ValueError, match="leader_timeout must be at least leader_term"):
+        ShardleaseCoordination(
+            stack,
+            "Coordination",
+            application_name="orders",
+            stream=STREAM_ARN,
+            leader_timeout=cdk.Duration.seconds(60),
+        )
