@@ -66,10 +66,14 @@ def test_the_demo_runs_the_fleet_and_loses_nothing() -> None:
     processed = int(re.search(r"records processed\s+(\d+) distinct", out).group(1))  # type: ignore[union-attr]
     assert produced > 1000 and processed == produced and "none lost" in out
     # AND the scripted events happened, the leader ran through the Lambda handler, and failover was measured
-    for event in ("kill -9 demo-w1", "started worker demo-w3", "split hot shard", "merged cold shards"):
+    for event in ("kill -9 demo-w1", "started worker demo-w3", "SIGTERM demo-w2", "split hot shard", "merged cold"):
         assert event in out, event
     assert "leader ran as: Lambda handler" in out
     assert re.search(r"failover\s+demo-w1: its shards resumed on other workers after [\d.]+ s", out)
+    # AND the graceful stop handed its shards over within seconds (lease 3 s here; a SIGTERM needs no expiry)
+    handover = re.search(r"hand-over\s+demo-w2 \(SIGTERM\): its shards resumed on other workers after ([\d.]+) s", out)
+    assert handover is not None, out[-3000:]
+    assert float(handover.group(1)) < 10.0
     assert "Traceback" not in out + result.stderr
 
 

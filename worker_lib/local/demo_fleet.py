@@ -1,8 +1,10 @@
 """The default demo: a whole fleet on one machine — emulators, leader on a schedule, worker processes, a skewed
 producer, scripted failures and resharding, a live view and a closing report that proves nothing was lost.
 
-Timeline (fractions of ``--duration``): 0 start · 0.25 ``kill -9`` a worker · 0.40 add a worker · 0.55 split the
-hottest shard · 0.70 merge the two coldest adjacent shards · 0.85 stop producing, let the fleet drain, stop.
+Timeline (fractions of ``--duration``): 0 start · 0.25 ``kill -9`` a worker · 0.40 add a worker · 0.47 deploy one
+worker (its replacement starts, then it gets SIGTERM) · 0.55 split the hottest shard · 0.70 merge the two coldest
+adjacent shards · 0.85 stop producing, let the fleet drain, stop. The report gives the failover (kill) and
+hand-over (SIGTERM) times: from the signal to the first record of each of its shards processed elsewhere.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class WorkerProc:
     process: subprocess.Popen[bytes]
     started_at: float
     killed_at: float | None = None
+    terminated_at: float | None = None  # SIGTERM: a graceful stop, as a deploy or a scale-in sends
 
     @property
     def pid(self) -> int:
@@ -259,6 +262,18 @@ class Fleet:
         worker.killed_at = self.clock.wall()
         worker.process.wait(timeout=10)
         self.event(f"kill -9 {worker.name} (pid {worker.pid})")
+
+    def terminate(self, worker: WorkerProc) -> None:
+        """A graceful stop (SIGTERM), as every deploy and scale-in sends: the worker announces its departure,
+        checkpoints and gives its leases up; the leader hands them over within about a second."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGTERM)
+        worker.terminated_at = self.clock.wall()
+        self.event(f"SIGTERM {worker.name} (pid {worker.pid}): graceful stop")
+        try:
+            worker.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.event(f"{worker.name} did not stop within 20 s")
 
     def stop_all(self, *, graceful: bool) -> None:
         alive = [w for w in self.workers if w.process.poll() is None]
@@ -473,6 +488,7 @@ class Report:
     duplicates: int
     duplicate_reasons: Counter[str]
     failover_s: dict[str, float]
+    handover_s: dict[str, float]
     imbalance_before: float | None
     imbalance_after: float | None
     records_per_worker: dict[str, int]
@@ -494,6 +510,10 @@ class Report:
             out.append(f"    {count:>6}  {reason}")
         for name, seconds in self.failover_s.items():
             out.append(f"  failover           {name}: its shards resumed on other workers after {seconds:.1f} s")
+        for name, seconds in self.handover_s.items():
+            out.append(
+                f"  hand-over          {name} (SIGTERM): its shards resumed on other workers after {seconds:.1f} s"
+            )
         if self.imbalance_before is not None and self.imbalance_after is not None:
             out.append(
                 f"  load max/mean      {self.imbalance_before:.2f} at first balancing → "
@@ -525,19 +545,22 @@ def build_report(fleet: Fleet, state: DemoState) -> Report:
         else:
             first_pid[p.record_id] = p.pid
     failover: dict[str, float] = {}
+    handover: dict[str, float] = {}
     for worker in fleet.workers:
-        if worker.killed_at is None:
-            continue
-        shards = {p.shard for p in processed if p.pid == worker.pid}
-        resumed = []
-        for shard in shards:
-            after = [
-                p.wall for p in processed if p.shard == shard and p.pid != worker.pid and p.wall > worker.killed_at
-            ]
-            if after:
-                resumed.append(min(after) - worker.killed_at)
-        if resumed:
-            failover[worker.name] = max(resumed)
+        for signalled_at, figures in ((worker.killed_at, failover), (worker.terminated_at, handover)):
+            if signalled_at is None:
+                continue
+            # the shards it was processing when signalled; each one's first record processed elsewhere afterwards
+            shards = {p.shard for p in processed if p.pid == worker.pid and p.wall <= signalled_at}
+            resumed = []
+            for shard in shards:
+                after = [
+                    p.wall for p in processed if p.shard == shard and p.pid != worker.pid and p.wall > signalled_at
+                ]
+                if after:
+                    resumed.append(min(after) - signalled_at)
+            if resumed:
+                figures[worker.name] = max(resumed)
     ratios = []
     for report in leader_reports:
         for cycle in report.get("cycles", []):
@@ -555,6 +578,7 @@ def build_report(fleet: Fleet, state: DemoState) -> Report:
         duplicates=sum(n - 1 for n in seen.values() if n > 1),
         duplicate_reasons=duplicate_reasons,
         failover_s=failover,
+        handover_s=handover,
         imbalance_before=ratios[0] if ratios else None,
         imbalance_after=ratios[-1] if ratios else None,
         records_per_worker=dict(per_worker),
@@ -673,6 +697,7 @@ def _timeline(  # noqa: PLR0917 - one private call site
     steps: list[tuple[float, str, Callable[[], None]]] = [
         (0.25, "kill", lambda: fleet.kill(next(w for w in fleet.workers if w.process.poll() is None))),
         (0.40, "add", lambda: (fleet.add_worker(), None)[1]),
+        (0.47, "deploy", lambda: _replace_one(fleet)),
         (0.55, "split", lambda: _split_hot(fleet, kinesis, stream, state, clock)),
         (0.70, "merge", lambda: _merge_cold(fleet, kinesis, stream, state, clock)),
     ]
@@ -715,6 +740,13 @@ def _timeline(  # noqa: PLR0917 - one private call site
             for _, text in new_events:
                 say(f"  event: {text}")
             clock.sleep(0.5)
+
+
+def _replace_one(fleet: Fleet) -> None:
+    """A deploy of one worker: its replacement starts, then it is stopped gracefully."""
+    victim = next(w for w in fleet.workers if w.process.poll() is None)
+    fleet.add_worker()
+    fleet.terminate(victim)
 
 
 def _split_hot(fleet: Fleet, kinesis: Any, stream: str, state: DemoState, clock: Clock) -> None:
