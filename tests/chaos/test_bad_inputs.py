@@ -125,6 +125,9 @@ def test_a_one_mib_record_is_processed_whole(rig: Rig) -> None:
         ("SHARDLEASE_LEADER_MODE", "maybe", "invalid leader_mode 'maybe'"),
         ("SHARDLEASE_INITIAL_POSITION", "YESTERDAY", "invalid initial position"),
         ("SHARDLEASE_KINESIS_ENDPOINT_URL", "localhost:1", "invalid endpoint URL"),
+        ("SHARDLEASE_HEARTBEAT_INTERVAL_MS", "5", "heartbeat_interval_ms=5 must be 0 (off) or between 100"),
+        ("SHARDLEASE_HEARTBEAT_INTERVAL_MS", "often", "SHARDLEASE_HEARTBEAT_INTERVAL_MS='often' is not a whole"),
+        ("SHARDLEASE_DISCOVERY_INTERVAL_MS", "1", "discovery_interval_ms must be at least 100"),
     ],
 )
 def test_an_invalid_configuration_value_is_one_line_and_exit_2(name: str, value: str, fragment: str) -> None:
@@ -133,6 +136,35 @@ def test_an_invalid_configuration_value_is_one_line_and_exit_2(name: str, value:
     args = ["worker", "--app", "app-x", "--stream", "s", "--processor", "tests.support.chaos:ChaosProcessor"]
     if name != "SHARDLEASE_INITIAL_POSITION":
         args += ["--endpoint-url", "http://127.0.0.1:9"]
+    result = subprocess.run(
+        [sys.executable, "-m", "worker_lib.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    # THEN it exits 2 before any I/O with exactly one line naming the problem, no traceback
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("SHARDLEASE_LEADER_FAST_TICK_MS", "50", "fast_tick_ms=50 must be 0 (off) or between 100"),
+        ("SHARDLEASE_LEADER_TAKEOVER_WAIT_MS", "-1", "takeover_wait_ms=-1 must not be negative"),
+        ("SHARDLEASE_LEADER_TERM_MS", "10", "term_ms=10 must be at least 1000"),
+        ("SHARDLEASE_LEADER_LOCK_DURATION_MS", "6000", "heartbeat_interval_ms must be positive and at most a third"),
+    ],
+)
+def test_an_invalid_leader_value_is_one_line_and_exit_2(name: str, value: str, fragment: str) -> None:
+    # GIVEN one invalid leader setting WHEN `shardlease leader` starts
+    env = {**os.environ, "PYTHONPATH": str(REPO), name: value}
+    args = ["leader", "--app", "app-x", "--stream", "s", "--once", "--endpoint-url", "http://127.0.0.1:9"]
     result = subprocess.run(
         [sys.executable, "-m", "worker_lib.cli", *args],
         env=env,
