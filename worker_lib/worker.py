@@ -289,7 +289,8 @@ class Worker:
         undone; a lease whose consumer did not finish expires normally.
         """
         timeout = self.config.shutdown_timeout_ms / 1000 if timeout_s is None else timeout_s
-        if self._heartbeat is not None:  # first: from now on the leader assigns nothing more to us
+        started = self._thread is not None
+        if self._heartbeat is not None and started:  # first: from now on the leader assigns nothing more to us
             self._heartbeat.announce(WorkerState.DEPARTING)
         self._stop.set()
         with self._guard:
@@ -312,7 +313,7 @@ class Worker:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
         if self._leader_thread is not None:
             self._leader_thread.join(max(1.0, deadline - self._clock.monotonic()))
-        if self._heartbeat is not None:
+        if self._heartbeat is not None and started:
             # Fence first, then say so: whatever a consumer that did not finish still holds may move at once.
             self._holder.fence_all("worker stopped")
             self._heartbeat.stop()
