@@ -1,0 +1,498 @@
+"""The worker heartbeat against moto (docs/failover.md): the heartbeat write and the leader's notice on the worker's
+own worker-metrics row, the heartbeat loop with the lease holder's fence, and a real in-process Worker announcing its
+departure and picking up a lease from a notice.
+
+Store, loop and fence tests run on a :class:`ManualClock`; the Worker tests use real time (the worker's threads
+sleep on the system clock), bounded by polling loops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
+from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards, wait_until
+from worker_lib import aws
+from worker_lib.clock import ManualClock
+from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.renewer import LeaseHolder
+from worker_lib.local.streams import create_stream
+from worker_lib.metrics.stats_serializer import from_item
+from worker_lib.metrics.stats_store import MAX_NOTICE_KEYS, WorkerMetricsStore
+from worker_lib.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.tables.schema import worker_metrics_table_name
+from worker_lib.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
+
+WALL = 1_800_000_000.0
+FAILOVER_MS = 10_000
+VALIDITY_S = (FAILOVER_MS - LeaseConfig().epsilon_ms) / 1000  # 9.975 s
+
+
+@pytest.fixture
+def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
+    client = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, client)
+    return client
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=WALL)
+
+
+@pytest.fixture
+def rows(ddb: Any, app_name: str, clock: ManualClock) -> WorkerMetricsStore:
+    return WorkerMetricsStore(app_name, client=ddb, clock=clock)
+
+
+@pytest.fixture
+def leases(ddb: Any, app_name: str) -> DynamoDBLeaseStore:
+    return DynamoDBLeaseStore(app_name, client=ddb)
+
+
+# ----------------------------------------------------------------------------------------------- the store
+
+
+def test_a_heartbeat_creates_the_row_and_returns_it(
+    rows: WorkerMetricsStore, ddb: Any, app_name: str, clock: ManualClock
+) -> None:
+    # GIVEN no row for w1
+    clock.advance(0.5)
+    assert rows.get("w1") is None
+    # WHEN w1 beats
+    returned = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=2)
+    # THEN the row exists, with lut = now (so the leader can read it as a worker) and every heartbeat attribute
+    stored = rows.get("w1")
+    assert stored is not None and returned == stored
+    assert stored.last_update_epoch_s == int(WALL)
+    assert stored.heartbeat == WorkerHeartbeat(
+        counter=1, wall_ms=int((WALL + 0.5) * 1000), interval_ms=1_000, state=WorkerState.ACTIVE, events=2
+    )
+    assert stored.assignment_version == 0 and stored.assigned_keys == ()
+    # AND the raw item reads through the serializer (and the leader's scan) as the same row
+    raw = ddb.get_item(TableName=worker_metrics_table_name(app_name), Key={"wid": {"S": "w1"}})["Item"]
+    assert from_item(raw) == stored
+    assert rows.list_all() == [stored]
+
+
+def test_each_heartbeat_increments_the_counter_and_restamps_but_keeps_lut(
+    rows: WorkerMetricsStore, clock: ManualClock
+) -> None:
+    # GIVEN a worker that beat once
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    # WHEN it beats twice more, a second apart, the last time announcing its departure
+    clock.advance(1)
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    clock.advance(1)
+    third = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.DEPARTING, events=1)
+    # THEN the counter is 3, the stamp and the state are the last beat's, lut is still the first beat's
+    assert third is not None and third.heartbeat is not None
+    assert third.heartbeat.counter == 3
+    assert third.heartbeat.wall_ms == int((WALL + 2) * 1000)
+    assert third.heartbeat.state is WorkerState.DEPARTING and third.heartbeat.events == 1
+    assert third.last_update_epoch_s == int(WALL)
+
+
+def test_a_notice_is_written_on_an_existing_row_and_comes_back_with_the_next_heartbeat(
+    rows: WorkerMetricsStore,
+) -> None:
+    # GIVEN a worker with a row
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    # WHEN the leader notifies it twice
+    assert rows.notify_assigned("w1", ["shard-b", "shard-a", "shard-a"])
+    first = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    assert rows.notify_assigned("w1", ["shard-c"])
+    second = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    # THEN each heartbeat's reply carries the version (+1 per notice) and the keys of the latest notice
+    assert first is not None and (first.assignment_version, first.assigned_keys) == (1, ("shard-a", "shard-b"))
+    assert second is not None and (second.assignment_version, second.assigned_keys) == (2, ("shard-c",))
+
+
+def test_a_notice_to_a_worker_without_a_row_is_not_written(rows: WorkerMetricsStore) -> None:
+    # GIVEN no row for w9 WHEN the leader notifies it THEN nothing is written (it discovers by the index instead)
+    assert rows.notify_assigned("w9", ["shard-a"]) is False
+    assert rows.get("w9") is None
+
+
+def test_a_notice_of_too_many_keys_is_written_without_keys(rows: WorkerMetricsStore) -> None:
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    assert rows.notify_assigned("w1", [f"shard-{n:04d}" for n in range(MAX_NOTICE_KEYS + 1)])
+    row = rows.get("w1")
+    assert row is not None and row.assignment_version == 1 and row.assigned_keys == ()
+
+
+def test_a_metrics_report_keeps_the_heartbeat_and_the_notice(rows: WorkerMetricsStore, clock: ManualClock) -> None:
+    # GIVEN a worker that beat and was notified
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=4)
+    assert rows.notify_assigned("w1", ["shard-a"])
+    # WHEN it reports its metrics 30 s later
+    clock.advance(30)
+    rows.put(
+        WorkerMetricStats(
+            worker_id="w1", last_update_epoch_s=int(clock.wall()), stats={"C": (40.0,)}, operating_range={"C": (80.0,)}
+        )
+    )
+    # THEN the report's attributes are written, and the heartbeat and notice attributes survive
+    row = rows.get("w1")
+    assert row is not None
+    assert row.last_update_epoch_s == int(WALL + 30) and row.stats == {"C": (40.0,)}
+    assert row.heartbeat is not None and row.heartbeat.counter == 1 and row.heartbeat.events == 4
+    assert row.assignment_version == 1 and row.assigned_keys == ("shard-a",)
+    # AND the next beat continues the counter on top of the report
+    after = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=4)
+    assert after is not None and after.heartbeat is not None and after.heartbeat.counter == 2
+    assert after.stats == {"C": (40.0,)}
+
+
+# ----------------------------------------------------------------------------------------------- loop and fence
+
+
+@dataclass
+class Rig:
+    clock: ManualClock
+    rows: WorkerMetricsStore
+    leases: DynamoDBLeaseStore
+    holder: LeaseHolder
+    slow: SlowSink
+    flaky: FlakySink
+    loop: HeartbeatLoop
+    notices: list[tuple[str, ...] | None] = field(default_factory=list)
+    lost: list[tuple[str, str]] = field(default_factory=list)
+
+    def take(self, key: str) -> None:
+        assert self.holder.take(owned_lease(self.leases, key, "w1"))
+
+
+@pytest.fixture
+def rig(rows: WorkerMetricsStore, leases: DynamoDBLeaseStore, clock: ManualClock) -> Rig:
+    lost: list[tuple[str, str]] = []
+    notices: list[tuple[str, ...] | None] = []
+    holder = LeaseHolder(
+        leases,
+        "w1",
+        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
+        clock=clock,
+        on_lost=lambda key, reason: lost.append((key, reason)),
+    )
+    slow = SlowSink(rows, clock)
+    flaky = FlakySink(slow)
+    loop = HeartbeatLoop(flaky, "w1", interval_ms=1_000, fence=holder, on_notice=notices.append, clock=clock)
+    return Rig(clock, rows, leases, holder, slow, flaky, loop, notices, lost)
+
+
+def test_the_first_beat_establishes_and_only_learns_the_assignment_version(rig: Rig) -> None:
+    # GIVEN a worker row that already carries a notice (from before this process started)
+    rig.rows.put(WorkerMetricStats(worker_id="w1", last_update_epoch_s=int(WALL)))
+    assert rig.rows.notify_assigned("w1", ["old"])
+    assert not rig.loop.established.is_set()
+    # WHEN the first beat succeeds
+    assert rig.loop.beat()
+    # THEN the loop is established, and the old notice is not passed on (start-up discovery covers it)
+    assert rig.loop.established.is_set() and rig.loop.beats == 1
+    assert rig.notices == []
+    # WHEN nothing new is announced THEN later beats pass nothing on either
+    assert rig.loop.beat()
+    assert rig.notices == []
+
+
+def test_a_notice_with_the_next_version_passes_its_keys_and_a_jump_asks_for_the_index(rig: Rig) -> None:
+    # GIVEN an established loop
+    assert rig.loop.beat()
+    # WHEN the leader announces one batch THEN the next beat passes its keys on
+    assert rig.rows.notify_assigned("w1", ["shard-2", "shard-1"])
+    assert rig.loop.beat()
+    assert rig.notices == [("shard-1", "shard-2")]
+    # WHEN two notices land between beats (asv + 2) THEN the keys of the first are unknown: None (query the index)
+    assert rig.rows.notify_assigned("w1", ["shard-3"])
+    assert rig.rows.notify_assigned("w1", ["shard-4"])
+    assert rig.loop.beat()
+    assert rig.notices[-1] is None
+    # WHEN a notice names too many leases (written without keys) THEN None as well
+    assert rig.rows.notify_assigned("w1", [f"k{n}" for n in range(MAX_NOTICE_KEYS + 1)])
+    assert rig.loop.beat()
+    assert rig.notices == [("shard-1", "shard-2"), None, None]
+
+
+def test_a_lease_is_valid_only_until_the_last_heartbeat_plus_the_validity(rig: Rig) -> None:
+    # GIVEN a lease taken and a beat sent at t
+    rig.take("shard-a")
+    start = rig.clock.monotonic()
+    assert rig.loop.beat()
+    # WHEN the lease is renewed at t + 5 (its own validity now runs to t + 14.975) and no beat follows
+    rig.clock.advance(5)
+    assert rig.holder.renew_all().renewed == ("shard-a",)
+    # THEN it is valid just before t + validity and invalid just after: the heartbeat fence, not the lease, ends it
+    rig.clock.advance(start + VALIDITY_S - 0.005 - rig.clock.monotonic())
+    assert rig.holder.is_valid("shard-a")
+    rig.clock.advance(0.01)
+    assert not rig.holder.is_valid("shard-a")
+    assert rig.holder.held_keys() == ["shard-a"]  # not dropped yet: only no longer valid
+
+
+def test_without_any_heartbeat_only_the_lease_validity_applies(rig: Rig) -> None:
+    # GIVEN a holder that never beat (heartbeats off), renewing at t + 5
+    rig.take("shard-a")
+    start = rig.clock.monotonic()
+    rig.clock.advance(5)
+    assert rig.holder.renew_all().renewed == ("shard-a",)
+    # WHEN t + validity + a moment passed THEN the lease is still valid (renewed 5 s ago)
+    rig.clock.advance(start + VALIDITY_S + 0.005 - rig.clock.monotonic())
+    assert rig.holder.is_valid("shard-a")
+
+
+def test_a_beat_after_the_fence_ran_out_drops_every_lease_for_good(rig: Rig) -> None:
+    # GIVEN two leases and a beat at t; renewals keep the leases themselves valid
+    rig.take("shard-a")
+    rig.take("shard-b")
+    assert rig.loop.beat()
+    rig.clock.advance(5)
+    assert len(rig.holder.renew_all().renewed) == 2
+    # WHEN the next beat only succeeds after t + validity (the beats in between failed)
+    rig.flaky.failing = True
+    for _ in range(4):
+        rig.clock.advance(1)
+        assert not rig.loop.beat()
+    assert rig.loop.failures == 4
+    rig.clock.advance(1)
+    rig.flaky.failing = False
+    assert rig.loop.beat()
+    # THEN every lease is dropped as lost: the leader may have judged the worker dead and moved them
+    assert rig.holder.held_keys() == []
+    assert sorted(key for key, _ in rig.lost) == ["shard-a", "shard-b"]
+    assert all("heartbeat" in reason for _, reason in rig.lost)
+    # AND they do not come back valid with the next successful beat
+    rig.clock.advance(1)
+    assert rig.loop.beat()
+    assert not rig.holder.is_valid("shard-a") and not rig.holder.is_valid("shard-b")
+    assert rig.holder.renew_all().renewed == ()
+
+
+def test_a_beat_whose_reply_comes_after_the_fence_end_drops_every_lease(rig: Rig) -> None:
+    # GIVEN two leases, a beat at t and renewals at t + 5
+    rig.take("shard-a")
+    rig.take("shard-b")
+    assert rig.loop.beat()
+    rig.clock.advance(5)
+    assert len(rig.holder.renew_all().renewed) == 2
+    # WHEN a beat is sent at t + 5 but its reply arrives at t + 10.5 (past the fence end t + 9.975)
+    rig.slow.delay_s = 5.5
+    assert rig.loop.beat()
+    # THEN both leases are dropped, although that beat's own fence (t + 14.975) lies in the future
+    assert rig.holder.held_keys() == []
+    assert not rig.holder.is_valid("shard-a")
+    assert sorted(key for key, _ in rig.lost) == ["shard-a", "shard-b"]
+
+
+def test_a_slow_reply_before_the_fence_end_keeps_the_leases_and_extends_the_fence(rig: Rig) -> None:
+    # GIVEN the same, but the reply arrives at t + 9.9 (before the fence end)
+    rig.take("shard-a")
+    start = rig.clock.monotonic()
+    assert rig.loop.beat()
+    rig.clock.advance(5)
+    assert rig.holder.renew_all().renewed == ("shard-a",)
+    rig.slow.delay_s = 4.9
+    assert rig.loop.beat()
+    # THEN nothing is lost, and the lease is valid past the old fence, up to the new one (sent at t + 5)
+    assert rig.lost == [] and rig.holder.held_keys() == ["shard-a"]
+    rig.clock.advance(start + 10.5 - rig.clock.monotonic())
+    assert rig.holder.is_valid("shard-a")
+
+
+def test_fence_all_drops_everything_and_nothing_is_valid_until_the_next_beat(rig: Rig) -> None:
+    # GIVEN two valid leases
+    rig.take("shard-a")
+    rig.take("shard-b")
+    assert rig.loop.beat()
+    assert rig.holder.is_valid("shard-a") and rig.holder.is_valid("shard-b")
+    # WHEN the worker fences itself (it is leaving)
+    rig.holder.fence_all("worker stopped")
+    # THEN every lease is dropped as lost with that reason
+    assert rig.holder.held_keys() == []
+    assert sorted(rig.lost) == [("shard-a", "worker stopped"), ("shard-b", "worker stopped")]
+    # AND a lease taken afterwards is not valid before another beat
+    rig.take("shard-c")
+    assert not rig.holder.is_valid("shard-c")
+
+
+# ----------------------------------------------------------------------------------------------- the Worker
+
+FAST_LEASES = LeaseConfig(failover_time_ms=3_000)  # heartbeat every 1 s (a third of the failover time)
+
+
+@pytest.fixture
+def kinesis(moto_aws: AwsConfig) -> Any:
+    return aws.client("kinesis", moto_aws)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.shutdown(timeout_s=5)
+
+
+def start_worker(app: str, stream: str, ddb: Any, kinesis: Any, workers: list[Worker], **config: Any) -> Worker:
+    worker = Worker(
+        WorkerConfig(
+            app=app,
+            stream=stream,
+            worker_id="w1",
+            lease=FAST_LEASES,
+            retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+            shutdown_timeout_ms=10_000,
+            report_worker_metrics=False,
+            **config,
+        ),
+        lambda: RecordingProcessor(Journal()),
+        dynamodb=ddb,
+        kinesis=kinesis,
+    )
+    workers.append(worker)
+    worker.start()
+    return worker
+
+
+def beat_count(rows: WorkerMetricsStore, worker_id: str) -> int:
+    row = rows.get(worker_id)
+    return row.heartbeat.counter if row is not None and row.heartbeat is not None else 0
+
+
+def test_the_discovery_interval_is_a_safety_net_with_heartbeats_and_kcls_without() -> None:
+    assert WorkerConfig(app="app", stream="s").discovery_interval_ms == DISCOVERY_SAFETY_NET_MS == 30_000
+    off = WorkerConfig(app="app", stream="s", lease=LeaseConfig(heartbeat_interval_ms=0))
+    assert off.discovery_interval_ms == KCL_DISCOVERY_INTERVAL_MS == 9_975
+
+
+def test_shutdown_announces_departing_then_stopped_and_gives_the_leases_up(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN a worker holding both leases of a 2-shard stream, every UpdateItem of its client recorded
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 2)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    keys = create_leases_for_open_shards(store, kinesis, stream)
+    for key in keys:
+        lease = store.get_lease(key)
+        assert lease is not None and store.assign_lease(lease, "w1") is not None
+    writes = HeartbeatWrites(ddb)
+    worker = start_worker(app_name, stream, ddb, kinesis, workers)
+    assert wait_until(lambda: sorted(worker.held_leases) == sorted(keys), timeout_s=15)
+    # WHEN it shuts down
+    assert worker.shutdown(timeout_s=10)
+    # THEN its heartbeats said ACTIVE, then DEPARTING before it gave any lease up, then STOPPED last
+    states = writes.states()
+    assert states[0] == "ACTIVE" and states[-1] == "STOPPED"
+    departing = writes.first_index(lambda call: call[1] == "DEPARTING")
+    stopped = writes.last_index(lambda call: call[1] == "STOPPED")
+    evictions = [i for i, call in enumerate(writes.calls) if call[0] == app_name and call[2]]
+    assert len(evictions) == len(keys)
+    assert 0 <= departing < min(evictions) and max(evictions) < stopped
+    assert "ACTIVE" not in states[states.index("DEPARTING") :]
+    # AND the row says STOPPED, with one event per lease given up
+    rows = WorkerMetricsStore(app_name, client=ddb)
+    row = rows.get("w1")
+    assert row is not None and row.heartbeat is not None
+    assert row.heartbeat.state is WorkerState.STOPPED and row.heartbeat.events == len(keys)
+    # AND the leases are free at once
+    assert all(lease.lease_owner is None for lease in store.list_leases())
+    # AND no beat follows the STOPPED one
+    counter = row.heartbeat.counter
+    time.sleep(1.5)
+    assert beat_count(rows, "w1") == counter
+
+
+def test_a_notified_lease_is_taken_within_a_beat_despite_a_30_s_discovery_interval(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN a running worker with the default 30 s safety-net discovery, two unowned leases
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 2)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    notified_key, quiet_key = sorted(create_leases_for_open_shards(store, kinesis, stream))
+    rows = WorkerMetricsStore(app_name, client=ddb)
+    worker = start_worker(app_name, stream, ddb, kinesis, workers)
+    assert worker.config.discovery_interval_ms == 30_000
+    # (its start-up discovery has run once it beat twice: the first beat established it)
+    assert wait_until(lambda: beat_count(rows, "w1") >= 2, timeout_s=10)
+    assert worker.held_leases == []
+    # WHEN the leader assigns both, but notifies the worker of only one
+    for key in (quiet_key, notified_key):
+        lease = store.get_lease(key)
+        assert lease is not None and store.assign_lease(lease, "w1") is not None
+    started = time.monotonic()
+    assert rows.notify_assigned("w1", [notified_key])
+    # THEN the notified lease is taken within about one beat (1 s) and a coordinator step
+    assert wait_until(lambda: notified_key in worker.held_leases, timeout_s=5, step_s=0.05)
+    assert time.monotonic() - started < 2.5
+    # AND the other waits for the safety-net discovery (30 s): it is not held a beat later either
+    time.sleep(1.2)
+    assert worker.held_leases == [notified_key]
+
+
+def test_no_lease_is_taken_before_the_first_heartbeat_succeeded(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN a lease assigned to w1 and w1's heartbeat writes failing (throttled)
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 1)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    (key,) = create_leases_for_open_shards(store, kinesis, stream)
+    lease = store.get_lease(key)
+    assert lease is not None and store.assign_lease(lease, "w1") is not None
+    blackout = HeartbeatBlackout(ddb)
+    blackout.failing = True
+    # WHEN the worker starts and its heartbeats keep failing for 2 s
+    worker = start_worker(app_name, stream, ddb, kinesis, workers)
+    assert wait_until(lambda: blackout.refused >= 2, timeout_s=5)
+    # THEN it has not taken (nor renewed) the lease: its counter is untouched
+    assert worker.held_leases == []
+    current = store.get_lease(key)
+    assert current is not None and current.lease_counter == lease.lease_counter + 1
+    # WHEN the heartbeat gets through THEN it takes the lease
+    blackout.failing = False
+    assert wait_until(lambda: worker.held_leases == [key], timeout_s=5)
+
+
+# ----------------------------------------------------------------------------------------------- known bug
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG (worker_lib/leases/renewer.py LeaseHolder.evict): giving up a lease that is in a graceful handoff "
+        "completes the handoff (DynamoDBLeaseStore.evict_lease -> complete_handoff) but calls on_release with "
+        "new_owner=None, so the Worker bumps evc instead of notifying the new owner, which then waits for its "
+        "30 s safety-net discovery"
+    ),
+)
+def test_giving_up_a_lease_in_handoff_reports_its_new_owner(leases: DynamoDBLeaseStore, clock: ManualClock) -> None:
+    # GIVEN w1 holds a lease the leader is handing over to w2 (w1 saw the handoff at its last renewal)
+    released: list[tuple[str, str | None]] = []
+    holder = LeaseHolder(
+        leases,
+        "w1",
+        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
+        clock=clock,
+        on_release=lambda key, new_owner: released.append((key, new_owner)),
+    )
+    assert holder.take(owned_lease(leases, "shard-a", "w1"))
+    current = leases.get_lease("shard-a")
+    assert current is not None and leases.initiate_graceful_handoff(current, "w2") is not None
+    assert holder.renew_all().handoffs == ("shard-a",)
+    # WHEN w1 gives the lease up (shutdown, or its consumer crashed)
+    assert holder.evict("shard-a")
+    # THEN the handoff is complete in the table: w2 owns the lease outright ...
+    after = leases.get_lease("shard-a")
+    assert after is not None and after.lease_owner == "w2" and after.checkpoint_owner is None
+    # ... and the release callback names w2, so that the worker notifies it (as complete_handoff does)
+    assert released == [("shard-a", "w2")]
