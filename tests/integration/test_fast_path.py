@@ -567,16 +567,6 @@ def test_an_invocation_near_its_own_deadline_does_not_wait(ddb: Any, app_name: s
     assert time.monotonic() - started < 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (worker_lib/leader/leader.py Leader._takeover_wait): the wait window is fixed at the first read as "
-        "min(budget, eta + 2 polls) with eta = min(release, expiry); when the planned release never happens (the "
-        "holder died just before it), the invocation exits at release + 2 polls although the lock expires well "
-        "within its budget (docs/failover.md: 'a crashed holder's lock is waited for up to its expiry'), leaving "
-        "the application leaderless until the next scheduled invocation"
-    ),
-)
 def test_an_invocation_waiting_for_a_release_that_never_comes_takes_over_when_the_lock_expires(
     ddb: Any, app_name: str
 ) -> None:

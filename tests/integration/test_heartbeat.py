@@ -463,18 +463,6 @@ def test_no_lease_is_taken_before_the_first_heartbeat_succeeded(
     assert wait_until(lambda: worker.held_leases == [key], timeout_s=5)
 
 
-# ----------------------------------------------------------------------------------------------- known bug
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (worker_lib/leases/renewer.py LeaseHolder.evict): giving up a lease that is in a graceful handoff "
-        "completes the handoff (DynamoDBLeaseStore.evict_lease -> complete_handoff) but calls on_release with "
-        "new_owner=None, so the Worker bumps evc instead of notifying the new owner, which then waits for its "
-        "30 s safety-net discovery"
-    ),
-)
 def test_giving_up_a_lease_in_handoff_reports_its_new_owner(leases: DynamoDBLeaseStore, clock: ManualClock) -> None:
     # GIVEN w1 holds a lease the leader is handing over to w2 (w1 saw the handoff at its last renewal)
     released: list[tuple[str, str | None]] = []

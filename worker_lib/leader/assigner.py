@@ -198,7 +198,9 @@ class LeaseAssigner:
             forced_keys = {lease.lease_key for lease in forced}
             live = [lease for lease in live if lease.lease_key not in forced_keys] + forced
 
-        workers = self._without_silent_suspects([w for w in all_workers if w.worker_id not in view.excluded])
+        workers = self._without_silent_suspects(
+            [w for w in all_workers if w.worker_id not in view.excluded], alive=view.heartbeating - view.gone
+        )
         snapshot = AssignmentSnapshot(
             leases=tuple(live),
             workers=tuple(workers),
@@ -303,11 +305,13 @@ class LeaseAssigner:
 
     # --- suspects ---
 
-    def _without_silent_suspects(self, workers: list[WorkerMetricStats]) -> list[WorkerMetricStats]:
+    def _without_silent_suspects(
+        self, workers: list[WorkerMetricStats], *, alive: frozenset[str] = frozenset()
+    ) -> list[WorkerMetricStats]:
         kept = []
         for worker in workers:
             seen = self._suspects.get(worker.worker_id)
-            if seen is not None and worker.last_update_epoch_s <= seen:
+            if seen is not None and worker.last_update_epoch_s <= seen and worker.worker_id not in alive:
                 continue  # still no new report since it let its leases expire
             self._suspects.pop(worker.worker_id, None)
             kept.append(worker)

@@ -115,6 +115,8 @@ class Leader:
         self._shard_sync = shard_sync
         self._assignment = assignment
         self._fast_tick = fast_tick
+        self._takeover_waited_s = 0.0
+        self._takeover_wait_started = 0.0
         self._config = config or LeaderConfig()
         self._lock_config = lock_config or LeaderLockConfig()
         self._sync_interval_s = shard_sync_interval_ms / 1000
@@ -257,9 +259,16 @@ class Leader:
     def _takeover_wait(self, waiting_until: float | None, deadline_monotonic: float | None) -> float | None:
         """For a host that exits when the lock is held: until when to keep polling for it (None: exit now)."""
         now = self._clock.monotonic()
+        if waiting_until is not None and now < waiting_until:
+            return waiting_until
         if waiting_until is not None:
-            return waiting_until if now < waiting_until else None
-        budget_s = self._config.takeover_wait_ms / 1000
+            # The release we waited for did not come (the holder died just before it): the lock's own expiry may
+            # still be within our budget — look again rather than leave the application without a leader.
+            self._takeover_waited_s += now - self._takeover_wait_started
+        else:
+            self._takeover_waited_s = 0.0
+        self._takeover_wait_started = now
+        budget_s = self._config.takeover_wait_ms / 1000 - self._takeover_waited_s
         if deadline_monotonic is not None:
             # Wait only if we would then lead at least as long as we waited: a duplicate delivery that started
             # with the holder has nothing to gain and exits after one read.

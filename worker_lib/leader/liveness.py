@@ -99,6 +99,8 @@ class FastPath:
                 self._handled = signature
                 return None
             if not self._needs_pass(signature):
+                # Forget what is no longer so (a gone worker that came back can be noticed going again).
+                self._handled = signature
                 self._backoff_s = 0.0
                 return None
             report = self._assignment.run(run_number=run_number, fast=True, workers=rows)

@@ -325,14 +325,16 @@ class LeaseHolder:
             return False
         with entry.lock:
             try:
-                done = self._store.evict_lease(entry.lease, self.worker_id) is not None
+                after = self._store.evict_lease(entry.lease, self.worker_id)
             except DependencyError as exc:
                 log.warning("could not give up lease=%s worker=%s: %s", lease_key, self.worker_id, exc)
-                done = False
+                after = None
         self.drop(lease_key)
-        if done:
-            self._released(lease_key, None)
-        return done
+        if after is not None:
+            # Given up in the middle of a graceful handoff, the lease went to its chosen new owner: tell that one.
+            new_owner = after.lease_owner if after.lease_owner != self.worker_id else None
+            self._released(lease_key, new_owner)
+        return after is not None
 
     def close(self) -> None:
         if self._pool is not None:
