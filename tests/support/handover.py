@@ -1,0 +1,362 @@
+"""Support for the hand-over chaos tests (tests/chaos/test_handover_chaos.py).
+
+* :class:`HangingShutdownProcessor` — the chaos journal processor whose ``shutdown_requested`` journals its
+  ``SHUTDOWN`` line and then hangs for ``$SHARDLEASE_HANDOVER_HANG_S`` seconds (0: does not hang), so a worker
+  announces its departure and then never finishes it;
+* :class:`HandoverFleet` — worker processes (no embedded leader) and ``shardlease leader`` processes of one
+  scenario, by name, remembering which pids died abnormally;
+* :class:`InProcessLeader` — the production leader loop on a thread of the test process, on a DynamoDB client of
+  its own (where faults are injected), keeping every cycle report with its time;
+* :class:`OwnerLog` — polls the lease table from a thread and keeps every owner change it saw (to tell whether the
+  leader gave a departing worker anything);
+* :func:`throttle_worker_rows_scans` — answers the Scans of ``<app>-WorkerMetricStats`` made by one DynamoDB client
+  with ProvisionedThroughputExceededException: only the leader's fast-path reads (``LivenessWatch.read``), or every
+  Scan of that table; counts each API call with its time and origin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from signal import Signals
+from types import FrameType
+from typing import Any
+
+from botocore.awsrequest import AWSResponse, HTTPHeaders
+
+from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, read_lines, wait_for
+from tests.support.processes import ProcessGroup
+from worker_lib import aws
+from worker_lib.assignment.config import AssignmentConfig
+from worker_lib.config import (
+    AwsConfig,
+    InitialPosition,
+    LeaderConfig,
+    LeaderLockConfig,
+    LeaseConfig,
+    ShardSyncConfig,
+)
+from worker_lib.leader.host import LeaderParts, build_leader
+from worker_lib.leader.leader import CycleReport
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.processing.processor import ShutdownRequestedInput
+
+HANGING_PROCESSOR = "tests.support.handover:HangingShutdownProcessor"
+HANG_ENV = "SHARDLEASE_HANDOVER_HANG_S"
+
+
+# --- the processor (runs inside `shardlease worker`) --------------------------------------------------------------
+
+
+class HangingShutdownProcessor(ChaosProcessor):
+    """:class:`~tests.support.chaos.ChaosProcessor`, except that ``shutdown_requested`` hangs (after journaling
+    ``SHUTDOWN``) for ``$SHARDLEASE_HANDOVER_HANG_S`` seconds before it checkpoints."""
+
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
+        self._append([self._line(input.shard_id, "SHUTDOWN")])
+        hang_s = float(os.environ.get(HANG_ENV, "0") or "0")
+        if hang_s > 0:
+            time.sleep(hang_s)  # a flush that never returns: the worker said DEPARTING and now hangs
+        input.checkpointer.checkpoint()
+
+
+# --- processes --------------------------------------------------------------------------------------------------------
+
+
+def holding(lines: list[Line], pid: int) -> set[str]:
+    """Shards ``pid`` has an open session on, according to the journal."""
+    held: set[str] = set()
+    for line in lines:
+        if line.pid == pid and line.kind == "INIT":
+            held.add(line.shard)
+        elif line.pid == pid and line.kind in ("LOST", "END", "SHUTDOWN"):
+            held.discard(line.shard)
+    return held
+
+
+class HandoverFleet:
+    """Worker and leader processes of one scenario. Workers run with ``SHARDLEASE_LEADER_MODE=none``: leadership
+    is in separate ``shardlease leader`` processes (or in the test process), so killing a worker never kills the
+    leader and the other way round."""
+
+    def __init__(self, group: ProcessGroup, args: list[str], env: dict[str, str], journal: Path) -> None:
+        self.group, self.args, self.env, self.journal = group, args, env, journal
+        self.workers: dict[str, int] = {}  # worker id -> pid (live or not)
+        self.names: dict[int, str] = {}  # pid -> process-group name
+        self.abnormal: set[int] = set()
+
+    def start_worker(self, worker_id: str, *, processor: str = PROCESSOR, env: dict[str, str] | None = None) -> int:
+        process = self.group.start(
+            worker_id,
+            ["worker", *self.args, "--processor", processor, "--worker-id", worker_id],
+            {**self.env, "SHARDLEASE_LEADER_MODE": "none", **(env or {})},
+        )
+        self.workers[worker_id] = process.pid
+        self.names[process.pid] = worker_id
+        return process.pid
+
+    def start_leader(self, owner: str) -> int:
+        process = self.group.start(
+            owner,
+            ["leader", *self.args, "--initial-position", "TRIM_HORIZON", "--worker-id", owner],
+            self.env,
+        )
+        self.names[process.pid] = owner
+        return process.pid
+
+    def signal(self, name: str, sig: signal.Signals) -> float:
+        """Send ``sig`` to the named process; returns the monotonic time just before sending."""
+        at = time.monotonic()
+        self.group.signal(name, sig)
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            self.abnormal.add(self.group.processes[name].pid)
+        return at
+
+    def alive(self, name: str) -> bool:
+        return self.group.processes[name].poll() is None
+
+    def lines(self) -> list[Line]:
+        return read_lines(self.journal)
+
+    def holding(self, worker_id: str) -> set[str]:
+        return holding(self.lines(), self.workers[worker_id])
+
+    def busy(self, candidates: list[str], *, timeout_s: float = 30) -> str:
+        """The first of ``candidates`` (live workers) that is processing at least one shard (waits, bounded)."""
+        found: list[str] = []
+
+        def any_busy() -> bool:
+            found[:] = [w for w in candidates if self.alive(w) and self.holding(w)]
+            return bool(found)
+
+        assert wait_for(any_busy, timeout_s=timeout_s), f"none of {candidates} is processing a shard"
+        return found[0]
+
+    def stop_gracefully(
+        self, names: list[str], *, sig: Signals = Signals.SIGTERM, timeout_s: float = 40
+    ) -> dict[str, int | None]:
+        """Signal each (SIGTERM for workers; SIGINT for ``shardlease leader``, which releases its lock on it) and
+        wait for the exit codes (None: still running after ``timeout_s``)."""
+        for name in names:
+            self.group.signal(name, sig)
+        codes: dict[str, int | None] = {}
+        for name in names:
+            try:
+                codes[name] = self.group.wait(name, timeout_s=timeout_s)
+            except Exception:
+                codes[name] = None
+        return codes
+
+
+def all_shards_processed(lines: list[Line], shards: int) -> bool:
+    return len({x.shard for x in lines if x.kind == "REC"}) >= shards
+
+
+class InProcessLeader:
+    """:func:`~worker_lib.leader.host.build_leader` run on a thread (as ``shardlease leader`` runs it), on its own
+    DynamoDB client ``self.ddb`` (``aws.max_attempts`` as given: botocore retries that many times after the first
+    attempt). ``reports`` holds (monotonic time, report) for every cycle and fast pass."""
+
+    def __init__(
+        self,
+        *,
+        app: str,
+        stream: str,
+        aws_config: AwsConfig,
+        kinesis: Any,
+        owner: str,
+        cycle_ms: int,
+        lock: LeaderLockConfig,
+        failover_ms: int,
+    ) -> None:
+        self.owner = owner
+        self.ddb = aws.client("dynamodb", aws_config)
+        self.parts: LeaderParts = build_leader(
+            app=app,
+            stream=stream,
+            aws_config=aws_config,
+            shard_sync=ShardSyncConfig(initial_position=InitialPosition.TRIM_HORIZON, interval_ms=1000),
+            owner=owner,
+            leader_config=LeaderConfig(cycle_interval_ms=cycle_ms),
+            lock_config=lock,
+            assignment=AssignmentConfig(failover_ms=failover_ms, worker_report_interval_s=1.0),
+            lease_config=LeaseConfig(failover_time_ms=failover_ms),
+            dynamodb=self.ddb,
+            kinesis=kinesis,
+        )
+        self.reports: list[tuple[float, CycleReport]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"leader-{owner}", daemon=True)
+
+    def _run(self) -> None:
+        self.parts.leader.run(stop=self._stop, on_cycle=lambda r: self.reports.append((time.monotonic(), r)))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 40) -> bool:
+        """Stop the loop (it releases the lock); False if it did not finish within ``timeout_s``."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def between(self, start: float, end: float) -> list[CycleReport]:
+        return [r for t, r in self.reports if start <= t <= end]
+
+    def full_cycle_times(self, start: float, end: float) -> list[float]:
+        return [t for t, r in self.reports if start <= t <= end and r.leader and not r.fast]
+
+
+# --- lease owners -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OwnerChange:
+    t: float  # monotonic time of the poll that saw it
+    lease_key: str
+    before: str | None
+    after: str | None
+
+
+class OwnerLog:
+    """Polls ``store.list_leases()`` every ``step_s`` from a thread and keeps each ``leaseOwner`` change."""
+
+    def __init__(self, store: DynamoDBLeaseStore, *, step_s: float = 0.25) -> None:
+        self._store = store
+        self._step_s = step_s
+        self.changes: list[OwnerChange] = []
+        self.owners: dict[str, str | None] = {}
+        self.polls = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="owner-log", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                leases = self._store.list_leases()
+            except Exception:
+                self.errors += 1
+            else:
+                now = time.monotonic()
+                for lease in leases:
+                    before = self.owners.get(lease.lease_key)
+                    if lease.lease_key in self.owners and before != lease.lease_owner:
+                        self.changes.append(OwnerChange(now, lease.lease_key, before, lease.lease_owner))
+                    self.owners[lease.lease_key] = lease.lease_owner
+                self.polls += 1
+            self._stop.wait(self._step_s)
+
+    def owned_by(self, worker_id: str) -> set[str]:
+        return {key for key, owner in dict(self.owners).items() if owner == worker_id}
+
+    def given_to(self, worker_id: str, *, after: float) -> list[OwnerChange]:
+        """Changes that made ``worker_id`` the owner of a lease, seen after ``after``."""
+        return [c for c in self.changes if c.after == worker_id and c.t > after]
+
+    def __enter__(self) -> OwnerLog:
+        self._thread.start()
+        assert wait_for(lambda: self.polls > 0, timeout_s=10), "the lease table could not be read"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+# --- throttling the leader's reads of the worker rows -----------------------------------------------------------------
+
+
+def _from_fast_read(frame: FrameType | None) -> bool:
+    """Whether the call stack holds the leader's fast-path read (``LivenessWatch.read`` in leader/liveness.py)."""
+    suffix = os.path.join("leader", "liveness.py")
+    while frame is not None:
+        if frame.f_code.co_name == "read" and frame.f_code.co_filename.endswith(suffix):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._body
+
+
+@dataclass
+class ScanThrottle:
+    """Scans of one table through one client: API calls by origin (monotonic times, each call counted once however
+    often botocore retries it), and attempts answered with throttling while ``active`` is set."""
+
+    table: str
+    fast_only: bool
+    active: threading.Event = field(default_factory=threading.Event)
+    fast_calls: list[float] = field(default_factory=list)
+    other_calls: list[float] = field(default_factory=list)
+    throttled: int = 0
+
+    def fast_between(self, start: float, end: float) -> list[float]:
+        return [t for t in self.fast_calls if start <= t <= end]
+
+    def other_between(self, start: float, end: float) -> list[float]:
+        return [t for t in self.other_calls if start <= t <= end]
+
+
+def _table_of(body: Any) -> str | None:
+    if not body:
+        return None
+    try:
+        request = json.loads(body)
+    except (TypeError, ValueError):
+        return None
+    table = request.get("TableName") if isinstance(request, dict) else None
+    return str(table) if table is not None else None
+
+
+@contextmanager
+def throttle_worker_rows_scans(client: Any, table: str, *, fast_only: bool) -> Iterator[ScanThrottle]:
+    """While ``throttle.active`` is set, answer Scans of ``table`` made through ``client`` with
+    ProvisionedThroughputExceededException (HTTP 400; botocore retries within its budget, then raises) — only
+    those from the leader's fast path if ``fast_only``, else every one. Calls are counted whether active or not."""
+    throttle = ScanThrottle(table=table, fast_only=fast_only)
+
+    def before_call(params: Any, **_: Any) -> None:
+        if not isinstance(params, dict) or params.get("TableName") != table:
+            return
+        calls = throttle.fast_calls if _from_fast_read(inspect.currentframe()) else throttle.other_calls
+        calls.append(time.monotonic())
+
+    def before_send(request: Any, **_: Any) -> AWSResponse | None:
+        if not throttle.active.is_set() or _table_of(request.body) != table:
+            return None
+        if fast_only and not _from_fast_read(inspect.currentframe()):
+            return None
+        throttle.throttled += 1
+        code = "ProvisionedThroughputExceededException"
+        body = json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": f"injected {code}"})
+        headers = HTTPHeaders()
+        headers["Content-Type"] = "application/x-amz-json-1.0"
+        return AWSResponse(request.url, 400, headers, _Raw(body.encode()))
+
+    uid = f"handover-throttle-{id(throttle)}"
+    client.meta.events.register_first("before-parameter-build.dynamodb.Scan", before_call, unique_id=uid + "-call")
+    client.meta.events.register_first("before-send.dynamodb.Scan", before_send, unique_id=uid + "-send")
+    try:
+        yield throttle
+    finally:
+        throttle.active.clear()
+        with contextlib.suppress(Exception):
+            client.meta.events.unregister("before-parameter-build.dynamodb.Scan", unique_id=uid + "-call")
+            client.meta.events.unregister("before-send.dynamodb.Scan", unique_id=uid + "-send")
