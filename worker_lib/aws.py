@@ -57,7 +57,7 @@ def client(service: str, aws: AwsConfig, boto3_session: boto3.Session | None = N
         region_name=aws.region,
         connect_timeout=aws.connect_timeout_s,
         read_timeout=aws.read_timeout_s,
-        retries={"mode": aws.retry_mode, "max_attempts": aws.max_attempts},  # type: ignore[arg-type]
+        retries={"mode": aws.retry_mode, "total_max_attempts": aws.max_attempts},  # type: ignore[arg-type]
         max_pool_connections=aws.max_pool_connections,
     )
     kwargs: dict[str, Any] = {"config": cfg}

@@ -79,7 +79,9 @@ class WorkerConfig:
     discovery_interval_ms: how often the GSI is queried for leases assigned to us. With the heartbeat on, new leases
       arrive by the leader's notice within a beat and this query is only the safety net (30 000 ms); with the
       heartbeat off it is the only way, at KCL's 9975 ms. ``SHARDLEASE_DISCOVERY_INTERVAL_MS``.
-    shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s).
+    shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s); their leases
+      are renewed meanwhile, and what is left at the end is fenced and handed over at once;
+      ``SHARDLEASE_SHUTDOWN_TIMEOUT_MS``.
     """
 
     app: str
@@ -136,6 +138,7 @@ class WorkerConfig:
             "consumer": ConsumerConfig.from_env(e),
             "retrieval": RetrievalConfig.from_env(e),
             "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
+            "shutdown_timeout_ms": _env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
             "metrics": MetricsConfig.from_env(e),
             "worker_metrics": WorkerMetricsConfig.from_env(e),
             "leader_mode": e.get("SHARDLEASE_LEADER_MODE", "none").strip().lower() or "none",
@@ -241,6 +244,7 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._guard = threading.Lock()
         self._stop = threading.Event()
+        self._coordinator_stop = threading.Event()  # set after the consumers finished: renewals go on until then
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._leader_thread: threading.Thread | None = None
@@ -309,6 +313,7 @@ class Worker:
             if not busy:
                 self._holder.evict(key)
         self._give_up_undiscovered()
+        self._coordinator_stop.set()
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
         if self._leader_thread is not None:
@@ -366,8 +371,19 @@ class Worker:
         next_renewal = self._clock.monotonic()
         next_discovery = self._clock.monotonic()
         next_flush = self._clock.monotonic() + self.config.metrics.flush_interval_ms / 1000
-        while not self._stop.is_set():
+        while not self._coordinator_stop.is_set():
             now = self._clock.monotonic()
+            if self._stop.is_set():
+                # Shutting down: no new leases, but the ones whose consumers still finish their batch and checkpoint
+                # keep being renewed, so that a slow final checkpoint is not lost to expiry.
+                if now >= next_renewal:
+                    next_renewal = now + self.config.renewer_interval_s
+                    try:
+                        self._renew()
+                    except DependencyError as exc:
+                        log.warning("worker %s renewal during shutdown failed: %s", self.worker_id, exc)
+                self._sleep(min(max(0.0, next_renewal - self._clock.monotonic()), 0.2))
+                continue
             if self._heartbeat is not None and not self._heartbeat.established.is_set():
                 # No lease is taken before the first heartbeat landed: from then on the fence protects them.
                 next_discovery = now

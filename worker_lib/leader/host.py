@@ -6,10 +6,13 @@ The Lambda handler and the embedded worker thread use :func:`build_leader` too, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +112,13 @@ def build_leader(
     leader_config = leader_config or LeaderConfig()
     fast_path = None
     if assigner is not None and watch is not None and leader_config.fast_tick_ms > 0:
-        fast_path = FastPath(watch, assigner, max_backoff_s=leader_config.cycle_interval_ms / 1000, clock=clock)
+        fast_path = FastPath(
+            watch,
+            assigner,
+            max_backoff_s=leader_config.cycle_interval_ms / 1000,
+            read_timeout_s=lock_config.heartbeat_interval_ms / 2000,  # never holds the loop past a lock heartbeat
+            clock=clock,
+        )
     leader = Leader(
         lock=lock,
         shard_sync=syncer,
@@ -227,8 +236,12 @@ def run_leader_cli(
         report = parts.leader.run_once()
         emit(report)
         return 1 if report.error else 0
-    try:
-        parts.leader.run(on_cycle=emit)
-    except KeyboardInterrupt:
-        print("leader stopped; lock released", file=sys.stderr)
+    # SIGTERM (systemd, ECS, Kubernetes) stops the loop like Ctrl-C: the lock is released, so the next leader takes
+    # over at once instead of after the lock's expiry.
+    stop = threading.Event()
+    with contextlib.suppress(ValueError):  # not the main thread: the host handles signals
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        parts.leader.run(on_cycle=emit, stop=stop)
+    print("leader stopped; lock released", file=sys.stderr)
     return 0

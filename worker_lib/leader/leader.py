@@ -305,9 +305,6 @@ class Leader:
                 return
             if deadline_monotonic is not None and now >= deadline_monotonic - self._config.deadline_margin_ms / 1000:
                 return
-            if self._fast_tick is not None and tick_s > 0 and now >= next_tick:
-                next_tick = now + tick_s
-                self._tick(on_cycle)
             last = self._state.last_heartbeat_monotonic
             if self._lock.is_leader() and last is not None and now - last >= heartbeat_s:
                 try:
@@ -318,6 +315,10 @@ class Leader:
                         self._state.last_heartbeat_monotonic = None
                 except DependencyError as exc:
                     log.warning("leader heartbeat failed owner=%s: %s", self.owner, exc)
+            # After the heartbeat: a tick waits for its read at most half a heartbeat interval (FastPath).
+            if self._fast_tick is not None and tick_s > 0 and self._clock.monotonic() >= next_tick:
+                next_tick = self._clock.monotonic() + tick_s
+                self._tick(on_cycle)
             pause = min(0.25, end - now)
             if self._fast_tick is not None and tick_s > 0:
                 pause = min(pause, max(0.0, next_tick - self._clock.monotonic()))

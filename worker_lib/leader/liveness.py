@@ -9,11 +9,14 @@ at once when a worker left, went silent or changed something.
   (stopped, or silent past the failover time), a worker that released or created leases (``evc``) — run a fast
   assignment pass (:meth:`~worker_lib.leader.assigner.LeaseAssigner.run` with ``fast=True``). A failing read (e.g.
   throttling) backs the fast path off, doubling up to the full-cycle interval: the full cycle keeps assigning.
+  The read runs on a helper thread and the tick waits for it at most ``read_timeout_s``: a read that botocore keeps
+  retrying (throttling) must not hold the leader loop past its lock heartbeat. While it is still running, ticks skip.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -57,9 +60,9 @@ class LivenessWatch:
         row = self._rows.get(worker_id)  # strongly consistent, and taken after the caller's lease scan
         return self._tracker.still_gone(row, self._clock.monotonic(), self._clock.wall())
 
-    def read(self) -> tuple[list[WorkerMetricStats], LivenessView]:
-        rows = self._rows.list_all(consistent=False)
-        return rows, self.observe(rows)
+    def scan(self) -> list[WorkerMetricStats]:
+        """The tick's read: every worker item, eventually consistent (observe the result on the leader's thread)."""
+        return self._rows.list_all(consistent=False)
 
 
 def _signature(view: LivenessView) -> tuple[frozenset[str], tuple[tuple[str, int], ...]]:
@@ -70,9 +73,17 @@ class FastPath:
     """One tick of the leader's fast path; see the module documentation."""
 
     def __init__(
-        self, watch: LivenessWatch, assignment: FastAssignment, *, max_backoff_s: float, clock: Clock = SYSTEM_CLOCK
+        self,
+        watch: LivenessWatch,
+        assignment: FastAssignment,
+        *,
+        max_backoff_s: float,
+        read_timeout_s: float = 2.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._watch = watch
+        self._read_timeout_s = read_timeout_s
+        self._inflight: threading.Event | None = None
         self._assignment = assignment
         self._clock = clock
         self._max_backoff_s = max_backoff_s
@@ -93,7 +104,11 @@ class FastPath:
             return None
         self.ticks += 1
         try:
-            rows, view = self._watch.read()
+            rows = self._bounded_read()
+            if rows is None:
+                self._back_off(now, f"fast path read still running after {self._read_timeout_s:.1f} s")
+                return None
+            view = self._watch.observe(rows)
             signature = _signature(view)
             if self._handled is None:  # first tick of this leader: the full cycle that just ran saw the same
                 self._handled = signature
@@ -105,14 +120,43 @@ class FastPath:
                 return None
             report = self._assignment.run(run_number=run_number, fast=True, workers=rows)
         except DependencyError as exc:
-            self._backoff_s = min(self._max_backoff_s, max(1.0, self._backoff_s * 2))
-            self._resume_at = now + self._backoff_s
-            log.warning("fast path read failed (backing off %.0f s; full cycles go on): %s", self._backoff_s, exc)
+            self._back_off(now, f"fast path failed: {exc}")
             return None
         self._handled = signature
         self._backoff_s = 0.0
         self.passes += 1
         return report
+
+    def _back_off(self, now: float, why: str) -> None:
+        self._backoff_s = min(self._max_backoff_s, max(1.0, self._backoff_s * 2))
+        self._resume_at = now + self._backoff_s
+        log.warning("%s (fast path backs off %.0f s; full cycles go on)", why, self._backoff_s)
+
+    def _bounded_read(self) -> list[WorkerMetricStats] | None:
+        """The worker-metrics scan on a daemon thread, waited for at most ``read_timeout_s`` (real time: the wait
+        guards the leader loop against botocore's retries, whatever clock the leader runs on). None while it runs."""
+        if self._inflight is not None and not self._inflight.is_set():
+            return None  # the previous read is still being retried
+        done = threading.Event()
+        box: dict[str, object] = {}
+
+        def read() -> None:
+            try:
+                box["value"] = self._watch.scan()
+            except BaseException as exc:  # handed to the leader loop below
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=read, name="leader-fast-read", daemon=True).start()
+        if not done.wait(self._read_timeout_s):
+            self._inflight = done
+            return None
+        self._inflight = None
+        error = box.get("error")
+        if isinstance(error, BaseException):
+            raise error
+        return box["value"]  # type: ignore[return-value]
 
     def _needs_pass(self, signature: tuple[frozenset[str], tuple[tuple[str, int], ...]]) -> bool:
         assert self._handled is not None
