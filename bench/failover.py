@@ -583,6 +583,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--scenarios", default=",".join(ALL_SCENARIOS), type=lambda t: _csv(t, ALL_SCENARIOS, "scenario")
     )
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument(
+        "--baseline-trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help="trials per scenario for the kcl baseline (default: --trials); its fleets take ~4x as long",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, metavar="PATH", help="dump every raw gap and the summary")
     parser.add_argument("--plot", type=Path, metavar="PATH.png", help="CDF plot of the gaps")
@@ -590,6 +597,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error("--trials must be at least 1")
+    if args.baseline_trials is None:
+        args.baseline_trials = args.trials
+    if args.baseline_trials < 1:
+        parser.error("--baseline-trials must be at least 1")
     return args
 
 
@@ -606,8 +617,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     return fleets
 
 
-def estimate_s(fleets: Sequence[tuple[str, str, list[str]]], trials: int) -> float:
-    return sum(EST_FLEET_S + trials * sum(EST_TRIAL_S[c][s] for s in scenarios) for c, _, scenarios in fleets)
+def estimate_s(fleets: Sequence[tuple[str, str, list[str]]], trials: dict[str, int]) -> float:
+    return sum(EST_FLEET_S + trials[c] * sum(EST_TRIAL_S[c][s] for s in scenarios) for c, _, scenarios in fleets)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -629,11 +640,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     inherited = sorted(k for k in os.environ if k.startswith("SHARDLEASE_"))
     load_before = os.getloadavg()
-    estimate = estimate_s(fleets, args.trials)
+    trials = {"ours": args.trials, "kcl": args.baseline_trials}
+    estimate = estimate_s(fleets, trials)
     described = ", ".join(f"{c}/{h} [{' '.join(s)}]" for c, h, s in fleets)
     say(
-        f"failover benchmark: {len(fleets)} fleet(s) {described}, {args.trials} trial(s) each, seed {args.seed}; "
-        f"estimated {estimate / 60:.0f} min"
+        f"failover benchmark: {len(fleets)} fleet(s) {described}, trials ours {trials['ours']} / kcl "
+        f"{trials['kcl']} per scenario, seed {args.seed}; estimated {estimate / 60:.0f} min"
     )
     if inherited:
         say(f"  ignoring inherited {', '.join(inherited)} (children get only the benchmark's settings)")
@@ -650,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 outcome = FleetOutcome(config=config, host=host, results=[])
                 outcomes.append(outcome)
-                run_fleet(outcome, scenarios=scenarios, trials=args.trials, rng=rng, workdir=workdir, say=say)
+                run_fleet(outcome, scenarios=scenarios, trials=trials[config], rng=rng, workdir=workdir, say=say)
             finally:
                 if root is None:
                     shutil.rmtree(workdir, ignore_errors=True)
@@ -702,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {
         "argv": sys.argv[1:],
         "seed": args.seed,
-        "trials": args.trials,
+        "trials": trials,
         "kcl_env": KCL_ENV,
         "lambda_timeout_s": LAMBDA_TIMEOUT_S,
         "loadavg_before": load_before,
