@@ -76,9 +76,10 @@ class WorkerConfig:
       groups workers into clusters in ``shardlease status``.
     initial_position / initial_timestamp: only used for a lease whose checkpoint is ``AT_TIMESTAMP`` (the
       timestamp) — the leader decides the initial checkpoint of every lease it creates.
-    discovery_interval_ms: how often the GSI is queried for leases assigned to us. With the heartbeat on, new leases
-      arrive by the leader's notice within a beat and this query is only the safety net (30 000 ms); with the
-      heartbeat off it is the only way, at KCL's 9975 ms. ``SHARDLEASE_DISCOVERY_INTERVAL_MS``.
+    discovery_interval_ms: how often the GSI is queried for leases assigned to us. By default: KCL's 9975 ms until
+      the worker has seen a notice from the leader; from then on new leases arrive by notice within a beat and the
+      query is only the safety net (30 000 ms) — so a worker beside an older leader that sends no notices keeps
+      KCL's pace. ``SHARDLEASE_DISCOVERY_INTERVAL_MS`` fixes it.
     shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s); their leases
       are renewed meanwhile, and what is left at the end is fenced and handed over at once;
       ``SHARDLEASE_SHUTDOWN_TIMEOUT_MS``.
@@ -106,10 +107,7 @@ class WorkerConfig:
             raise ConfigError("a worker needs a stream name")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}")
-        if self.discovery_interval_ms is None:
-            default = DISCOVERY_SAFETY_NET_MS if self.lease.heartbeat_enabled else KCL_DISCOVERY_INTERVAL_MS
-            object.__setattr__(self, "discovery_interval_ms", default)
-        if self.discovery_interval_s < 0.1:
+        if self.discovery_interval_ms is not None and self.discovery_interval_ms < 100:
             raise ConfigError("discovery_interval_ms must be at least 100")
         if self.shutdown_timeout_ms < 0:
             raise ConfigError("shutdown_timeout_ms must not be negative")
@@ -120,9 +118,12 @@ class WorkerConfig:
     def renewer_interval_s(self) -> float:
         return self.lease.renewer_interval_ms / 1000
 
-    @property
-    def discovery_interval_s(self) -> float:
-        return (self.discovery_interval_ms or KCL_DISCOVERY_INTERVAL_MS) / 1000
+    def discovery_interval_s(self, *, notices_seen: bool) -> float:
+        """The configured interval, else the safety net once the leader's notices are known to arrive."""
+        if self.discovery_interval_ms is not None:
+            return self.discovery_interval_ms / 1000
+        safety_net = notices_seen and self.lease.heartbeat_enabled
+        return (DISCOVERY_SAFETY_NET_MS if safety_net else KCL_DISCOVERY_INTERVAL_MS) / 1000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
@@ -400,7 +401,8 @@ class Worker:
                     else:
                         next_discovery = now
                 if now >= next_discovery:
-                    next_discovery = now + self.config.discovery_interval_s
+                    notices_seen = self._heartbeat is not None and self._heartbeat.notices_seen
+                    next_discovery = now + self.config.discovery_interval_s(notices_seen=notices_seen)
                     self._discover()
                 if now >= next_flush:
                     next_flush = now + self.config.metrics.flush_interval_ms / 1000

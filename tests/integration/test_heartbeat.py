@@ -367,10 +367,17 @@ def beat_count(rows: WorkerMetricsStore, worker_id: str) -> int:
     return row.heartbeat.counter if row is not None and row.heartbeat is not None else 0
 
 
-def test_the_discovery_interval_is_a_safety_net_with_heartbeats_and_kcls_without() -> None:
-    assert WorkerConfig(app="app", stream="s").discovery_interval_ms == DISCOVERY_SAFETY_NET_MS == 30_000
+def test_the_discovery_interval_is_a_safety_net_once_notices_arrive_and_kcls_otherwise() -> None:
+    # GIVEN the default configuration, with and without heartbeats, and one with the interval set
+    default = WorkerConfig(app="app", stream="s")
     off = WorkerConfig(app="app", stream="s", lease=LeaseConfig(heartbeat_interval_ms=0))
-    assert off.discovery_interval_ms == KCL_DISCOVERY_INTERVAL_MS == 9_975
+    fixed = WorkerConfig(app="app", stream="s", discovery_interval_ms=5_000)
+    # THEN KCL's pace until the leader is known to send notices (an older leader never does), the safety net after
+    assert default.discovery_interval_s(notices_seen=False) * 1000 == KCL_DISCOVERY_INTERVAL_MS == 9_975
+    assert default.discovery_interval_s(notices_seen=True) * 1000 == DISCOVERY_SAFETY_NET_MS == 30_000
+    # AND without heartbeats nothing brings notices back: always KCL's pace; a set value always wins
+    assert off.discovery_interval_s(notices_seen=True) * 1000 == KCL_DISCOVERY_INTERVAL_MS
+    assert fixed.discovery_interval_s(notices_seen=False) == fixed.discovery_interval_s(notices_seen=True) == 5.0
 
 
 def test_shutdown_announces_departing_then_stopped_and_gives_the_leases_up(
@@ -421,7 +428,7 @@ def test_a_notified_lease_is_taken_within_a_beat_despite_a_30_s_discovery_interv
     notified_key, quiet_key = sorted(create_leases_for_open_shards(store, kinesis, stream))
     rows = WorkerMetricsStore(app_name, client=ddb)
     worker = start_worker(app_name, stream, ddb, kinesis, workers)
-    assert worker.config.discovery_interval_ms == 30_000
+    assert worker.config.discovery_interval_ms is None  # KCL's pace until a notice arrives, 30 s after
     # (its start-up discovery has run once it beat twice: the first beat established it)
     assert wait_until(lambda: beat_count(rows, "w1") >= 2, timeout_s=10)
     assert worker.held_leases == []

@@ -75,6 +75,8 @@ class HeartbeatLoop:
         """Set after the first successful beat: leases are taken only from then on (the fence is in force)."""
         self.beats = 0
         self.failures = 0
+        self.notices_seen = False
+        """True once a reply carried a notice version: the leader sends notices (the GSI query can slow down)."""
 
     # --- one beat ---------------------------------------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class HeartbeatLoop:
 
     def _notice(self, row: WorkerMetricStats) -> None:
         version = row.assignment_version
+        self.notices_seen = self.notices_seen or version > 0
         previous, self._seen_version = self._seen_version, version
         if previous is None or version == previous:
             return  # the first beat only learns the version: the worker's start-up discovery covers the rest
