@@ -15,14 +15,16 @@ term). Configurations:
   tick, GSI discovery every 9 975 ms per worker, lock 30 s / 10 s, no takeover wait, 50 s term): KCL 3.x's read
   pattern (leader scans every 20 s, per-worker GSI discovery), not KCL's Java code.
 
-After a warm-up (all leases held), every DynamoDB call in ``--minutes`` is counted per (configuration, role,
-table, operation, purpose) by botocore hooks (``before-parameter-build`` keeps the request, ``after-call`` sees the
-parsed reply, also for conditional-check failures, which are charged like writes). Request units are estimated
-from item sizes with DynamoDB's rules: reads ⌈bytes/4 KB⌉ per call (strongly consistent; half for eventually
-consistent; at least one unit), Scan/Query on the summed size of the items returned by the call; writes ⌈item
-size/1 KB⌉ (the item after the write: from ``ReturnValues``, the written item, or a consistent GetItem by an
-uncounted client). Rates per lease, per worker and per minute are then extrapolated to 1 000 leases / 20 workers
-and 10 000 leases / 100 workers with the formulas printed by the script (and in docs/deploy.md), with lease items,
+After a warm-up (``--warmup``, 70 s: past the first invocation, which leads its whole term without waiting for a
+predecessor — every later one starts with the hand-over — and all leases held), every DynamoDB call in
+``--minutes`` is counted per (configuration, role, table, operation, purpose) by botocore hooks
+(``before-parameter-build`` keeps the request, ``after-call`` sees the parsed reply, also for conditional-check
+failures, which are charged like writes). Request units are estimated from item sizes with DynamoDB's rules:
+reads ⌈bytes/4 KB⌉ per call (strongly consistent; half for eventually consistent; at least one unit), Scan/Query
+on the summed size of the items returned by the call; writes ⌈item size/1 KB⌉ (the item after the write: from
+``ReturnValues``, the written item, or a consistent GetItem by an uncounted client). Rates per lease, per worker
+and per minute are then extrapolated to 1 000 leases / 20 workers and 10 000 leases / 100 workers with the
+formulas printed by the script (and in docs/deploy.md), with lease items,
 GSI entries and expiry-observation items measured at those sizes on moto.
 
     .venv/bin/python bench/cost_model.py [--configs ours,kcl] [--workers 2] [--shards 8] [--minutes 2] [--json P]
@@ -33,6 +35,7 @@ The last line reads ``reads per minute at 1000 leases/20 workers: ours R1 (U1 un
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import importlib.util
@@ -45,16 +48,16 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from worker_lib import aws
 from worker_lib.config import AwsConfig
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases import serializer
-from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.local.emulators import start_moto
 from worker_lib.local.streams import create_stream
 from worker_lib.models import Checkpoint, Lease
@@ -118,12 +121,19 @@ PURPOSES: tuple[tuple[str, str], ...] = (
     ("LeaseAssigner._notify", "assignment notice"),
     ("LeaseCapRecorder.record", "lease cap"),
     ("LeaseAssigner._sweep_stale_workers", "stale-row sweep"),
+    ("DynamoDBLeaseStore.assign_lease", "assignment"),
+    ("DynamoDBLeaseStore.initiate_graceful_handoff", "handoff"),
+    ("DynamoDBLeaseStore.create_lease_if_absent", "lease creation"),
+    ("DynamoDBLeaseStore.delete_lease", "lease deletion"),
     ("ShardSyncer.sync_once", "shard sync"),
     ("FastPath.tick", "liveness tick"),
+    ("LivenessWatch.scan", "liveness tick"),  # the tick's read runs on its own thread
     ("LeaseAssigner.run", "full cycle"),
     ("HeartbeatLoop.beat", "heartbeat"),
     ("WorkerMetricsStore.put", "metrics report"),
     ("LeaseHolder.renew_all", "renewal"),
+    ("DynamoDBLeaseStore.renew_lease", "renewal"),
+    ("DynamoDBLeaseStore.evict_lease", "give up"),
     ("LeaseHolder.checkpoint", "checkpoint"),
     ("LeaseDiscoverer.discover_keys", "notice discovery"),
     ("LeaseDiscoverer.discover", "discovery"),
@@ -195,10 +205,10 @@ class Tally:
 
 def _purpose() -> str:
     names: set[str] = set()
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         names.add(frame.f_code.co_qualname)
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return next((purpose for qualname, purpose in PURPOSES if qualname in names), "other")
 
 
@@ -228,7 +238,14 @@ class Recorder:
 
         def after_call(parsed: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
             if self.active:
-                self._record(service, role, model.name, context.get("cost_params") or {}, parsed, context)
+                self._record(
+                    service,
+                    role,
+                    model.name,
+                    params=context.get("cost_params") or {},
+                    parsed=parsed,
+                    purpose=str(context.get("cost_purpose", "other")),
+                )
 
         client.meta.events.register("before-parameter-build", keep_params)
         client.meta.events.register("after-call", after_call)
@@ -241,9 +258,8 @@ class Recorder:
         return tally
 
     def _record(
-        self, service: str, role: str, op: str, params: dict[str, Any], parsed: dict[str, Any], context: dict[str, Any]
+        self, service: str, role: str, op: str, *, params: dict[str, Any], parsed: dict[str, Any], purpose: str
     ) -> None:
-        purpose = str(context.get("cost_purpose", "other"))
         if service != "dynamodb":
             with self._lock:
                 self._tally((role, service, op, purpose)).calls += 1
@@ -297,7 +313,7 @@ class Recorder:
                 key, table, item_key = job
                 item = self._sizer_client.get_item(TableName=table, Key=item_key, ConsistentRead=True).get("Item")
                 self._add_write(key, item_size(item) if item else 0)
-            except Exception as exc:  # noqa: BLE001 - a sizing failure must not stop the count
+            except Exception as exc:  # a sizing failure must not stop the count
                 print(f"  (could not size a write: {exc})", file=sys.stderr)
                 if job is not None:
                     self._add_write(job[0], 0)
@@ -335,19 +351,23 @@ def invoke_handler(n: int, recorder: Recorder, endpoint: str, budget_s: float, s
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    module._get_clients = lambda cfg: module._Clients(  # count the leader's calls
-        aws_config=cfg,
-        dynamodb=recorder.client("dynamodb", endpoint, "leader"),
-        kinesis=recorder.client("kinesis", endpoint, "leader"),
-    )
+    clients_type = module._Clients
     real_build = module.build_leader
+
+    def get_clients(cfg: AwsConfig) -> Any:  # count the leader's calls
+        return clients_type(
+            aws_config=cfg,
+            dynamodb=recorder.client("dynamodb", endpoint, "leader"),
+            kinesis=recorder.client("kinesis", endpoint, "leader"),
+        )
 
     def build_leader(**kwargs: Any) -> Any:
         parts = real_build(**kwargs)
         parts.leader.run = functools.partial(parts.leader.run, stop=stop)
         return parts
 
-    module.build_leader = build_leader
+    module._get_clients = get_clients  # type: ignore[attr-defined]
+    module.build_leader = build_leader  # type: ignore[attr-defined]
 
     class Context:
         function_name = "bench-leader"
@@ -399,7 +419,7 @@ class Schedule:
     def _invoke(self, n: int) -> None:
         try:
             self.invocations.append(self._start(n, stop=self.stop))
-        except Exception as exc:  # noqa: BLE001 - report, keep the schedule going
+        except Exception as exc:  # report, keep the schedule going
             print(f"  leader invocation {n} raised: {exc!r}", file=sys.stderr)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -435,3 +455,584 @@ class ConfigResult:
         full = [i.duration_s for i in self.invocations if i.led and not i.cut_short]
         return sum(full) / len(full) if full else float("nan")
 
+
+BASE_ENV: dict[str, str] = {
+    "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "POWERTOOLS_METRICS_DISABLED": "true",
+    "POWERTOOLS_METRICS_NAMESPACE": "bench",
+    "POWERTOOLS_LOG_LEVEL": "WARNING",
+    "SHARDLEASE_PER_WORKER_METRICS": "false",
+}
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` (read by ``WorkerConfig.from_env`` and the handler), every KCL override unset
+    unless given; the previous environment afterwards."""
+    names = set(values) | set(KCL_ENV)
+    saved = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def scan_all(client: Any, table: str, *, consistent: bool = True) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": consistent}
+    while True:
+        response = client.scan(**kwargs)
+        items.extend(response.get("Items", []))
+        if "LastEvaluatedKey" not in response:
+            return items
+        kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+
+def wait_until_held(fleet: list[Worker], shards: int, timeout_s: float) -> int:
+    """Wait until the workers hold every lease between them (each at least one, if it can); the number held."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = [len(worker.held_leases) for worker in fleet]
+        if sum(held) >= shards and (shards < len(fleet) or min(held) >= 1):
+            return sum(held)
+        if time.monotonic() >= deadline:
+            print(f"  warning: only {sum(held)} of {shards} leases held after the warm-up", file=sys.stderr)
+            return sum(held)
+        time.sleep(0.5)
+
+
+def run_config(name: str, endpoint: str, *, workers: int, shards: int, minutes: float, warmup_s: float) -> ConfigResult:
+    app = f"cost-{name}-{uuid.uuid4().hex[:6]}"
+    stream = f"{app}-s"
+    admin = aws.client("dynamodb", AwsConfig(endpoint_url=endpoint))
+    ensure_tables(app, admin)
+    create_stream(aws.client("kinesis", AwsConfig(endpoint_url=endpoint)), stream, shards)
+    recorder = Recorder(endpoint, app)
+    env = {
+        **BASE_ENV,
+        "SHARDLEASE_APP": app,
+        "SHARDLEASE_STREAM": stream,
+        "SHARDLEASE_ENDPOINT_URL": endpoint,
+        **CONFIG_ENV[name],
+    }
+    started = time.monotonic()
+    print(
+        f"[{name}] {workers} workers, {shards} shards, leader Lambda budget {LAMBDA_BUDGET_S[name]:.0f} s", flush=True
+    )
+    with environment(env):
+        fleet: list[Worker] = []
+        schedule = Schedule(recorder, endpoint, LAMBDA_BUDGET_S[name])
+        try:
+            for n in range(workers):
+                worker = Worker(
+                    WorkerConfig.from_env(worker_id=f"cost-{name}-w{n}"),
+                    lambda: FunctionProcessor(lambda records, checkpointer: None),
+                    dynamodb=recorder.client("dynamodb", endpoint, "worker"),
+                    kinesis=recorder.client("kinesis", endpoint, "worker"),
+                )
+                worker.start()
+                fleet.append(worker)
+            schedule.start()
+            time.sleep(warmup_s)
+            held_at_start = wait_until_held(fleet, shards, timeout_s=60.0)
+            print(f"[{name}] warm after {time.monotonic() - started:.0f} s; measuring {minutes:g} min", flush=True)
+            recorder.active = True
+            time.sleep(minutes * 60)
+            tallies = recorder.snapshot()
+            held_at_end = sum(len(worker.held_leases) for worker in fleet)
+            lease_items = scan_all(admin, app)
+            rows = scan_all(admin, worker_metrics_table_name(app))
+        finally:
+            schedule.close()
+            for worker in fleet:
+                worker.shutdown(timeout_s=10)
+            recorder.close()
+    print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
+    return ConfigResult(
+        name=name,
+        workers=workers,
+        leases=shards,
+        minutes=minutes,
+        tallies=tallies,
+        invocations=list(schedule.invocations),
+        lease_item_bytes=[item_size(item) for item in lease_items],
+        worker_row_bytes=[item_size(row) for row in rows],
+        worker_row_bytes_without_notice=[
+            item_size({k: v for k, v in row.items() if k != WorkerMetricsAttr.ASSIGNED_KEYS}) for row in rows
+        ],
+        held_at_start=held_at_start,
+        held_at_end=held_at_end,
+    )
+
+
+# --- item sizes at scale -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScaleInputs:
+    """Measured on moto with realistic items (KCL-style UUID worker ids, 56-digit checkpoints, hash ranges)."""
+
+    lease_bytes: float  # mean lease item
+    gsi_entry_bytes: float  # mean GSI (KEYS_ONLY) entry returned by the discovery Query
+    scan_pages_1000: int  # lease-table Scan pages at 1 000 leases
+    scan_units_1000: float  # RRU of one consistent lease-table Scan at 1 000 leases
+    gsi_units_1000_20: float  # RRU of one discovery Query at 1 000 leases / 20 workers (50 keys)
+    observation_bytes: dict[int, int] = field(default_factory=dict)  # expiry-observation item at L leases
+
+
+def measure_scale_inputs(endpoint: str) -> ScaleInputs:
+    admin = aws.client("dynamodb", AwsConfig(endpoint_url=endpoint))
+    app = f"cost-scale-{uuid.uuid4().hex[:6]}"
+    ensure_tables(app, admin)
+    rng = random.Random(7)
+    owners = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(20)]
+    width = 2**128 // 1000
+    leases = [
+        Lease(
+            lease_key=f"shardId-{n:012d}",
+            lease_counter=rng.randint(10**5, 10**7),
+            lease_owner=owners[n % len(owners)],
+            checkpoint=Checkpoint(sequence=str(rng.randint(10**55, 10**56 - 1))),
+            starting_hash_key=str(n * width),
+            ending_hash_key=str((n + 1) * width - 1),
+            throughput_kbps=round(rng.uniform(0, 1000), 6),
+        )
+        for n in range(1000)
+    ]
+    items = [serializer.to_item(lease) for lease in leases]
+    for start in range(0, len(items), 25):
+        batch = [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]
+        admin.batch_write_item(RequestItems={app: batch})
+    pages, scan_units, scanned = 0, 0.0, 0
+    kwargs: dict[str, Any] = {"TableName": app, "ConsistentRead": True}
+    while True:
+        response = admin.scan(**kwargs)
+        nbytes = sum(item_size(item) for item in response["Items"])
+        pages += 1
+        scanned += nbytes
+        scan_units += read_units(nbytes, consistent=True)
+        if "LastEvaluatedKey" not in response:
+            break
+        kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+    response = admin.query(
+        TableName=app,
+        IndexName=LEASE_OWNER_INDEX.name,
+        KeyConditionExpression="#o = :o",
+        ExpressionAttributeNames={"#o": LeaseAttr.LEASE_OWNER},
+        ExpressionAttributeValues={":o": {"S": owners[0]}},
+    )
+    entries = response["Items"]
+    gsi_bytes = sum(item_size(item) for item in entries)
+    observations = ExpiryObservationStore(CoordinatorStateStore(app, client=admin), max_clock_skew_ms=1000)
+    sizes: dict[int, int] = {}
+    now = time.time()
+    for total, _ in SCALES:
+        observed = [(f"shardId-{n:012d}", rng.randint(10**5, 10**7), now - rng.uniform(0, 20)) for n in range(total)]
+        observations.save(observed)
+        item = admin.get_item(
+            TableName=coordinator_state_table_name(app),
+            Key={CoordinatorAttr.KEY: {"S": ExpiryObservationStore.KEY}},
+            ConsistentRead=True,
+        )["Item"]
+        sizes[total] = item_size(item)
+    return ScaleInputs(
+        lease_bytes=scanned / len(items),
+        gsi_entry_bytes=gsi_bytes / max(1, len(entries)),
+        scan_pages_1000=pages,
+        scan_units_1000=scan_units,
+        gsi_units_1000_20=read_units(gsi_bytes, consistent=False),
+        observation_bytes=sizes,
+    )
+
+
+# --- extrapolation -------------------------------------------------------------------------------------------
+
+
+def verb(key: Key) -> str:
+    return key[2].split()[0]
+
+
+def consistent(key: Key) -> bool:
+    return key[2].endswith(" SC")
+
+
+def rule(key: Key) -> str:
+    """How a call's rate and units scale with L leases and W workers (see :data:`FORMULAS`)."""
+    role, table, _, purpose = key
+    kind = verb(key)
+    if table in ("kinesis", "other") or kind not in READS | WRITES:
+        return "not DynamoDB data" if table == "kinesis" else "per minute"
+    if role == "worker":
+        if table == "lease GSI":
+            return "GSI query"
+        if table == "lease":
+            return "per lease"
+        return "row write" if table == "metrics" and kind in WRITES else "per worker"
+    if table == "lease":
+        return "lease scan" if kind == "Scan" else "per lease"
+    if table == "metrics":
+        if kind == "Scan":
+            return "row scan"
+        return "row write" if kind in WRITES else "per worker"
+    if table == "state" and purpose.startswith("expiry obs"):
+        return "observations"
+    return "per minute"
+
+
+FORMULAS = """\
+Extrapolation to L leases / W workers (L0, W0 = measured; c = calls/min measured; u = RRU or WRU per call measured):
+  per lease     calls = c·L/L0,  units/call = u (lease writes: ⌈b_l/1 KB⌉ WRU)
+  per worker    calls = c·W/W0,  units/call = u
+  row write     calls = c·W/W0,  WRU/call = ⌈b_w/1 KB⌉  (heartbeat, metrics report, notice: the worker's row)
+  GSI query     calls = c·W/W0,  RRU/call = ½·⌈(L/W)·b_k/4 KB⌉  (eventually consistent, KEYS_ONLY entries)
+  lease scan    calls = c·s·⌈L·b_l/(s·1 MB)⌉,  RRU/scan = s·⌈L·b_l/(s·4 KB)⌉ (consistent); s = 4 segments for the
+                assignment scan when L > 1 000, else 1 (shard sync always 1)
+  row scan      calls = c,  RRU/call = ½·⌈W·b_w/4 KB⌉  (eventually consistent Scan of the worker rows)
+  observations  calls = c,  PutItem ⌈o(L)/1 KB⌉ WRU, GetItem ⌈o(L)/4 KB⌉ RRU  (o(L): expiry-observation item)
+  per minute    calls = c,  units = measured  (leader lock, lease-cap item, takeover polls: independent of L, W)
+  b_l: lease item, b_k: GSI entry, o(L): measured at scale on moto; b_w: the config's measured worker row, for
+  ours plus the notice list of its last notice assumed to name L/W keys (≤ 100; a fleet that started together).
+Monthly: units/min × 43 200 min × price; Lambda: 43 200 invocations × billed s × 0.25 GB × $/GB-s + requests."""
+
+
+def notice_list_bytes(keys: int) -> int:
+    """The ``asl`` attribute naming ``keys`` lease keys of 20 characters (``shardId-000000000123``)."""
+    return len(WorkerMetricsAttr.ASSIGNED_KEYS) + 3 + keys * (20 + 1)
+
+
+def has_notices(result: ConfigResult) -> bool:
+    return max(result.worker_row_bytes or [0]) > max(result.worker_row_bytes_without_notice or [0])
+
+
+def worker_row_bytes(result: ConfigResult, leases: int, workers: int, *, short_notices: bool = False) -> float:
+    """The worker row at scale: as measured, plus (``ours``) a notice list naming L/W keys — the row of a worker
+    whose last notice handed it its whole share at once (a fleet that started together). ``short_notices``: the
+    row as measured (its last notice named a few keys)."""
+    if short_notices:
+        return max(result.worker_row_bytes or [0])
+    base = max(result.worker_row_bytes_without_notice or [0])
+    with_notice = has_notices(result)
+    per_worker = leases // max(1, workers)
+    if with_notice and per_worker <= MAX_NOTICE_KEYS:
+        return base + notice_list_bytes(per_worker)
+    return base + (notice_list_bytes(0) if with_notice else 0)
+
+
+@dataclass(frozen=True)
+class Scaled:
+    calls: float
+    units: float
+
+
+def extrapolate(
+    result: ConfigResult, key: Key, leases: int, workers: int, inputs: ScaleInputs, *, short_notices: bool = False
+) -> Scaled:
+    calls, units = result.per_minute(key)
+    per_call = units / calls if calls else 0.0
+    kind = rule(key)
+    lease_ratio, worker_ratio = leases / result.leases, workers / result.workers
+    if kind == "per lease":
+        if verb(key) in WRITES:
+            per_call = write_units(int(inputs.lease_bytes))
+        return Scaled(calls * lease_ratio, calls * lease_ratio * per_call)
+    if kind == "per worker":
+        return Scaled(calls * worker_ratio, calls * worker_ratio * per_call)
+    if kind == "row write":
+        row = worker_row_bytes(result, leases, workers, short_notices=short_notices)
+        return Scaled(calls * worker_ratio, calls * worker_ratio * write_units(int(row)))
+    if kind == "GSI query":
+        entries = leases / workers * inputs.gsi_entry_bytes
+        return Scaled(calls * worker_ratio, calls * worker_ratio * read_units(math.ceil(entries), consistent=False))
+    if kind == "lease scan":
+        segments = 4 if leases > PARALLEL_SCAN_THRESHOLD and key[3] != "shard sync" else 1
+        segment_bytes = leases * inputs.lease_bytes / segments
+        pages = segments * max(1, math.ceil(segment_bytes / PAGE_BYTES))
+        scan_units = segments * read_units(math.ceil(segment_bytes), consistent=consistent(key))
+        return Scaled(calls * pages, calls * scan_units)
+    if kind == "row scan":
+        nbytes = math.ceil(workers * worker_row_bytes(result, leases, workers, short_notices=short_notices))
+        return Scaled(calls, calls * read_units(nbytes, consistent=consistent(key)))
+    if kind == "observations":
+        size = inputs.observation_bytes[leases]
+        per_obs = write_units(size) if verb(key) in WRITES else read_units(size, consistent=consistent(key))
+        return Scaled(calls, calls * per_obs)
+    return Scaled(calls, units)
+
+
+@dataclass
+class Totals:
+    read_calls: float = 0.0
+    read_units: float = 0.0
+    write_calls: float = 0.0
+    write_units: float = 0.0
+
+    def add(self, key: Key, calls: float, units: float) -> None:
+        if verb(key) in READS:
+            self.read_calls += calls
+            self.read_units += units
+        elif verb(key) in WRITES:
+            self.write_calls += calls
+            self.write_units += units
+
+    @property
+    def dynamodb_month(self) -> float:
+        return (self.read_units * PRICE_PER_RRU + self.write_units * PRICE_PER_WRU) * MINUTES_PER_MONTH
+
+
+def lambda_month(result: ConfigResult) -> float:
+    return MINUTES_PER_MONTH * (result.billed_invocation_s * LAMBDA_GB * PRICE_PER_GB_S + PRICE_PER_REQUEST)
+
+
+def scaled_totals(
+    result: ConfigResult, leases: int, workers: int, inputs: ScaleInputs, *, short_notices: bool = False
+) -> Totals:
+    totals = Totals()
+    for key in result.tallies:
+        if rule(key) != "not DynamoDB data":
+            scaled = extrapolate(result, key, leases, workers, inputs, short_notices=short_notices)
+            totals.add(key, scaled.calls, scaled.units)
+    return totals
+
+
+def measured_totals(result: ConfigResult) -> Totals:
+    totals = Totals()
+    for key in result.tallies:
+        totals.add(key, *result.per_minute(key))
+    return totals
+
+
+# --- report --------------------------------------------------------------------------------------------------
+
+
+def label(key: Key) -> str:
+    role, table, op, purpose = key
+    return f"{role} {table} {op} [{purpose}]"
+
+
+def rate(result: ConfigResult, key: Key) -> str:
+    calls, _ = result.per_minute(key)
+    kind = rule(key)
+    if kind == "per lease":
+        return f"{calls / result.leases:.2f}/lease"
+    if kind in ("per worker", "row write", "GSI query"):
+        return f"{calls / result.workers:.2f}/worker"
+    return f"{calls:.2f}/min"
+
+
+def ordered_keys(results: list[ConfigResult], *, dynamodb: bool = True) -> list[Key]:
+    keys = {key for result in results for key in result.tallies}
+    keys = {key for key in keys if (rule(key) != "not DynamoDB data") == dynamodb}
+    return sorted(keys, key=lambda k: (k[0] != "leader", k[1], k[2], k[3]))
+
+
+def print_report(results: list[ConfigResult], inputs: ScaleInputs) -> None:
+    names = [CONFIG_TITLE[r.name] for r in results]
+    print()
+    print("== measured, per minute (calls, request units = RRU for reads / WRU for writes, rate per lease/worker) ==")
+    header = f"{'role table operation [purpose]':<58} {'scaling':<12}"
+    for name in names:
+        header += f" | {name + ' calls':>17} {'units':>7} {'rate':>14}"
+    print(header)
+    for key in ordered_keys(results):
+        line = f"{label(key):<58} {rule(key):<12}"
+        for result in results:
+            if key in result.tallies:
+                calls, units = result.per_minute(key)
+                failed = result.tallies[key].failed
+                mark = f"({failed} cond.fail)" if failed else ""
+                line += f" | {mark + f'{calls:.1f}':>17} {units:>7.1f} {rate(result, key):>14}"
+            else:
+                line += f" | {'—':>17} {'—':>7} {'':>14}"
+        print(line)
+    for result in results:
+        t = measured_totals(result)
+        print(
+            f"{CONFIG_TITLE[result.name]:<12} measured total: reads {t.read_calls:.1f} calls/min = {t.read_units:.1f} "
+            f"RRU/min; writes {t.write_calls:.1f} calls/min = {t.write_units:.1f} WRU/min "
+            f"({result.workers} workers, {result.leases} leases; held {result.held_at_start} at start, "
+            f"{result.held_at_end} at end; {result.minutes:g} min)"
+        )
+    for result in results:
+        kinesis = {key: result.per_minute(key)[0] for key in ordered_keys([result], dynamodb=False)}
+        parts = ", ".join(f"{k[0]} {k[2]} {v:.1f}" for k, v in kinesis.items())
+        print(f"{CONFIG_TITLE[result.name]:<12} Kinesis calls/min (no per-call charge): {parts}")
+        durations = ", ".join(
+            f"{i.duration_s:.1f}{'' if i.led else ' (not leader)'}{' (cut short)' if i.cut_short else ''}"
+            for i in sorted(result.invocations, key=lambda i: i.started_s)
+        )
+        print(f"{CONFIG_TITLE[result.name]:<12} leader invocations (s): {durations}")
+
+    print()
+    print("== sizes ==")
+    for result in results:
+        print(
+            f"{CONFIG_TITLE[result.name]:<12} lease items "
+            f"{min(result.lease_item_bytes)}–{max(result.lease_item_bytes)} B; worker rows "
+            f"{min(result.worker_row_bytes)}–{max(result.worker_row_bytes)} B "
+            f"(without the notice list {max(result.worker_row_bytes_without_notice)} B)"
+        )
+    print(
+        f"at scale: lease item b_l = {inputs.lease_bytes:.0f} B (lease Scan at 1 000 leases: {inputs.scan_pages_1000}"
+        f" page(s), {inputs.scan_units_1000:.0f} RRU); GSI entry b_k = {inputs.gsi_entry_bytes:.0f} B (discovery "
+        f"Query at 1 000/20: {inputs.gsi_units_1000_20:g} RRU); expiry-observation item o(L) = "
+        + ", ".join(f"{size} B at L = {total}" for total, size in inputs.observation_bytes.items())
+    )
+    for result in results:
+        rows = ", ".join(f"{worker_row_bytes(result, n, w):.0f} B at {n}/{w}" for n, w in SCALES)
+        print(f"{CONFIG_TITLE[result.name]:<12} worker row b_w used: {rows}")
+    print()
+    print(FORMULAS)
+
+    for leases, workers in SCALES:
+        print()
+        print(f"== extrapolated to {leases} leases / {workers} workers, per minute ==")
+        header = f"{'role table operation [purpose]':<58}"
+        for name in names:
+            header += f" | {name + ' calls':>17} {'units':>9}"
+        print(header)
+        for key in ordered_keys(results):
+            cells = []
+            for result in results:
+                if key in result.tallies:
+                    s = extrapolate(result, key, leases, workers, inputs)
+                    cells.append(f" | {s.calls:>17.1f} {s.units:>9.1f}")
+                else:
+                    cells.append(f" | {'—':>17} {'—':>9}")
+            print(f"{label(key):<58}" + "".join(cells))
+
+    print()
+    print(
+        "== totals (on-demand, us-east-1: $0.125 per million RRU, $0.625 per million WRU; Lambda arm64 256 MB "
+        "$0.0000133334 per GB-s + $0.20 per million requests; 30-day month) =="
+    )
+    print(
+        f"{'scale':<10} {'config':<20} {'reads/min':>10} {'RRU/min':>9} {'writes/min':>11} {'WRU/min':>9} "
+        f"{'reads $/mo':>11} {'writes $/mo':>12} {'Lambda $/mo':>12} {'total $/mo':>11}"
+    )
+    for leases, workers in SCALES:
+        for result in results:
+            for short in (False, True) if has_notices(result) else (False,):
+                t = scaled_totals(result, leases, workers, inputs, short_notices=short)
+                reads_month = t.read_units * PRICE_PER_RRU * MINUTES_PER_MONTH
+                writes_month = t.write_units * PRICE_PER_WRU * MINUTES_PER_MONTH
+                lam = lambda_month(result)
+                name = CONFIG_TITLE[result.name] + (", short notices" if short else "")
+                print(
+                    f"{f'{leases}/{workers}':<10} {name:<20} {t.read_calls:>10.0f} {t.read_units:>9.0f} "
+                    f"{t.write_calls:>11.0f} {t.write_units:>9.0f} {reads_month:>11.2f} {writes_month:>12.2f} "
+                    f"{lam:>12.2f} {t.dynamodb_month + lam:>11.2f}"
+                )
+    if any(has_notices(result) for result in results):
+        print("short notices: worker rows as measured (the last notice named a few keys) instead of L/W keys")
+    for result in results:
+        print(
+            f"{CONFIG_TITLE[result.name]:<12} Lambda: {result.billed_invocation_s:.1f} s billed per invocation "
+            f"(mean of full invocations), {MINUTES_PER_MONTH} invocations per month"
+        )
+
+
+def scaled_summary(result: ConfigResult, leases: int, workers: int, inputs: ScaleInputs) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for short in (False, True):
+        totals = scaled_totals(result, leases, workers, inputs, short_notices=short)
+        out["short_notices" if short else "notices_of_L_over_W_keys"] = {
+            **asdict(totals),
+            "dynamodb_month": totals.dynamodb_month,
+        }
+    return out
+
+
+def dump_json(path: str, results: list[ConfigResult], inputs: ScaleInputs, meta: Mapping[str, Any]) -> None:
+    def tallies(result: ConfigResult) -> list[dict[str, Any]]:
+        return [
+            {"key": list(key), "rule": rule(key), **asdict(tally)}
+            for key, tally in sorted(result.tallies.items(), key=lambda kv: kv[0])
+        ]
+
+    payload = {
+        "meta": dict(meta),
+        "scale_inputs": asdict(inputs),
+        "configs": {
+            r.name: {
+                **{k: v for k, v in asdict(r).items() if k != "tallies"},
+                "tallies": tallies(r),
+                "billed_invocation_s": r.billed_invocation_s,
+                "lambda_month": lambda_month(r),
+                "scaled": {f"{n}/{w}": scaled_summary(r, n, w, inputs) for n, w in SCALES},
+            }
+            for r in results
+        },
+    }
+    Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--configs", default="ours,kcl", help="comma-separated: ours, kcl")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=2.0, help="measured minutes per configuration")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=70.0,
+        help="seconds before counting: past the first invocation (a term without a predecessor), all leases held",
+    )
+    parser.add_argument("--json", help="also write the raw figures here")
+    args = parser.parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIG_ENV]
+    if unknown or not configs:
+        parser.error(f"unknown configuration(s) {unknown}: use ours, kcl")
+    load_before = os.getloadavg()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    print(
+        f"run {started:%Y-%m-%d %H:%M} UTC; load average before {load_before[0]:.2f} {load_before[1]:.2f} "
+        f"{load_before[2]:.2f} on {os.cpu_count()} CPUs"
+    )
+    moto = start_moto()
+    try:
+        results = [
+            run_config(
+                name,
+                moto.endpoint_url,
+                workers=args.workers,
+                shards=args.shards,
+                minutes=args.minutes,
+                warmup_s=args.warmup,
+            )
+            for name in configs
+        ]
+        inputs = measure_scale_inputs(moto.endpoint_url)
+    finally:
+        moto.stop()
+    load_after = os.getloadavg()
+    print_report(results, inputs)
+    elapsed = datetime.datetime.now(datetime.timezone.utc) - started
+    print(
+        f"load average after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; "
+        f"run took {elapsed.total_seconds() / 60:.1f} min"
+    )
+    if args.json:
+        meta = {"started": started.isoformat(), "load_before": load_before, "load_after": load_after, **vars(args)}
+        dump_json(args.json, results, inputs, meta)
+    by_name = {r.name: scaled_totals(r, 1000, 20, inputs) for r in results}
+    if "ours" in by_name and "kcl" in by_name:
+        ours, kcl = by_name["ours"], by_name["kcl"]
+        print(
+            f"reads per minute at 1000 leases/20 workers: ours {round(ours.read_calls)} ({round(ours.read_units)} "
+            f"units), KCL timings {round(kcl.read_calls)} ({round(kcl.read_units)} units)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
