@@ -63,7 +63,7 @@ log = logging.getLogger("shardlease.worker")
 KCL_DISCOVERY_INTERVAL_MS = 9_975
 """KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
 
-DISCOVERY_SAFETY_NET_MS = 30_000
+DISCOVERY_SAFETY_NET_MS = 60_000
 """With the heartbeat on, new leases arrive by notice; the GSI query only catches a lost notice."""
 
 
@@ -78,7 +78,7 @@ class WorkerConfig:
       timestamp) — the leader decides the initial checkpoint of every lease it creates.
     discovery_interval_ms: how often the GSI is queried for leases assigned to us. By default: KCL's 9975 ms until
       the worker has seen a notice from the leader; from then on new leases arrive by notice within a beat and the
-      query is only the safety net (30 000 ms) — so a worker beside an older leader that sends no notices keeps
+      query is only the safety net (60 000 ms) — so a worker beside an older leader that sends no notices keeps
       KCL's pace. ``SHARDLEASE_DISCOVERY_INTERVAL_MS`` fixes it.
     shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s); their leases
       are renewed meanwhile, and what is left at the end is fenced and handed over at once;
@@ -518,14 +518,17 @@ class Worker:
 
     def _on_release(self, lease_key: str, new_owner: str | None) -> None:
         """A lease left us: tell whoever must act. After a graceful handoff the new owner may start now — it gets
-        the notice directly; a lease given up goes back to the leader, which our next beat (``evc``) wakes."""
-        if new_owner is not None and self._heartbeat is not None:
+        the notice directly; either way our next beat (``evc``) wakes the leader."""
+        if self._heartbeat is None:
+            return
+        if new_owner is not None:
             try:
                 self._worker_metrics.notify_assigned(new_owner, [lease_key])
             except DependencyError as exc:
                 log.warning("could not notify %s of lease %s: %s", new_owner, lease_key, exc)
-        elif self._heartbeat is not None:
-            self._heartbeat.note_event()
+        # The leader looks too: the lease may have gone to a worker that left meanwhile (a handoff started before
+        # its SIGTERM), and must then move on at once rather than at the next full cycle.
+        self._heartbeat.note_event()
 
     def _record_bytes(self, lease_key: str, nbytes: int) -> None:
         if nbytes:

@@ -36,6 +36,9 @@ class MemoryMetrics:
         self.workers = [w for w in self.workers if w.worker_id != worker_id]
         return True
 
+    def delete_if_heartbeat_unchanged(self, worker_id: str, heartbeat_counter: int) -> bool:
+        return self.delete_if_unchanged(worker_id, 0)
+
 
 def cpu_worker(worker_id: str, cpu: float, clock: ManualClock, *, lut_offset: float = 0.0) -> WorkerMetricStats:
     return WorkerMetricStats(

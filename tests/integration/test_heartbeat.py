@@ -62,7 +62,7 @@ def leases(ddb: Any, app_name: str) -> DynamoDBLeaseStore:
 # ----------------------------------------------------------------------------------------------- the store
 
 
-def test_a_heartbeat_creates_the_row_and_returns_it(
+def test_a_heartbeat_creates_the_row_and_returns_what_was_there_before(
     rows: WorkerMetricsStore, ddb: Any, app_name: str, clock: ManualClock
 ) -> None:
     # GIVEN no row for w1
@@ -70,9 +70,10 @@ def test_a_heartbeat_creates_the_row_and_returns_it(
     assert rows.get("w1") is None
     # WHEN w1 beats
     returned = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=2)
-    # THEN the row exists, with lut = now (so the leader can read it as a worker) and every heartbeat attribute
+    # THEN nothing was there before; the row exists, with lut = now (so the leader can read it as a worker) and
+    # every heartbeat attribute
     stored = rows.get("w1")
-    assert stored is not None and returned == stored
+    assert returned is None and stored is not None
     assert stored.last_update_epoch_s == int(WALL)
     assert stored.heartbeat == WorkerHeartbeat(
         counter=1, wall_ms=int((WALL + 0.5) * 1000), interval_ms=1_000, state=WorkerState.ACTIVE, events=2
@@ -91,10 +92,13 @@ def test_each_heartbeat_increments_the_counter_and_restamps_but_keeps_lut(
     rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
     # WHEN it beats twice more, a second apart, the last time announcing its departure
     clock.advance(1)
-    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
+    second = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=0)
     clock.advance(1)
-    third = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.DEPARTING, events=1)
-    # THEN the counter is 3, the stamp and the state are the last beat's, lut is still the first beat's
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.DEPARTING, events=1)
+    # THEN each beat returned the row as the previous beat left it
+    assert second is not None and second.heartbeat is not None and second.heartbeat.counter == 1
+    # AND the counter is 3, the stamp and the state are the last beat's, lut is still the first beat's
+    third = rows.get("w1")
     assert third is not None and third.heartbeat is not None
     assert third.heartbeat.counter == 3
     assert third.heartbeat.wall_ms == int((WALL + 2) * 1000)
@@ -115,6 +119,9 @@ def test_a_notice_is_written_on_an_existing_row_and_comes_back_with_the_next_hea
     # THEN each heartbeat's reply carries the version (+1 per notice) and the keys of the latest notice
     assert first is not None and (first.assignment_version, first.assigned_keys) == (1, ("shard-a", "shard-b"))
     assert second is not None and (second.assignment_version, second.assigned_keys) == (2, ("shard-c",))
+    # AND the beat consumed the key list (the item the leader scans every second stays small); the version stays
+    row = rows.get("w1")
+    assert row is not None and (row.assignment_version, row.assigned_keys) == (2, ())
 
 
 def test_a_notice_to_a_worker_without_a_row_is_not_written(rows: WorkerMetricsStore) -> None:
@@ -148,7 +155,8 @@ def test_a_metrics_report_keeps_the_heartbeat_and_the_notice(rows: WorkerMetrics
     assert row.heartbeat is not None and row.heartbeat.counter == 1 and row.heartbeat.events == 4
     assert row.assignment_version == 1 and row.assigned_keys == ("shard-a",)
     # AND the next beat continues the counter on top of the report
-    after = rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=4)
+    rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=4)
+    after = rows.get("w1")
     assert after is not None and after.heartbeat is not None and after.heartbeat.counter == 2
     assert after.stats == {"C": (40.0,)}
 
@@ -374,7 +382,7 @@ def test_the_discovery_interval_is_a_safety_net_once_notices_arrive_and_kcls_oth
     fixed = WorkerConfig(app="app", stream="s", discovery_interval_ms=5_000)
     # THEN KCL's pace until the leader is known to send notices (an older leader never does), the safety net after
     assert default.discovery_interval_s(notices_seen=False) * 1000 == KCL_DISCOVERY_INTERVAL_MS == 9_975
-    assert default.discovery_interval_s(notices_seen=True) * 1000 == DISCOVERY_SAFETY_NET_MS == 30_000
+    assert default.discovery_interval_s(notices_seen=True) * 1000 == DISCOVERY_SAFETY_NET_MS == 60_000
     # AND without heartbeats nothing brings notices back: always KCL's pace; a set value always wins
     assert off.discovery_interval_s(notices_seen=True) * 1000 == KCL_DISCOVERY_INTERVAL_MS
     assert fixed.discovery_interval_s(notices_seen=False) == fixed.discovery_interval_s(notices_seen=True) == 5.0

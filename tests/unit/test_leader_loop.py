@@ -59,6 +59,9 @@ class MemoryLock:
     def plan_release(self, wall_ms: int | None) -> None:
         self.planned_release_ms = wall_ms
 
+    def last_seen_holder(self) -> str | None:
+        return self.holder
+
     def takeover_eta_s(self) -> float | None:
         return 0.0 if self.holder is None else None
 

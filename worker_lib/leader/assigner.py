@@ -40,7 +40,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LeaseConfig
 from ..errors import DependencyError
 from ..leases.store import LeaseStore
-from ..models import Lease, WorkerMetricStats
+from ..models import Lease, WorkerMetricStats, WorkerState
 
 log = logging.getLogger("shardlease.leader.assignment")
 decision_log = logging.getLogger("shardlease.leader.decisions")
@@ -56,6 +56,8 @@ class WorkerMetricsSource(Protocol):
     def list_all(self) -> list[WorkerMetricStats]: ...
 
     def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool: ...
+
+    def delete_if_heartbeat_unchanged(self, worker_id: str, heartbeat_counter: int) -> bool: ...
 
 
 class LivenessJudge(Protocol):
@@ -227,6 +229,7 @@ class LeaseAssigner:
                 except DependencyError as exc:
                     log.warning("could not publish the lease cap: %s", exc)
             self._sweep_stale_workers(all_workers, now_wall, now_mono)
+            self._sweep_stopped_workers(all_workers, live)
             self._keep_observations(now_mono, now_wall)
 
         report = self._report(
@@ -422,6 +425,21 @@ class LeaseAssigner:
                         log.info("deleted stale worker metrics wid=%s", worker.worker_id)
                 except DependencyError as exc:
                     log.warning("could not delete stale worker metrics wid=%s: %s", worker.worker_id, exc)
+
+    def _sweep_stopped_workers(self, workers: Sequence[WorkerMetricStats], live: Sequence[Lease]) -> None:
+        """Delete the items of workers that said STOPPED and own nothing any more (conditional on their heartbeat
+        counter, so a restart under the same id keeps its item): every deploy with fresh worker ids would otherwise
+        leave items behind for a day, and the leader reads them all every second."""
+        owners = {lease.actual_owner for lease in live} | {lease.lease_owner for lease in live}
+        for worker in workers:
+            beat = worker.heartbeat
+            if beat is None or beat.state is not WorkerState.STOPPED or worker.worker_id in owners:
+                continue
+            try:
+                if self._metrics.delete_if_heartbeat_unchanged(worker.worker_id, beat.counter):
+                    log.info("deleted the item of stopped worker %s", worker.worker_id)
+            except DependencyError as exc:
+                log.warning("could not delete the item of stopped worker %s: %s", worker.worker_id, exc)
 
     def _report(
         self,

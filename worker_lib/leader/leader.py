@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardlease.leader")
 
-TAKEOVER_POLL_S = 0.25
+TAKEOVER_POLL_S = 0.5
 """How often an invocation waiting for the lock to be handed over re-reads it."""
 
 
@@ -157,7 +157,8 @@ class Leader:
         started = self._clock.monotonic()
         try:
             if not self._ensure_leadership():
-                return self._report(started, leader=False, current_leader=self._lock.current_leader())
+                # The holder as the acquire attempt just read it: no second read per poll.
+                return self._report(started, leader=False, current_leader=self._lock.last_seen_holder())
             shard_sync_result = None
             if self._shard_sync is not None and self._sync_due():
                 shard_sync_result = self._shard_sync.sync_once()
@@ -222,7 +223,7 @@ class Leader:
         lock every poll interval, so a dead leader is replaced within its lease duration plus one poll. With
         ``exit_when_held`` (a Lambda invocation) a non-holder stops after one read — unless the holder will
         release the lock, or its lock will expire, within ``takeover_wait_ms`` and the deadline: then it waits,
-        polling four times a second, and takes over at once.
+        polling twice a second, and takes over at once.
         """
         reports: list[CycleReport] = []
         cycle_s = self._config.cycle_interval_ms / 1000

@@ -72,6 +72,9 @@ class LeaderLock(Protocol):
     def current_leader(self) -> str | None:
         """Who holds an unexpired lock (one read), or None."""
 
+    def last_seen_holder(self) -> str | None:
+        """The holder of an unexpired lock as the last read saw it (no I/O); None if free or never read."""
+
     def plan_release(self, wall_ms: int | None) -> None:
         """Announce (with the next acquire or heartbeat) when this holder will release the lock; None: unknown."""
 
@@ -104,6 +107,7 @@ class DynamoDBLeaderLock:
         self._watched: tuple[str, float] | None = None  # (version, first seen) for KCL-format items
         self._skew_warned = False
         self._release_at_ms: int | None = None
+        self._last_holder: str | None = None
 
     # --- reading --------------------------------------------------------------------------------------------
 
@@ -152,6 +156,13 @@ class DynamoDBLeaderLock:
         except (TypeError, ValueError):
             return self._config.lease_duration_ms
 
+    def _expired_by_record(self, item: dict[str, Any]) -> bool:
+        """Released, or past its written expiry + skew: what one read can tell (no KCL-style watching)."""
+        if item.get(RELEASED, {}).get("BOOL") is True:
+            return True
+        expires = self._n(item, EXPIRES)
+        return expires is not None and wall_millis(self._clock) > expires + self._config.max_clock_skew_ms
+
     def _expired(self, item: dict[str, Any]) -> bool:
         if item.get(RELEASED, {}).get("BOOL") is True:
             return True
@@ -175,15 +186,15 @@ class DynamoDBLeaderLock:
         """The owner of the lock item unless it is released or past its written expiry (+ skew); one read. A KCL
         item (no expiry written) is reported as held: only watching its version over time could tell otherwise."""
         item = self._read()
-        if item is None or item.get(RELEASED, {}).get("BOOL") is True:
-            return None
-        expires = self._n(item, EXPIRES)
-        if expires is not None and wall_millis(self._clock) > expires + self._config.max_clock_skew_ms:
+        if item is None or self._expired_by_record(item):
             return None
         return self._s(item, OWNER)
 
     def plan_release(self, wall_ms: int | None) -> None:
         self._release_at_ms = wall_ms
+
+    def last_seen_holder(self) -> str | None:
+        return self._last_holder
 
     def takeover_eta_s(self) -> float | None:
         item = self._read()
@@ -236,6 +247,7 @@ class DynamoDBLeaderLock:
         if self._version is not None and self.is_leader():
             return self.heartbeat()
         item = self._read()
+        self._last_holder = None if item is None or self._expired_by_record(item) else self._s(item, OWNER)
         kwargs: dict[str, Any]
         if item is None:
             self._lost("lock item deleted")

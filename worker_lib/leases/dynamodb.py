@@ -177,7 +177,9 @@ class DynamoDBLeaseStore:
         return LeaseScan(leases=leases, skipped_foreign=foreign, skipped_corrupt=corrupt)
 
     def _scan_segment(self, segment: int | None, total: int | None, page_size: int | None) -> list[Item]:
-        kwargs: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
+        # Eventually consistent, as KCL's scans: half the read units. A stale item is harmless — every decision made
+        # on a scan is written conditioned on the owner and counter read, so a stale one fails its condition.
+        kwargs: dict[str, Any] = {"TableName": self.table_name}
         if page_size:
             kwargs["Limit"] = page_size
         if segment is not None:

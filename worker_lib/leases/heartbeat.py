@@ -2,8 +2,9 @@
 "gone", and brings back the leader's notice of newly assigned leases (docs/failover.md).
 
 Each beat is one UpdateItem on the worker's own ``<app>-WorkerMetricStats`` item (``hbc`` + 1, ``hbt``, ``hbi``,
-``wst``, ``evc``) that returns the item, so the worker learns of new leases (``asv``/``asl``, written by the
-leader) from a write it makes anyway — no read per second.
+``wst``, ``evc``, and REMOVE ``asl``) that returns the item as it was before, so the worker learns of new leases
+(``asv``/``asl``, written by the leader) from a write it makes anyway, and consumes the key list in the same atomic
+step — no read per second, and no race with a notice written in between.
 
 The heartbeat is also a fence. The leader may move the leases of a worker whose heartbeat it has watched stand
 still for the failover time (without waiting for each lease's own counter), so a worker must stop processing
@@ -102,6 +103,8 @@ class HeartbeatLoop:
             self.established.set()
             if row is not None:
                 self._notice(row)
+            elif self._seen_version is None:
+                self._seen_version = 0  # the item did not exist before this beat: no notice yet
             return True
 
     def _notice(self, row: WorkerMetricStats) -> None:

@@ -12,6 +12,17 @@ const server = create({
 server.listen(0, host, () => {
   process.stdout.write("READY " + server.address().port + "\n");
 });
+// A client killed in the middle of a request (kill -9 in the chaos tests and benchmarks) resets its connection;
+// kinesalite and dynalite rethrow that from the request's error handler, which would end the whole emulator.
+// It concerns that one connection only: note it and carry on. Anything else still ends the process.
+process.on("uncaughtException", (err) => {
+  if (err && (err.code === "ECONNRESET" || err.code === "EPIPE" || err.message === "aborted")) {
+    process.stderr.write("emulator: a client connection was reset mid-request (" + err.message + ")\n");
+    return;
+  }
+  process.stderr.write("emulator: " + ((err && err.stack) || err) + "\n");
+  process.exit(1);
+});
 const stop = () => server.close(() => process.exit(0));
 process.on("SIGTERM", stop);
 process.on("SIGINT", stop);

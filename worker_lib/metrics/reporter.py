@@ -123,7 +123,9 @@ class WorkerMetricsReporter:
 
     def _report(self) -> None:
         for code, samples in self._window.items():
-            self._stats[code].append(sum(samples) / len(samples) if samples else NO_SAMPLES)
+            # Two decimals are plenty for a utilisation and keep the item small: the leader scans every worker's
+            # item once a second (docs/failover.md), and read units grow with bytes.
+            self._stats[code].append(round(sum(samples) / len(samples), 2) if samples else NO_SAMPLES)
             samples.clear()
         item = self._item()
         try:

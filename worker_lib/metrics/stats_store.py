@@ -72,9 +72,10 @@ class WorkerMetricsStore:
         self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
     ) -> WorkerMetricStats | None:
         """One heartbeat: ``hbc`` + 1, ``hbt`` = our wall clock (ms), ``hbi``, ``wst``, ``evc``; creates the item
-        (with ``lut`` = now) if it does not exist yet. Returns the item as it now is — with the leader's notice
-        (``asv``/``asl``), so that a worker learns of new leases from the write it makes anyway — or ``None`` if the
-        returned item cannot be read."""
+        (with ``lut`` = now) if it does not exist yet, and removes the notice's key list ``asl``. Returns the item as
+        it was *before* the beat — so the worker reads the leader's notice (``asv``/``asl``) from the very write that
+        consumes it: no read of its own, and the item the leader scans every second stays small — or ``None`` if
+        there was no item (the first beat) or it cannot be read."""
         now_ms = int(self._clock.wall() * 1000)
         with aws.translated("dynamodb UpdateItem", self.table_name):
             response = self._client.update_item(
@@ -82,9 +83,10 @@ class WorkerMetricsStore:
                 Key={A.WORKER_ID: {"S": worker_id}},
                 UpdateExpression=(
                     "SET #hbt = :now, #hbi = :hbi, #wst = :wst, #evc = :evc, #lut = if_not_exists(#lut, :lut) "
-                    "ADD #hbc :one"
+                    "ADD #hbc :one REMOVE #asl"
                 ),
                 ExpressionAttributeNames={
+                    "#asl": A.ASSIGNED_KEYS,
                     "#hbc": A.HEARTBEAT_COUNTER,
                     "#hbt": A.HEARTBEAT_WALL_MS,
                     "#hbi": A.HEARTBEAT_INTERVAL_MS,
@@ -100,7 +102,7 @@ class WorkerMetricsStore:
                     ":lut": number(now_ms // 1000),
                     ":one": number(1),
                 },
-                ReturnValues="ALL_NEW",
+                ReturnValues="ALL_OLD",
             )
         return self._parse(response.get("Attributes"), worker_id)
 
@@ -174,6 +176,23 @@ class WorkerMetricsStore:
             if not last:
                 return out
             kwargs["ExclusiveStartKey"] = last
+
+    def delete_if_heartbeat_unchanged(self, worker_id: str, heartbeat_counter: int) -> bool:
+        """Delete a departed worker's item only if its heartbeat counter is still the one seen (a restart under the
+        same id beats, and keeps its item); False if it changed or is gone."""
+        try:
+            self._client.delete_item(
+                TableName=self.table_name,
+                Key={A.WORKER_ID: {"S": worker_id}},
+                ConditionExpression="#hbc = :seen",
+                ExpressionAttributeNames={"#hbc": A.HEARTBEAT_COUNTER},
+                ExpressionAttributeValues={":seen": number(heartbeat_counter)},
+            )
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            if aws.is_conditional_check_failed(exc):
+                return False
+            aws.raise_translated(exc, operation="dynamodb DeleteItem", resource=self.table_name)
+        return True
 
     def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool:
         """Delete a stale entry only if its ``lut`` is still the one seen; False if it changed or is gone."""
