@@ -7,13 +7,18 @@ leader through the real Lambda handler, one invocation started every 60 s in its
 term). Configurations:
 
 * ``ours`` — the code's defaults: worker heartbeat every second (an UpdateItem on the worker's own
-  ``<app>-WorkerMetricStats`` row that also brings back the leader's assignment notice), GSI discovery as a 30 s
-  safety net, the leader's liveness tick (an eventually consistent Scan of the worker rows every second), fast
+  ``<app>-WorkerMetricStats`` row that returns the row as it was and removes the notice's key list, so it brings
+  back the leader's assignment notice and consumes it in one step), GSI discovery as a 60 s safety net once a
+  notice was seen, the leader's liveness tick (an eventually consistent Scan of the worker rows every second), fast
   assignment passes, notices, gone-worker confirmation reads, expiry observations kept in ``CoordinatorState``,
-  leader lock 10 s / 3 s heartbeat, the takeover wait of an overlapping invocation (lock polled every 0.25 s).
-* ``kcl`` — KCL timings: the same code with :data:`KCL_ENV` for every worker and the leader (no heartbeat, no fast
-  tick, GSI discovery every 9 975 ms per worker, lock 30 s / 10 s, no takeover wait, 50 s term): KCL 3.x's read
-  pattern (leader scans every 20 s, per-worker GSI discovery), not KCL's Java code.
+  leader lock 10 s / 3 s heartbeat, the takeover wait of an overlapping invocation (one lock read every 0.5 s).
+* ``kcl`` — KCL timings: the same code with :data:`kcl_baseline.KCL_ENV` (shared with bench/failover.py) for every
+  worker and the leader (no heartbeat, no fast tick, GSI discovery every 9 975 ms per worker, lock 30 s / 10 s, no
+  takeover wait; the 60 s Lambda timeout less the 10 s margin makes a 50 s term): KCL 3.x's read pattern (leader
+  scans every 20 s, per-worker GSI discovery), not KCL's Java code.
+
+Lease-table scans are eventually consistent in both (as KCL 3.x's ``DynamoDBLeaseRefresher``, whose scans set no
+``consistentRead``).
 
 After a warm-up (``--warmup``, 70 s: past the first invocation, which leads its whole term without waiting for a
 predecessor — every later one starts with the hand-over — and all leases held), every DynamoDB call in
@@ -21,11 +26,13 @@ predecessor — every later one starts with the hand-over — and all leases hel
 (``before-parameter-build`` keeps the request, ``after-call`` sees the parsed reply, also for conditional-check
 failures, which are charged like writes). Request units are estimated from item sizes with DynamoDB's rules:
 reads ⌈bytes/4 KB⌉ per call (strongly consistent; half for eventually consistent; at least one unit), Scan/Query
-on the summed size of the items returned by the call; writes ⌈item size/1 KB⌉ (the item after the write: from
-``ReturnValues``, the written item, or a consistent GetItem by an uncounted client). Rates per lease, per worker
-and per minute are then extrapolated to 1 000 leases / 20 workers and 10 000 leases / 100 workers with the
-formulas printed by the script (and in docs/deploy.md), with lease items,
-GSI entries and expiry-observation items measured at those sizes on moto.
+on the summed size of the items returned by the call; writes ⌈item size/1 KB⌉, for an UpdateItem the larger of the
+item before and after the write (after: from ``ReturnValues=ALL_NEW``, or a consistent GetItem by an uncounted
+client; before: from ``ReturnValues=ALL_OLD``, as the heartbeat returns). Rates per lease, per worker and per
+minute are then extrapolated to 1 000 leases / 20 workers and 10 000 leases / 100 workers with the formulas printed
+by the script (and in docs/deploy.md), with lease items, GSI entries and expiry-observation items measured at those
+sizes on moto, and worker rows as measured at the end of the run, completed to their steady size (full metric
+histories, KCL-style 36-character worker ids, 7-digit counters).
 
     .venv/bin/python bench/cost_model.py [--configs ours,kcl] [--workers 2] [--shards 8] [--minutes 2] [--json P]
 
@@ -54,12 +61,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from kcl_baseline import KCL_ENV
+
 from worker_lib import aws
 from worker_lib.config import AwsConfig
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases import serializer
 from worker_lib.local.emulators import start_moto
 from worker_lib.local.streams import create_stream
+from worker_lib.metrics.config import WorkerMetricsConfig
 from worker_lib.models import Checkpoint, Lease
 from worker_lib.processing.processor import FunctionProcessor
 from worker_lib.tables.admin import ensure_tables
@@ -75,15 +85,6 @@ from worker_lib.worker import Worker, WorkerConfig
 
 # --- configurations ------------------------------------------------------------------------------------------
 
-KCL_ENV: dict[str, str] = {
-    "SHARDLEASE_HEARTBEAT_INTERVAL_MS": "0",  # no worker heartbeat
-    "SHARDLEASE_LEADER_FAST_TICK_MS": "0",  # no leader reads between full cycles
-    "SHARDLEASE_DISCOVERY_INTERVAL_MS": "9975",  # KCL's GSI discovery interval
-    "SHARDLEASE_LEADER_LOCK_DURATION_MS": "30000",
-    "SHARDLEASE_LEADER_HEARTBEAT_MS": "10000",
-    "SHARDLEASE_LEADER_TAKEOVER_WAIT_MS": "0",
-    "SHARDLEASE_LEADER_TERM_MS": "50000",
-}
 CONFIG_ENV: dict[str, dict[str, str]] = {"ours": {}, "kcl": KCL_ENV}
 CONFIG_TITLE = {"ours": "ours", "kcl": "KCL timings"}
 LAMBDA_BUDGET_S = {"ours": 80.0, "kcl": 60.0}  # the leader function's timeout per configuration
@@ -108,9 +109,10 @@ WRITE_BLOCK = 1024
 READS = {"GetItem", "Scan", "Query", "BatchGetItem"}
 WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"}
 
-# Purpose of a call, from the functions on the calling thread's stack (first match in this order).
+# Purpose of a call, from the functions on the calling thread's stack (first match in this order). A lock read by
+# an acquire attempt while ``Leader.run`` is in a takeover wait is a "takeover poll" (see ``_purpose``).
 PURPOSES: tuple[tuple[str, str], ...] = (
-    ("DynamoDBLeaderLock.takeover_eta_s", "takeover poll"),
+    ("DynamoDBLeaderLock.takeover_eta_s", "takeover ETA"),
     ("DynamoDBLeaderLock.current_leader", "lock holder read"),
     ("DynamoDBLeaderLock.try_acquire", "lock acquire"),
     ("DynamoDBLeaderLock.release", "lock release"),
@@ -121,6 +123,7 @@ PURPOSES: tuple[tuple[str, str], ...] = (
     ("LeaseAssigner._notify", "assignment notice"),
     ("LeaseCapRecorder.record", "lease cap"),
     ("LeaseAssigner._sweep_stale_workers", "stale-row sweep"),
+    ("LeaseAssigner._sweep_stopped_workers", "stopped-row sweep"),
     ("DynamoDBLeaseStore.assign_lease", "assignment"),
     ("DynamoDBLeaseStore.initiate_graceful_handoff", "handoff"),
     ("DynamoDBLeaseStore.create_lease_if_absent", "lease creation"),
@@ -138,7 +141,9 @@ PURPOSES: tuple[tuple[str, str], ...] = (
     ("LeaseDiscoverer.discover_keys", "notice discovery"),
     ("LeaseDiscoverer.discover", "discovery"),
     ("LeaseHolder.take", "take"),
+    ("Worker._on_release", "handoff notice"),
 )
+TAKEOVER_POLL = "takeover poll"
 
 
 # --- item sizes (DynamoDB's rules) -------------------------------------------------------------------------------
@@ -203,13 +208,19 @@ class Tally:
     write_bytes: int = 0  # summed size of the items written (as sized)
 
 
-def _purpose() -> str:
+def _purpose(operation: str) -> str:
     names: set[str] = set()
+    waiting = False  # Leader.run's local ``waiting_until``: set while an invocation waits for a hand-over
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         names.add(frame.f_code.co_qualname)
+        if frame.f_code.co_qualname == "Leader.run":
+            waiting = frame.f_locals.get("waiting_until") is not None
         frame = frame.f_back
-    return next((purpose for qualname, purpose in PURPOSES if qualname in names), "other")
+    purpose = next((purpose for qualname, purpose in PURPOSES if qualname in names), "other")
+    if purpose == "lock acquire" and waiting and operation in READS:
+        return TAKEOVER_POLL
+    return purpose
 
 
 class Recorder:
@@ -224,7 +235,8 @@ class Recorder:
         self.active = False
         self.tallies: dict[Key, Tally] = {}
         self._lock = threading.Lock()
-        self._sizing: queue.Queue[tuple[Key, str, dict[str, Any]] | None] = queue.Queue()
+        # (key, table, item key, size of the item before the write if known): sized after the write
+        self._sizing: queue.Queue[tuple[Key, str, dict[str, Any], int] | None] = queue.Queue()
         self._sizer_client = aws.client("dynamodb", AwsConfig(endpoint_url=endpoint))
         self._sizer = threading.Thread(target=self._size_writes, name="cost-sizer", daemon=True)
         self._sizer.start()
@@ -232,9 +244,9 @@ class Recorder:
     def client(self, service: str, endpoint: str, role: str) -> Any:
         client = aws.client(service, AwsConfig(endpoint_url=endpoint))
 
-        def keep_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        def keep_params(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
             context["cost_params"] = params
-            context["cost_purpose"] = _purpose()
+            context["cost_purpose"] = _purpose(model.name)
 
         def after_call(parsed: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
             if self.active:
@@ -289,12 +301,16 @@ class Recorder:
             tally.failed += int(failed)
         if op not in WRITES:
             return  # control plane (DescribeTable): no request units
+        returned = parsed.get("Attributes")
         if op == "PutItem":
             self._add_write(key, item_size(params.get("Item", {})))
-        elif op == "UpdateItem" and parsed.get("Attributes") and params.get("ReturnValues") == "ALL_NEW":
-            self._add_write(key, item_size(parsed["Attributes"]))
+        elif op == "UpdateItem" and returned and params.get("ReturnValues") == "ALL_NEW":
+            self._add_write(key, item_size(returned))
         elif op == "UpdateItem":
-            self._sizing.put((key, str(params["TableName"]), dict(params["Key"])))
+            # Charged on the larger of the item before and after: the heartbeat returns the item before (ALL_OLD),
+            # which holds the notice's key list it removes; the item after is read back.
+            before = item_size(returned) if returned and params.get("ReturnValues") == "ALL_OLD" else 0
+            self._sizing.put((key, str(params["TableName"]), dict(params["Key"]), before))
         else:
             self._add_write(key, 0)  # DeleteItem: the minimum (our deletes are of items < 1 KB)
 
@@ -310,9 +326,9 @@ class Recorder:
             try:
                 if job is None:
                     return
-                key, table, item_key = job
+                key, table, item_key, before = job
                 item = self._sizer_client.get_item(TableName=table, Key=item_key, ConsistentRead=True).get("Item")
-                self._add_write(key, item_size(item) if item else 0)
+                self._add_write(key, max(before, item_size(item) if item else 0))
             except Exception as exc:  # a sizing failure must not stop the count
                 print(f"  (could not size a write: {exc})", file=sys.stderr)
                 if job is not None:
@@ -441,8 +457,9 @@ class ConfigResult:
     tallies: dict[Key, Tally]
     invocations: list[Invocation]
     lease_item_bytes: list[int]
-    worker_row_bytes: list[int]
-    worker_row_bytes_without_notice: list[int]
+    worker_row_bytes: list[int]  # as measured at the end of the run
+    worker_row_bytes_steady: list[int]  # the same rows at their steady size (steady_row_bytes)
+    rows_with_notice: int  # rows that still held a notice's key list at the end (consumed by the next beat)
     held_at_start: int
     held_at_end: int
 
@@ -565,15 +582,39 @@ def run_config(name: str, endpoint: str, *, workers: int, shards: int, minutes: 
         invocations=list(schedule.invocations),
         lease_item_bytes=[item_size(item) for item in lease_items],
         worker_row_bytes=[item_size(row) for row in rows],
-        worker_row_bytes_without_notice=[
-            item_size({k: v for k, v in row.items() if k != WorkerMetricsAttr.ASSIGNED_KEYS}) for row in rows
-        ],
+        worker_row_bytes_steady=[steady_row_bytes(row) for row in rows],
+        rows_with_notice=sum(WorkerMetricsAttr.ASSIGNED_KEYS in row for row in rows),
         held_at_start=held_at_start,
         held_at_end=held_at_end,
     )
 
 
 # --- item sizes at scale -------------------------------------------------------------------------------------
+
+WORKER_ID_CHARS = 36  # a KCL-style UUID worker id, as the lease owners of measure_scale_inputs
+COUNTER_DIGITS = 7  # hbc/evc after months of beats (2.6 million a month at one a second)
+
+
+def steady_row_bytes(row: Mapping[str, Any]) -> int:
+    """A worker row measured after a few minutes, at the size it keeps for good: without a notice's key list (the
+    next beat removes it), every metric history full (``max_values`` window averages: the row measured holds only
+    the reports of its first minutes; each missing value counted as the row's largest), a 36-character worker id,
+    and 7-digit heartbeat and event counters."""
+    steady = {k: v for k, v in row.items() if k != WorkerMetricsAttr.ASSIGNED_KEYS}
+    steady[WorkerMetricsAttr.WORKER_ID] = {"S": "x" * WORKER_ID_CHARS}
+    for name in (WorkerMetricsAttr.HEARTBEAT_COUNTER, WorkerMetricsAttr.EVENT_COUNTER):
+        if name in steady:
+            steady[name] = {"N": "1" * COUNTER_DIGITS}
+    stats = steady.get(WorkerMetricsAttr.STATS, {}).get("M")
+    if stats:
+        full = WorkerMetricsConfig().max_values
+        padded: dict[str, Any] = {}
+        for code, history in stats.items():
+            values = list(history.get("L", []))
+            largest = max(values, key=value_size) if values else {"N": "99.99"}
+            padded[code] = {"L": values + [largest] * max(0, full - len(values))}
+        steady[WorkerMetricsAttr.STATS] = {"M": padded}
+    return item_size(steady)
 
 
 @dataclass
@@ -583,7 +624,7 @@ class ScaleInputs:
     lease_bytes: float  # mean lease item
     gsi_entry_bytes: float  # mean GSI (KEYS_ONLY) entry returned by the discovery Query
     scan_pages_1000: int  # lease-table Scan pages at 1 000 leases
-    scan_units_1000: float  # RRU of one consistent lease-table Scan at 1 000 leases
+    scan_units_1000: float  # RRU of one eventually consistent lease-table Scan at 1 000 leases (as the leader's)
     gsi_units_1000_20: float  # RRU of one discovery Query at 1 000 leases / 20 workers (50 keys)
     observation_bytes: dict[int, int] = field(default_factory=dict)  # expiry-observation item at L leases
 
@@ -612,13 +653,13 @@ def measure_scale_inputs(endpoint: str) -> ScaleInputs:
         batch = [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]
         admin.batch_write_item(RequestItems={app: batch})
     pages, scan_units, scanned = 0, 0.0, 0
-    kwargs: dict[str, Any] = {"TableName": app, "ConsistentRead": True}
+    kwargs: dict[str, Any] = {"TableName": app}  # eventually consistent, as DynamoDBLeaseStore's scans
     while True:
         response = admin.scan(**kwargs)
         nbytes = sum(item_size(item) for item in response["Items"])
         pages += 1
         scanned += nbytes
-        scan_units += read_units(nbytes, consistent=True)
+        scan_units += read_units(nbytes, consistent=False)
         if "LastEvaluatedKey" not in response:
             break
         kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
@@ -691,15 +732,16 @@ FORMULAS = """\
 Extrapolation to L leases / W workers (L0, W0 = measured; c = calls/min measured; u = RRU or WRU per call measured):
   per lease     calls = c·L/L0,  units/call = u (lease writes: ⌈b_l/1 KB⌉ WRU)
   per worker    calls = c·W/W0,  units/call = u
-  row write     calls = c·W/W0,  WRU/call = ⌈b_w/1 KB⌉  (heartbeat, metrics report, notice: the worker's row)
+  row write     calls = c·W/W0,  WRU/call = ⌈b_w/1 KB⌉  (heartbeat, metrics report: the worker's row)
   GSI query     calls = c·W/W0,  RRU/call = ½·⌈(L/W)·b_k/4 KB⌉  (eventually consistent, KEYS_ONLY entries)
-  lease scan    calls = c·s·⌈L·b_l/(s·1 MB)⌉,  RRU/scan = s·⌈L·b_l/(s·4 KB)⌉ (consistent); s = 4 segments for the
-                assignment scan when L > 1 000, else 1 (shard sync always 1)
+  lease scan    calls = c·s·⌈L·b_l/(s·1 MB)⌉,  RRU/scan = ½·s·⌈L·b_l/(s·4 KB)⌉ (eventually consistent, as KCL's);
+                s = 4 segments for the assignment scan when L > 1 000, else 1 (shard sync always 1)
   row scan      calls = c,  RRU/call = ½·⌈W·b_w/4 KB⌉  (eventually consistent Scan of the worker rows)
   observations  calls = c,  PutItem ⌈o(L)/1 KB⌉ WRU, GetItem ⌈o(L)/4 KB⌉ RRU  (o(L): expiry-observation item)
   per minute    calls = c,  units = measured  (leader lock, lease-cap item, takeover polls: independent of L, W)
-  b_l: lease item, b_k: GSI entry, o(L): measured at scale on moto; b_w: the config's measured worker row, for
-  ours plus the notice list of its last notice assumed to name L/W keys (≤ 100; a fleet that started together).
+  b_l: lease item, b_k: GSI entry, o(L): measured at scale on moto; b_w: the config's largest worker row measured
+  at the end of the run, at its steady size (full metric histories, 36-character worker id, 7-digit counters; no
+  notice list: the beat after a notice removes it).
 Monthly: units/min × 43 200 min × price; Lambda: 43 200 invocations × billed s × 0.25 GB × $/GB-s + requests."""
 
 
@@ -708,22 +750,18 @@ def notice_list_bytes(keys: int) -> int:
     return len(WorkerMetricsAttr.ASSIGNED_KEYS) + 3 + keys * (20 + 1)
 
 
-def has_notices(result: ConfigResult) -> bool:
-    return max(result.worker_row_bytes or [0]) > max(result.worker_row_bytes_without_notice or [0])
+def worker_row_bytes(result: ConfigResult) -> int:
+    """``b_w``: the largest row of the run at its steady size; the same at every scale (a row holds only its own
+    worker's figures, and no notice list between a notice and the beat that consumes it)."""
+    return max(result.worker_row_bytes_steady or [0])
 
 
-def worker_row_bytes(result: ConfigResult, leases: int, workers: int, *, short_notices: bool = False) -> float:
-    """The worker row at scale: as measured, plus (``ours``) a notice list naming L/W keys — the row of a worker
-    whose last notice handed it its whole share at once (a fleet that started together). ``short_notices``: the
-    row as measured (its last notice named a few keys)."""
-    if short_notices:
-        return max(result.worker_row_bytes or [0])
-    base = max(result.worker_row_bytes_without_notice or [0])
-    with_notice = has_notices(result)
-    per_worker = leases // max(1, workers)
-    if with_notice and per_worker <= MAX_NOTICE_KEYS:
-        return base + notice_list_bytes(per_worker)
-    return base + (notice_list_bytes(0) if with_notice else 0)
+def notice_burst_wru(result: ConfigResult, leases: int, workers: int) -> float:
+    """The one-off cost, per worker, of a notice naming its whole share at once (a fleet that started together,
+    at most ``MAX_NOTICE_KEYS`` keys): the notice's UpdateItem and the beat that consumes it, each charged on the row
+    with the list."""
+    keys = min(leases // max(1, workers), MAX_NOTICE_KEYS)
+    return 2 * write_units(worker_row_bytes(result) + notice_list_bytes(keys))
 
 
 @dataclass(frozen=True)
@@ -732,9 +770,7 @@ class Scaled:
     units: float
 
 
-def extrapolate(
-    result: ConfigResult, key: Key, leases: int, workers: int, inputs: ScaleInputs, *, short_notices: bool = False
-) -> Scaled:
+def extrapolate(result: ConfigResult, key: Key, leases: int, workers: int, inputs: ScaleInputs) -> Scaled:
     calls, units = result.per_minute(key)
     per_call = units / calls if calls else 0.0
     kind = rule(key)
@@ -745,9 +781,8 @@ def extrapolate(
         return Scaled(calls * lease_ratio, calls * lease_ratio * per_call)
     if kind == "per worker":
         return Scaled(calls * worker_ratio, calls * worker_ratio * per_call)
-    if kind == "row write":
-        row = worker_row_bytes(result, leases, workers, short_notices=short_notices)
-        return Scaled(calls * worker_ratio, calls * worker_ratio * write_units(int(row)))
+    if kind == "row write":  # heartbeat, metrics report (and a stopped-row delete): the worker's row
+        return Scaled(calls * worker_ratio, calls * worker_ratio * write_units(worker_row_bytes(result)))
     if kind == "GSI query":
         entries = leases / workers * inputs.gsi_entry_bytes
         return Scaled(calls * worker_ratio, calls * worker_ratio * read_units(math.ceil(entries), consistent=False))
@@ -758,7 +793,7 @@ def extrapolate(
         scan_units = segments * read_units(math.ceil(segment_bytes), consistent=consistent(key))
         return Scaled(calls * pages, calls * scan_units)
     if kind == "row scan":
-        nbytes = math.ceil(workers * worker_row_bytes(result, leases, workers, short_notices=short_notices))
+        nbytes = workers * worker_row_bytes(result)
         return Scaled(calls, calls * read_units(nbytes, consistent=consistent(key)))
     if kind == "observations":
         size = inputs.observation_bytes[leases]
@@ -791,13 +826,11 @@ def lambda_month(result: ConfigResult) -> float:
     return MINUTES_PER_MONTH * (result.billed_invocation_s * LAMBDA_GB * PRICE_PER_GB_S + PRICE_PER_REQUEST)
 
 
-def scaled_totals(
-    result: ConfigResult, leases: int, workers: int, inputs: ScaleInputs, *, short_notices: bool = False
-) -> Totals:
+def scaled_totals(result: ConfigResult, leases: int, workers: int, inputs: ScaleInputs) -> Totals:
     totals = Totals()
     for key in result.tallies:
         if rule(key) != "not DynamoDB data":
-            scaled = extrapolate(result, key, leases, workers, inputs, short_notices=short_notices)
+            scaled = extrapolate(result, key, leases, workers, inputs)
             totals.add(key, scaled.calls, scaled.units)
     return totals
 
@@ -876,8 +909,9 @@ def print_report(results: list[ConfigResult], inputs: ScaleInputs) -> None:
         print(
             f"{CONFIG_TITLE[result.name]:<12} lease items "
             f"{min(result.lease_item_bytes)}–{max(result.lease_item_bytes)} B; worker rows "
-            f"{min(result.worker_row_bytes)}–{max(result.worker_row_bytes)} B "
-            f"(without the notice list {max(result.worker_row_bytes_without_notice)} B)"
+            f"{min(result.worker_row_bytes)}–{max(result.worker_row_bytes)} B as measured "
+            f"({result.rows_with_notice} holding a notice list at the end); b_w at steady size "
+            f"{worker_row_bytes(result)} B"
         )
     print(
         f"at scale: lease item b_l = {inputs.lease_bytes:.0f} B (lease Scan at 1 000 leases: {inputs.scan_pages_1000}"
@@ -886,8 +920,18 @@ def print_report(results: list[ConfigResult], inputs: ScaleInputs) -> None:
         + ", ".join(f"{size} B at L = {total}" for total, size in inputs.observation_bytes.items())
     )
     for result in results:
-        rows = ", ".join(f"{worker_row_bytes(result, n, w):.0f} B at {n}/{w}" for n, w in SCALES)
-        print(f"{CONFIG_TITLE[result.name]:<12} worker row b_w used: {rows}")
+        scans = ", ".join(
+            f"{w} × {worker_row_bytes(result)} B = {w * worker_row_bytes(result)} B → "
+            f"{read_units(w * worker_row_bytes(result), consistent=False):g} RRU at {n}/{w}"
+            for n, w in SCALES
+        )
+        print(f"{CONFIG_TITLE[result.name]:<12} worker-row Scan (EC): {scans}")
+        if any(key[3] == "heartbeat" for key in result.tallies):
+            bursts = ", ".join(f"{notice_burst_wru(result, n, w):g} WRU per worker at {n}/{w}" for n, w in SCALES)
+            print(
+                f"{CONFIG_TITLE[result.name]:<12} one-off, per change: a notice naming a worker's whole share "
+                f"(L/W keys, ≤ {MAX_NOTICE_KEYS}) and the beat that consumes it: {bursts}"
+            )
     print()
     print(FORMULAS)
 
@@ -919,19 +963,15 @@ def print_report(results: list[ConfigResult], inputs: ScaleInputs) -> None:
     )
     for leases, workers in SCALES:
         for result in results:
-            for short in (False, True) if has_notices(result) else (False,):
-                t = scaled_totals(result, leases, workers, inputs, short_notices=short)
-                reads_month = t.read_units * PRICE_PER_RRU * MINUTES_PER_MONTH
-                writes_month = t.write_units * PRICE_PER_WRU * MINUTES_PER_MONTH
-                lam = lambda_month(result)
-                name = CONFIG_TITLE[result.name] + (", short notices" if short else "")
-                print(
-                    f"{f'{leases}/{workers}':<10} {name:<20} {t.read_calls:>10.0f} {t.read_units:>9.0f} "
-                    f"{t.write_calls:>11.0f} {t.write_units:>9.0f} {reads_month:>11.2f} {writes_month:>12.2f} "
-                    f"{lam:>12.2f} {t.dynamodb_month + lam:>11.2f}"
-                )
-    if any(has_notices(result) for result in results):
-        print("short notices: worker rows as measured (the last notice named a few keys) instead of L/W keys")
+            t = scaled_totals(result, leases, workers, inputs)
+            reads_month = t.read_units * PRICE_PER_RRU * MINUTES_PER_MONTH
+            writes_month = t.write_units * PRICE_PER_WRU * MINUTES_PER_MONTH
+            lam = lambda_month(result)
+            print(
+                f"{f'{leases}/{workers}':<10} {CONFIG_TITLE[result.name]:<20} {t.read_calls:>10.0f} "
+                f"{t.read_units:>9.0f} {t.write_calls:>11.0f} {t.write_units:>9.0f} {reads_month:>11.2f} "
+                f"{writes_month:>12.2f} {lam:>12.2f} {t.dynamodb_month + lam:>11.2f}"
+            )
     for result in results:
         print(
             f"{CONFIG_TITLE[result.name]:<12} Lambda: {result.billed_invocation_s:.1f} s billed per invocation "
@@ -940,14 +980,8 @@ def print_report(results: list[ConfigResult], inputs: ScaleInputs) -> None:
 
 
 def scaled_summary(result: ConfigResult, leases: int, workers: int, inputs: ScaleInputs) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for short in (False, True):
-        totals = scaled_totals(result, leases, workers, inputs, short_notices=short)
-        out["short_notices" if short else "notices_of_L_over_W_keys"] = {
-            **asdict(totals),
-            "dynamodb_month": totals.dynamodb_month,
-        }
-    return out
+    totals = scaled_totals(result, leases, workers, inputs)
+    return {**asdict(totals), "dynamodb_month": totals.dynamodb_month}
 
 
 def dump_json(path: str, results: list[ConfigResult], inputs: ScaleInputs, meta: Mapping[str, Any]) -> None:

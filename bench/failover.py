@@ -61,16 +61,8 @@ from failover_support.report import (
     plot_cdf,
     table,
 )
+from kcl_baseline import KCL_ENV  # KCL's timings and behaviour, for every process of the `kcl` configuration
 
-# KCL's timings and behaviour (= today's code path), for every process of the `kcl` configuration.
-KCL_ENV: dict[str, str] = {
-    "SHARDLEASE_HEARTBEAT_INTERVAL_MS": "0",  # no worker heartbeat
-    "SHARDLEASE_LEADER_FAST_TICK_MS": "0",  # no fast leader reads between cycles
-    "SHARDLEASE_DISCOVERY_INTERVAL_MS": "9975",
-    "SHARDLEASE_LEADER_LOCK_DURATION_MS": "30000",
-    "SHARDLEASE_LEADER_HEARTBEAT_MS": "10000",
-    "SHARDLEASE_LEADER_TAKEOVER_WAIT_MS": "0",
-}
 CONFIG_ENV: dict[str, dict[str, str]] = {"ours": {}, "kcl": KCL_ENV}
 LAMBDA_TIMEOUT_S = {"ours": 80.0, "kcl": 60.0}
 
