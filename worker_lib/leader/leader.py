@@ -157,8 +157,10 @@ class Leader:
         started = self._clock.monotonic()
         try:
             if not self._ensure_leadership():
-                # The holder as the acquire attempt just read it: no second read per poll.
-                return self._report(started, leader=False, current_leader=self._lock.last_seen_holder())
+                # The holder as the acquire attempt just read it: no second read per poll (one read only when that
+                # attempt saw no holder and lost a race for the free lock).
+                holder = self._lock.last_seen_holder() or self._lock.current_leader()
+                return self._report(started, leader=False, current_leader=holder)
             shard_sync_result = None
             if self._shard_sync is not None and self._sync_due():
                 shard_sync_result = self._shard_sync.sync_once()
