@@ -33,7 +33,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
-from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, read_lines, wait_for
+from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, _Raw, read_lines, wait_for
 from tests.support.processes import ProcessGroup
 from worker_lib import aws
 from worker_lib.assignment.config import AssignmentConfig
@@ -285,14 +285,6 @@ def _from_fast_read(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-class _Raw:
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-
-    def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self._body
 
 
 @dataclass
