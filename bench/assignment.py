@@ -1,6 +1,6 @@
 """Lease assignment: ours (variance) vs KCL 2.x stealing vs lease count (vs KCL 3.x variance), side by side.
 
-Every strategy runs on the same simulated fleets (``worker_lib.simulate``: same shard rates, same CPU model, same
+Every strategy runs on the same simulated fleets (``worker_lib.tools.simulate``: same shard rates, same CPU model, same
 noise, same events) in one process run; the real deciders decide every cycle.
 
     .venv/bin/python bench/assignment.py [--quick] [--seeds N] [--plot-dir docs/img] [--markdown FILE]
@@ -11,7 +11,7 @@ Fleets: 64 shards / 8 workers Zipf 1.2 (the target fleet); 1,000 / 100 and 10,00
 Per fleet and strategy: throughput max/mean, p95/mean and min/mean at the end; the LPT reference (hottest shard
 first onto the least-loaded worker, knowing the true rates) and ours ÷ reference; cycles (and balancing runs) to
 converge within ±10 % (relative to the reference where the raw band is infeasible); moves against a lower bound on
-the minimum (worker_lib.simulate.min_moves_lower_bound, from the post-initial-assignment state — or the state just
+the minimum (worker_lib.tools.simulate.min_moves_lower_bound, from the post-initial-assignment state — or the state just
 before the event — to the final balance); the median and max time of one decide() call.
 
 Targets (issue 3): ours reaches max/mean ≤ 1.10 (≤ 1.10 × the reference when the raw figure is infeasible) on the
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker_lib.simulate import (
+from worker_lib.tools.simulate import (
     STRATEGY_LABELS,
     CycleStats,
     Event,

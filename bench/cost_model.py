@@ -63,14 +63,11 @@ from typing import Any
 
 from kcl_baseline import KCL_ENV
 
-from worker_lib import aws
 from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.models import Checkpoint, Lease
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases import serializer
-from worker_lib.local.emulators import start_moto
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.config import WorkerMetricsConfig
-from worker_lib.models import Checkpoint, Lease
 from worker_lib.processing.processor import FunctionProcessor
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import (
@@ -81,7 +78,10 @@ from worker_lib.tables.schema import (
     coordinator_state_table_name,
     worker_metrics_table_name,
 )
-from worker_lib.worker import Worker, WorkerConfig
+from worker_lib.testing.emulators import start_moto
+from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 # --- configurations ------------------------------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ MINUTES_PER_MONTH = 43_200  # 30 days
 
 SCALES: tuple[tuple[int, int], ...] = ((1_000, 20), (10_000, 100))
 PARALLEL_SCAN_THRESHOLD = 1_000  # worker_lib.leader.assigner: above this, the assignment scan uses 4 segments
-MAX_NOTICE_KEYS = 100  # worker_lib.metrics.stats_store: a notice names at most this many lease keys
+MAX_NOTICE_KEYS = 100  # worker_lib.workermetrics.stats_store: a notice names at most this many lease keys
 PAGE_BYTES = 1024 * 1024  # Scan/Query page limit
 READ_BLOCK = 4096
 WRITE_BLOCK = 1024

@@ -20,16 +20,16 @@ import time
 import uuid
 from typing import Any
 
-from worker_lib import aws
 from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.core import aws
+from worker_lib.core.models import TRIM_HORIZON, Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.emulators import Emulator, start_kinesalite, start_moto
-from worker_lib.local.streams import create_stream, list_all_shards
-from worker_lib.models import TRIM_HORIZON, Lease
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.worker import Worker, WorkerConfig
+from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
+from worker_lib.testing.streams import create_stream, list_all_shards
+from worker_lib.worker.worker import Worker, WorkerConfig
 
 MIN_INTERVAL_S = 0.2  # 5 GetRecords calls per second per shard
 

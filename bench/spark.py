@@ -28,7 +28,7 @@ def say(text: str) -> None:
 
 
 def plain_reader(kinesis: Any, stream: str, shard_ids: list[str]) -> int:
-    from worker_lib.models import TRIM_HORIZON
+    from worker_lib.core.models import TRIM_HORIZON
     from worker_lib.processing.retrieval import ShardRecordFetcher
 
     counts = dict.fromkeys(shard_ids, 0)
@@ -60,13 +60,13 @@ def main() -> int:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "local")
 
-    from worker_lib import aws
     from worker_lib.config import AwsConfig
+    from worker_lib.core import aws
+    from worker_lib.core.models import TRIM_HORIZON, Lease
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-    from worker_lib.local.emulators import start_moto
-    from worker_lib.local.streams import create_stream
-    from worker_lib.models import TRIM_HORIZON, Lease
     from worker_lib.tables.admin import ensure_tables
+    from worker_lib.testing.emulators import start_moto
+    from worker_lib.testing.streams import create_stream
 
     emulator = start_moto()
     try:

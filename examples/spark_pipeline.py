@@ -77,13 +77,13 @@ def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) ->
 
 def local_setup(args: argparse.Namespace, events: int) -> tuple[Any, int]:
     """Start moto, create tables + stream, create and assign leases (the leader's job), produce events."""
-    from worker_lib import aws
     from worker_lib.config import AwsConfig
+    from worker_lib.core import aws
+    from worker_lib.core.models import TRIM_HORIZON, Lease
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-    from worker_lib.local.emulators import start_moto
-    from worker_lib.local.streams import create_stream
-    from worker_lib.models import TRIM_HORIZON, Lease
     from worker_lib.tables.admin import ensure_tables
+    from worker_lib.testing.emulators import start_moto
+    from worker_lib.testing.streams import create_stream
 
     emulator = start_moto()
     args.endpoint_url = emulator.endpoint_url

@@ -6,7 +6,7 @@ Context keys: ``shardlease:app`` (application name), ``shardlease:stream-arn`` o
 ``shardlease:alarm-minutes``, ``shardlease:stack-name``. Account and region come from the CLI's environment
 (``CDK_DEFAULT_ACCOUNT`` / ``CDK_DEFAULT_REGION``) when set; otherwise the stack is environment-agnostic.
 
-Run by ``cdk.json`` as ``python -m infra.app`` from the repository root (so that ``infra.constructs`` never shadows
+Run by ``cdk.json`` as ``python -m infra.app`` from the repository root (so that ``worker_lib.cdk`` never shadows
 the ``constructs`` library).
 """
 

@@ -2,7 +2,7 @@
 
 Defaults follow KCL 3.x (reference/kcl3x-facts.md §9) unless a comment says why not. The environment is read
 only in the ``from_env()`` class methods; everything else receives configuration explicitly. Every dataclass
-validates itself on construction and raises :class:`~worker_lib.errors.ConfigError` with one clear line.
+validates itself on construction and raises :class:`~worker_lib.core.errors.ConfigError` with one clear line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .errors import ConfigError
+from worker_lib.core.errors import ConfigError
 
 _APP_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,200}$")
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker_lib import aws
 from worker_lib.config import AwsConfig
-from worker_lib.local.emulators import Emulator, start_kinesalite, start_moto
-from worker_lib.local.streams import create_stream, list_all_shards
+from worker_lib.core import aws
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name
+from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
+from worker_lib.testing.streams import create_stream, list_all_shards
 
 from .journal import JournalTail
 from .processor import JOURNAL_DIR_ENV, SPEC, WORKER_ID_ENV
@@ -251,7 +251,7 @@ class Fleet:
         argv = [
             sys.executable,
             "-m",
-            "worker_lib.cli",
+            "worker_lib.cli.main",
             "--log-level",
             "INFO",
             "worker",
@@ -275,7 +275,7 @@ class Fleet:
             argv = [
                 sys.executable,
                 "-m",
-                "worker_lib.cli",
+                "worker_lib.cli.main",
                 "--log-level",
                 "INFO",
                 "leader",

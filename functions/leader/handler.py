@@ -13,10 +13,10 @@ Thin by design: every decision lives in :mod:`worker_lib.leader`. One invocation
    within ``takeover_wait_ms`` — the next scheduled invocation, started while the previous one still leads, takes
    over the moment it lets go, so there is no leaderless gap (docs/failover.md) — and otherwise (a duplicate
    delivery, an embedded leader) returns ``{"leader": false, ...}`` after one lock read;
-4. publishes per-cycle metrics as CloudWatch EMF through Powertools (names in :mod:`worker_lib.metrics.names`);
+4. publishes per-cycle metrics as CloudWatch EMF through Powertools (names in :mod:`worker_lib.telemetry.names`);
 5. returns a JSON-able summary (``cycles`` holds each cycle's ``CycleReport.to_dict()``).
 
-Environment: ``POWERTOOLS_METRICS_NAMESPACE`` (default :data:`~worker_lib.metrics.names.DEFAULT_NAMESPACE`),
+Environment: ``POWERTOOLS_METRICS_NAMESPACE`` (default :data:`~worker_lib.telemetry.names.DEFAULT_NAMESPACE`),
 ``SHARDLEASE_PER_WORKER_METRICS`` (``true``; per-worker lease and throughput gauges, one EMF line per worker),
 ``SHARDLEASE_LEADER_ID`` (lock owner; default ``<function name>:<request id>``), plus every ``SHARDLEASE_*``
 variable of :mod:`worker_lib.config` and :class:`~worker_lib.assignment.config.AssignmentConfig`.
@@ -34,14 +34,14 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
-from worker_lib import aws
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.clock import SYSTEM_CLOCK
 from worker_lib.config import AwsConfig, LeaderConfig, LeaderLockConfig, LeaseConfig, ShardSyncConfig
-from worker_lib.errors import ConfigError
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK
+from worker_lib.core.errors import ConfigError
 from worker_lib.leader.host import build_leader
 from worker_lib.leader.leader import CycleReport
-from worker_lib.metrics.names import (
+from worker_lib.telemetry.names import (
     APPLICATION_DIMENSION,
     DEFAULT_NAMESPACE,
     LEADER_SERVICE,

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .coordination_stack import ShardleaseStack
+from infra.stacks.coordination_stack import ShardleaseStack
 
 __all__ = ["ShardleaseStack"]

@@ -10,9 +10,8 @@ from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from worker_lib.cdk import AlarmSettings, ShardleaseCoordination
 from worker_lib.tables.schema import BillingMode
-
-from ..constructs import AlarmSettings, ShardleaseCoordination
 
 
 class ShardleaseStack(cdk.Stack):

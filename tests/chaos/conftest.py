@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from tests.support.recording import Journal, RecordingProcessor
-from worker_lib import aws
 from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.config import WorkerMetricsConfig
+from worker_lib.core import aws
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import RecordProcessor
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.worker import Worker, WorkerConfig
+from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 FAILOVER_MS = 6_000  # lease duration; every fault window in the chaos tests is shorter
 

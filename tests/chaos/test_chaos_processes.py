@@ -38,12 +38,12 @@ from tests.support.chaos import (
     wait_for,
 )
 from tests.support.processes import ProcessGroup, process_group
-from worker_lib import aws
 from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.models import Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.models import Lease
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 
 LEASE_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
 ROUNDS = chaos_rounds()

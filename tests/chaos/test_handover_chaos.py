@@ -56,15 +56,15 @@ from tests.support.handover import (
     throttle_worker_rows_scans,
 )
 from tests.support.processes import process_group
-from worker_lib import aws
 from worker_lib.config import AwsConfig, LeaderLockConfig
+from worker_lib.core import aws
+from worker_lib.core.models import WorkerState
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import WorkerState
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import worker_metrics_table_name
+from worker_lib.testing.streams import create_stream
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 SEED = chaos_seed()
 SHARDS = 4
@@ -323,7 +323,7 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
 
 # --- 3. throttling on the fast reads ------------------------------------------------------------------------------
 
-# AwsConfig.max_attempts=2 gives botocore 2 retries (3 attempts; worker_lib/aws.py passes it as botocore's
+# AwsConfig.max_attempts=2 gives botocore 2 retries (3 attempts; worker_lib/core/aws.py passes it as botocore's
 # `max_attempts`, which counts retries): a throttled call holds the leader loop for at most 1 + 2 s of backoff.
 TEST_RETRY_BACKOFF_S = 3.0
 

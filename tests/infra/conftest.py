@@ -19,8 +19,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Template
 from packaging.requirements import Requirement
 
-from infra.constructs import ShardleaseCoordination
 from infra.stacks import ShardleaseStack
+from worker_lib.cdk import ShardleaseCoordination
 from worker_lib.tables.schema import BillingMode
 
 from .support import ACCOUNT, APP, CMK_APP, REGION, REPO, STREAM_ARN

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra.constructs.bundling import LEADER_HANDLER, LocalPythonBundling, asset_files, asset_hash
+from worker_lib.cdk.bundling import LEADER_HANDLER, LocalPythonBundling, asset_files, asset_hash
 
 from .support import REPO, run_isolated
 
@@ -79,4 +79,4 @@ print(json.dumps(loaded))
     out = run_isolated(lambda_python, code, path=[asset], env={"AWS_DEFAULT_REGION": "eu-west-1"})
     # THEN it imports cleanly, with the leader's composition loaded from the asset
     loaded = set(json.loads(out.strip().splitlines()[-1]))
-    assert {"worker_lib.leader.host", "worker_lib.leader.leader", "worker_lib.metrics.names"} <= loaded
+    assert {"worker_lib.leader.host", "worker_lib.leader.leader", "worker_lib.telemetry.names"} <= loaded

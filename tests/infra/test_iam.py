@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from infra.constructs import permissions as p
+from worker_lib.cdk import permissions as p
 
 from .conftest import Synth
 from .support import STREAM_ARN

@@ -6,9 +6,9 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match
 
-from infra.constructs import ShardleaseCoordination
-from infra.constructs.bundling import LEADER_HANDLER
-from worker_lib.metrics.names import DEFAULT_NAMESPACE
+from worker_lib.cdk import ShardleaseCoordination
+from worker_lib.cdk.bundling import LEADER_HANDLER
+from worker_lib.telemetry.names import DEFAULT_NAMESPACE
 
 from .conftest import Synth
 from .support import APP, CMK_APP, STREAM_ARN

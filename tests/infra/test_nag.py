@@ -7,8 +7,8 @@ import pytest
 from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks
 
-from infra.constructs.coordination import NAG_ACKNOWLEDGEMENTS
 from infra.stacks import ShardleaseStack
+from worker_lib.cdk.coordination import NAG_ACKNOWLEDGEMENTS
 
 from .support import ACCOUNT, APP, REGION, STREAM_ARN
 

@@ -1,11 +1,11 @@
-"""Dashboard and alarms use the metric names the leader and workers publish (worker_lib.metrics.names)."""
+"""Dashboard and alarms use the metric names the leader and workers publish (worker_lib.telemetry.names)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from worker_lib.metrics.names import DEFAULT_NAMESPACE, LeaderMetric, WorkerMetric
+from worker_lib.telemetry.names import DEFAULT_NAMESPACE, LeaderMetric, WorkerMetric
 
 from .conftest import Synth
 from .support import APP

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from worker_lib import aws
 from worker_lib.config import AwsConfig
+from worker_lib.core import aws
 from worker_lib.tables.admin import ensure_tables
 
 GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"
@@ -17,7 +17,11 @@ GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"
 
 def shardlease(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli", *args], capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", "worker_lib.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

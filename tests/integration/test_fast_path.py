@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from tests.support.heartbeat import Fleet, LivingClock, StandInWorker, ThrottledRows, owned_lease, owners
-from worker_lib import aws
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
 from worker_lib.leader.assigner import AssignmentReport, LeaseAssigner
 from worker_lib.leader.host import build_leader
 from worker_lib.leader.leader import CycleReport, Leader
@@ -29,10 +30,9 @@ from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import Lease, WorkerMetricStats, WorkerState
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.streams import create_stream
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 WALL = 1_800_000_000.0
 FAILOVER_MS = 10_000

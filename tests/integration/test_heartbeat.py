@@ -17,20 +17,20 @@ import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
 from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards, wait_until
-from worker_lib import aws
-from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.renewer import LeaseHolder
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.stats_serializer import from_item
-from worker_lib.metrics.stats_store import MAX_NOTICE_KEYS, WorkerMetricsStore
-from worker_lib.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import worker_metrics_table_name
-from worker_lib.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
+from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
+from worker_lib.workermetrics.stats_serializer import from_item
+from worker_lib.workermetrics.stats_store import MAX_NOTICE_KEYS, WorkerMetricsStore
 
 WALL = 1_800_000_000.0
 FAILOVER_MS = 10_000

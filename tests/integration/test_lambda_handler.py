@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 from functions.leader import handler as leader_handler
-from worker_lib import aws
 from worker_lib.config import AwsConfig, LeaderLockConfig
-from worker_lib.errors import ConfigError
+from worker_lib.core import aws
+from worker_lib.core.errors import ConfigError
 from worker_lib.leader.leader import CycleReport
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.names import LeaderMetric, WorkerMetric
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.telemetry.names import LeaderMetric, WorkerMetric
+from worker_lib.testing.streams import create_stream
 
 SCHEDULED_EVENT = {"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}}
 SHARDS = 3

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from worker_lib import aws
-from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.leader.host import build_leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import Lease, WorkerMetricStats
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.streams import create_stream
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from worker_lib import aws
-from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, LeaseConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.models import Checkpoint, Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
-from worker_lib.models import Checkpoint, Lease
 from worker_lib.processing.consumer import LeaseCheckpointer
 from worker_lib.tables.admin import ensure_tables
 

@@ -8,12 +8,12 @@ import pytest
 
 from tests.support import kcl_fixture
 from tests.support.faults import lose_replies
-from worker_lib import aws
 from worker_lib.config import AwsConfig
-from worker_lib.errors import EndpointUnreachableError, InvalidStateError, TableMissingError
+from worker_lib.core import aws
+from worker_lib.core.errors import EndpointUnreachableError, InvalidStateError, TableMissingError
+from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from worker_lib.leases import serializer
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from worker_lib.tables.admin import ensure_tables
 
 

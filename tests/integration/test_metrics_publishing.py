@@ -15,16 +15,16 @@ from tests.support.recording import (
     create_leases_for_open_shards,
     wait_until,
 )
-from worker_lib import aws
-from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, LeaseConfig
-from worker_lib.errors import ConfigError
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.errors import ConfigError
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream
-from worker_lib.metrics.publisher import EmfPublisher, MetricsConfig, make_publisher
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.worker import Worker, WorkerConfig
+from worker_lib.telemetry.publisher import EmfPublisher, MetricsConfig, make_publisher
+from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import Worker, WorkerConfig
 
 
 def test_emf_document_aggregates_between_flushes() -> None:

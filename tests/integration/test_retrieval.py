@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from tests.support.kinesis_faults import add_child_shards, fail_calls, record_calls
-from worker_lib import aws
-from worker_lib.clock import SYSTEM_CLOCK, ManualClock
 from worker_lib.config import AwsConfig, InitialPosition
-from worker_lib.errors import ConfigError, DependencyError, StreamMissingError
-from worker_lib.local.streams import create_stream, list_all_shards, split_shard
-from worker_lib.models import SHARD_END, TRIM_HORIZON, Checkpoint
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
+from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
+from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import KinesisRecord
 from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
+from worker_lib.testing.streams import create_stream, list_all_shards, split_shard
 
 SHARD = "shardId-000000000000"
 

@@ -11,16 +11,16 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from worker_lib import aws
-from worker_lib.clock import ManualClock
 from worker_lib.config import AwsConfig, InitialPosition, ShardSyncConfig
-from worker_lib.errors import DependencyError, StreamMissingError, ThrottledError
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.errors import DependencyError, StreamMissingError, ThrottledError
+from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 from worker_lib.shardsync.detector import KinesisShardDetector, ShardListing
 from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 
 pytestmark = pytest.mark.kinesalite
 
@@ -268,7 +268,7 @@ def test_leader_once_runs_a_shard_sync_and_exits_0(moto_endpoint: str, moto_aws:
     kinesis = aws.client("kinesis", moto_aws)
     ensure_tables(app, ddb)
     create_stream(kinesis, f"{app}-s", 3)
-    args = [sys.executable, "-m", "worker_lib.cli", "leader", "--app", app, "--stream", f"{app}-s", "--once"]
+    args = [sys.executable, "-m", "worker_lib.cli.main", "leader", "--app", app, "--stream", f"{app}-s", "--once"]
     args += ["--initial-position", "TRIM_HORIZON", "--endpoint-url", moto_endpoint]
     first = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr

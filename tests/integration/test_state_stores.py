@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from worker_lib import aws
 from worker_lib.config import AwsConfig
-from worker_lib.errors import EndpointUnreachableError, TableMissingError
+from worker_lib.core import aws
+from worker_lib.core.errors import EndpointUnreachableError, TableMissingError
+from worker_lib.core.models import WorkerMetricStats
 from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorder
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import WorkerMetricStats
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, worker_metrics_table_name
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 # An item as KCL 3.x writes it (reference §2).
 KCL_ITEM = {

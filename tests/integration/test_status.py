@@ -8,16 +8,16 @@ import sys
 import time
 from typing import Any
 
-from worker_lib import aws
 from worker_lib.assignment.snapshot import ExpiryTracker
-from worker_lib.clock import ManualClock
+from worker_lib.cli.status import collect
 from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import SHARD_END, Lease, WorkerMetricStats
-from worker_lib.status import collect
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
 def setup_fleet(ddb: Any, app: str, clock: ManualClock) -> None:
@@ -72,7 +72,7 @@ def test_status_cli_prints_json_and_errors_in_one_line(moto_endpoint: str, moto_
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     setup_fleet(ddb, app_name, ManualClock(wall=float(time.time())))
-    cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
+    cmd = [sys.executable, "-m", "worker_lib.cli.main", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
     result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["leader"] == "leader-x"

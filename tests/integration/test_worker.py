@@ -15,16 +15,16 @@ from tests.support.recording import (
     create_leases_for_open_shards,
     wait_until,
 )
-from worker_lib import aws
 from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
+from worker_lib.core import aws
+from worker_lib.core.models import Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.local.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.metrics.config import WorkerMetricsConfig
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import Lease
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.worker import Worker, WorkerConfig
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 FAST_LEASES = LeaseConfig(failover_time_ms=3_000)
 FAST_READS = RetrievalConfig(idle_time_between_reads_ms=100)

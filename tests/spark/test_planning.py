@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker_lib.errors import ConfigError
-from worker_lib.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,

@@ -35,7 +35,6 @@ from botocore.awsrequest import AWSResponse, HTTPHeaders
 
 from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, _Raw, read_lines, wait_for
 from tests.support.processes import ProcessGroup
-from worker_lib import aws
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.config import (
     AwsConfig,
@@ -45,6 +44,7 @@ from worker_lib.config import (
     LeaseConfig,
     ShardSyncConfig,
 )
+from worker_lib.core import aws
 from worker_lib.leader.host import LeaderParts, build_leader
 from worker_lib.leader.leader import CycleReport
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore

@@ -11,12 +11,12 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
-from worker_lib.clock import ManualClock
-from worker_lib.errors import ThrottledError
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.errors import ThrottledError
+from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatSink
-from worker_lib.metrics.stats_store import WorkerMetricsStore
-from worker_lib.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
 class SlowSink:

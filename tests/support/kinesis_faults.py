@@ -17,7 +17,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
-from worker_lib.clock import Clock
+from worker_lib.core.clock import Clock
 
 
 def _event(client: Any, kind: str, operation: str) -> str:

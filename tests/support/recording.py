@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker_lib.core.models import TRIM_HORIZON, Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.models import TRIM_HORIZON, Lease
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,

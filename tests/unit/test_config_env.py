@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from worker_lib.clock import ManualClock
-from worker_lib.errors import ConfigError
-from worker_lib.metrics.cpu import ProcessCpu, cpu_metric_from_env
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.errors import ConfigError
+from worker_lib.workermetrics.cpu import ProcessCpu, cpu_metric_from_env
 
 
 def test_process_cpu_is_the_share_of_host_cpus_used_by_this_process() -> None:

@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from worker_lib.clock import ManualClock
-from worker_lib.metrics.cpu import (
+from worker_lib.core.clock import ManualClock
+from worker_lib.workermetrics.cpu import (
     ECS_METADATA_ENV,
     CgroupV1Cpu,
     CgroupV2Cpu,

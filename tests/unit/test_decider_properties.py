@@ -27,7 +27,7 @@ from worker_lib.assignment.decider import (
     suspect_workers,
 )
 from worker_lib.assignment.snapshot import AssignmentSnapshot, is_assignable_worker
-from worker_lib.models import Lease, WorkerMetricStats
+from worker_lib.core.models import Lease, WorkerMetricStats
 
 NOW = 1_700_000_000.0
 

@@ -27,8 +27,8 @@ from worker_lib.assignment.decider import (
     suspect_workers,
 )
 from worker_lib.assignment.snapshot import AssignmentSnapshot
-from worker_lib.models import Lease, WorkerMetricStats
-from worker_lib.simulate import Event, FleetSpec, Simulation, parse_skew
+from worker_lib.core.models import Lease, WorkerMetricStats
+from worker_lib.tools.simulate import Event, FleetSpec, Simulation, parse_skew
 
 NOW = 1_700_000_000.0
 

@@ -36,8 +36,8 @@ from worker_lib.assignment.snapshot import (
     is_excluded_worker,
     is_valid_worker,
 )
-from worker_lib.errors import ConfigError
-from worker_lib.models import Lease, WorkerMetricStats
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import Lease, WorkerMetricStats
 
 NOW = 1_700_000_000.0
 YIELD, TAKE = "workerIdYield", "workerIdTake"

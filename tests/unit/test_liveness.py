@@ -16,9 +16,9 @@ from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.assignment.decider import VarianceDecider
 from worker_lib.assignment.liveness import HeartbeatTracker, LivenessView
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
-from worker_lib.clock import ManualClock
-from worker_lib.metrics.stats_serializer import from_item, heartbeat_of
-from worker_lib.models import Lease, WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.models import Lease, WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.workermetrics.stats_serializer import from_item, heartbeat_of
 
 FAILOVER_S = 10.0
 SKEW_S = 1.0

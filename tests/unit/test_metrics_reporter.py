@@ -9,11 +9,11 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
-from worker_lib.clock import ManualClock, SystemClock
-from worker_lib.errors import ConfigError
-from worker_lib.metrics.config import WorkerMetricsConfig
-from worker_lib.metrics.reporter import NO_SAMPLES, WorkerMetricsReporter, WorkerMetricsSink
-from worker_lib.models import WorkerMetricStats
+from worker_lib.core.clock import ManualClock, SystemClock
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import WorkerMetricStats
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.reporter import NO_SAMPLES, WorkerMetricsReporter, WorkerMetricsSink
 
 LOGGER = "shardlease.metrics.reporter"
 

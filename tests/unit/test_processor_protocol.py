@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from worker_lib.errors import ConfigError, ShardleaseError
-from worker_lib.models import SHARD_END, Checkpoint
+from worker_lib.core.errors import ConfigError, ShardleaseError
+from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.processing.processor import (
     Checkpointer,
     CheckpointError,

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from tests.support import kcl_fixture
-from worker_lib.errors import CorruptItemError
+from worker_lib.core.errors import CorruptItemError
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases import serializer
-from worker_lib.models import SHARD_END, Checkpoint, Lease
 
 FIXTURE = kcl_fixture.load()
 

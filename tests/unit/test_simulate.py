@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker_lib.errors import ConfigError
-from worker_lib.simulate import (
+from worker_lib.core.errors import ConfigError
+from worker_lib.tools.simulate import (
     Event,
     FleetSpec,
     Simulation,

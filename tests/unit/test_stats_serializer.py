@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from worker_lib.errors import CorruptItemError
-from worker_lib.metrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
-from worker_lib.models import WorkerMetricStats
+from worker_lib.core.errors import CorruptItemError
+from worker_lib.core.models import WorkerMetricStats
+from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
 
 # An item as KCL 3.x writes it: wid, lut (epoch s), sts and opr maps of number lists (−1 = window without samples).
 KCL_ITEM: dict[str, Any] = {

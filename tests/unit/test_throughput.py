@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from worker_lib.clock import ManualClock
-from worker_lib.metrics.throughput import DEFAULT_WINDOW_MS, ThroughputRecorder
+from worker_lib.core.clock import ManualClock
+from worker_lib.workermetrics.throughput import DEFAULT_WINDOW_MS, ThroughputRecorder
 
 WINDOW_S = DEFAULT_WINDOW_MS / 1000
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import _env, _env_float, _env_int
-from ..errors import ConfigError
+from worker_lib.config import _env, _env_float, _env_int
+from worker_lib.core.errors import ConfigError
 
 Strategy = Literal["variance", "count"]
 STRATEGIES: tuple[str, ...] = ("variance", "count")

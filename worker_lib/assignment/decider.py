@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ..models import Lease
-from .config import AssignmentConfig, effective_cap
-from .snapshot import NEVER, THROUGHPUT_METRIC, AssignmentSnapshot, ema, is_default_metric_worker
+from worker_lib.assignment.config import AssignmentConfig, effective_cap
+from worker_lib.assignment.snapshot import NEVER, THROUGHPUT_METRIC, AssignmentSnapshot, ema, is_default_metric_worker
+from worker_lib.core.models import Lease
 
 DecisionKind = Literal["assign", "reassign_expired", "rebalance"]
 COUNT_METRIC = "leases"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..models import WorkerMetricStats, WorkerState
+from worker_lib.core.models import WorkerMetricStats, WorkerState
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..models import Lease, WorkerMetricStats
+from worker_lib.core.models import Lease, WorkerMetricStats
 
 DEFAULT_REPORT_INTERVAL_S = 30.0
 """Workers write their metrics every 30 s (reference §2); the leader treats 2 missed reports as inactive."""

@@ -32,15 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..assignment.config import AssignmentConfig
-from ..assignment.decider import AssignmentPlan, Decider, Decision, make_decider, suspect_workers
-from ..assignment.liveness import LivenessView
-from ..assignment.snapshot import AssignmentSnapshot, ExpiryTracker
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import LeaseConfig
-from ..errors import DependencyError
-from ..leases.store import LeaseStore
-from ..models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.assignment.config import AssignmentConfig
+from worker_lib.assignment.decider import AssignmentPlan, Decider, Decision, make_decider, suspect_workers
+from worker_lib.assignment.liveness import LivenessView
+from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
+from worker_lib.config import LeaseConfig
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.leases.store import LeaseStore
 
 log = logging.getLogger("shardlease.leader.assignment")
 decision_log = logging.getLogger("shardlease.leader.decisions")

@@ -19,10 +19,8 @@ from typing import Any
 
 import boto3
 
-from .. import aws
-from ..assignment.config import AssignmentConfig
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import (
+from worker_lib.assignment.config import AssignmentConfig
+from worker_lib.config import (
     AwsConfig,
     LeaderConfig,
     LeaderLockConfig,
@@ -31,17 +29,19 @@ from ..config import (
     _env,
     validate_app_name,
 )
-from ..errors import ConfigError
-from ..leases.dynamodb import DynamoDBLeaseStore
-from ..metrics.stats_store import WorkerMetricsStore
-from ..shardsync.detector import KinesisShardDetector
-from ..shardsync.syncer import ShardSyncer
-from ..tables.schema import all_specs
-from .assigner import LeaseAssigner
-from .leader import CycleReport, Leader
-from .liveness import FastPath, LivenessWatch
-from .lock import DynamoDBLeaderLock
-from .state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import ConfigError
+from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leader.leader import CycleReport, Leader
+from worker_lib.leader.liveness import FastPath, LivenessWatch
+from worker_lib.leader.lock import DynamoDBLeaderLock
+from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.shardsync.syncer import ShardSyncer
+from worker_lib.tables.schema import all_specs
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
 def default_owner() -> str:

@@ -22,12 +22,12 @@ import threading
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import LeaderConfig, LeaderLockConfig
-from ..errors import DependencyError
+from worker_lib.config import LeaderConfig, LeaderLockConfig
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
 
 if TYPE_CHECKING:
-    from .lock import LeaderLock
+    from worker_lib.leader.lock import LeaderLock
 
 log = logging.getLogger("shardlease.leader")
 

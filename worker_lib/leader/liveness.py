@@ -20,11 +20,11 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..assignment.liveness import HeartbeatTracker, LivenessView
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import DependencyError
-from ..models import WorkerMetricStats
-from .assigner import AssignmentReport
+from worker_lib.assignment.liveness import HeartbeatTracker, LivenessView
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import WorkerMetricStats
+from worker_lib.leader.assigner import AssignmentReport
 
 log = logging.getLogger("shardlease.leader.fastpath")
 

@@ -1,6 +1,6 @@
 """``<app>-CoordinatorState``: small items keyed by ``key`` (KCL: the ``Leader`` lock, ``Migration3.0``; ours: the
 published lease cap). Generic on purpose: any leader state fits. Every write is conditional; losing a condition is
-``False``, not an exception; any other botocore error becomes one of :mod:`worker_lib.errors`.
+``False``, not an exception; any other botocore error becomes one of :mod:`worker_lib.core.errors`.
 
 Values are plain Python (str, int, float, bool, None, lists/tuples, dicts, sets); numbers come back as ``int`` or
 ``float``, sets as lists. In ``expected`` mappings, ``None`` means "the attribute is absent".
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig
-from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
+from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.tables.schema import CoordinatorAttr, coordinator_state_table_name
 
 if TYPE_CHECKING:
     import boto3

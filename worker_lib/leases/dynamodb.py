@@ -16,16 +16,16 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig
-from ..errors import CorruptItemError, InvalidStateError
-from ..models import SHARD_END, Checkpoint, Lease
-from ..tables.schema import LEASE_OWNER_INDEX, lease_table_name
-from ..tables.schema import LeaseAttr as A
-from . import serializer
-from .serializer import Item, number
-from .store import LeaseScan
+from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import CorruptItemError, InvalidStateError
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease
+from worker_lib.leases import serializer
+from worker_lib.leases.serializer import Item, number
+from worker_lib.leases.store import LeaseScan
+from worker_lib.tables.schema import LEASE_OWNER_INDEX, lease_table_name
+from worker_lib.tables.schema import LeaseAttr as A
 
 if TYPE_CHECKING:
     import boto3

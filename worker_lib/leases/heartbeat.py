@@ -21,9 +21,9 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import DependencyError
-from ..models import WorkerMetricStats, WorkerState
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import WorkerMetricStats, WorkerState
 
 log = logging.getLogger("shardlease.worker.heartbeat")
 

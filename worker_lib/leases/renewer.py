@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import LeaseConfig
-from ..errors import DependencyError
-from ..models import Checkpoint, Lease
-from .store import LeaseStore
+from worker_lib.config import LeaseConfig
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.leases.store import LeaseStore
 
 log = logging.getLogger("shardlease.worker.leases")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..errors import CorruptItemError
-from ..models import Checkpoint, Lease
-from ..tables.schema import LEASE_ENTITY_TYPE
-from ..tables.schema import LeaseAttr as A
+from worker_lib.core.errors import CorruptItemError
+from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.tables.schema import LEASE_ENTITY_TYPE
+from worker_lib.tables.schema import LeaseAttr as A
 
 Item = dict[str, dict[str, Any]]
 

@@ -1,7 +1,7 @@
 """The lease-store seam: what the leader and the workers need from the lease table.
 
 Every mutating operation is a conditional write. Losing the condition is a normal outcome and returns
-``None`` (or ``False``); infrastructure failures raise :class:`~worker_lib.errors.DependencyError` subclasses.
+``None`` (or ``False``); infrastructure failures raise :class:`~worker_lib.core.errors.DependencyError` subclasses.
 Methods that succeed return the lease as it now is in the table, so callers never guess the new counter.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..models import Checkpoint, Lease
+from worker_lib.core.models import Checkpoint, Lease
 
 
 @dataclass(frozen=True, kw_only=True)

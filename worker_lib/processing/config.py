@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config import _env, _env_int
-from ..errors import ConfigError
+from worker_lib.config import _env, _env_int
+from worker_lib.core.errors import ConfigError
 
 GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
 KINESIS_MIN_CALL_INTERVAL_MS = 200  # Kinesis allows 5 GetRecords calls per second per shard

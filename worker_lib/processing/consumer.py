@@ -23,15 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import ConsumerConfig, ProcessorFailurePolicy
-from ..errors import DependencyError
-from ..leases.renewer import LeaseHolder
-from ..leases.store import LeaseStore
-from ..models import SHARD_END, Checkpoint, Lease, ShardInfo
-from ..shardsync.children import ensure_child_leases
-from .config import RetrievalConfig
-from .processor import (
+from worker_lib.config import ConsumerConfig, ProcessorFailurePolicy
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.leases.renewer import LeaseHolder
+from worker_lib.leases.store import LeaseStore
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.processor import (
     InitializationInput,
     KinesisRecord,
     LeaseLostInput,
@@ -43,7 +42,8 @@ from .processor import (
     ShutdownRequestedInput,
     validate_checkpoint_value,
 )
-from .retrieval import RecordBatch, ShardRecordFetcher
+from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
+from worker_lib.shardsync.children import ensure_child_leases
 
 log = logging.getLogger("shardlease.worker.consumer")
 

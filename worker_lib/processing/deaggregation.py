@@ -32,7 +32,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .processor import KinesisRecord
+from worker_lib.processing.processor import KinesisRecord
 
 log = logging.getLogger(__name__)
 

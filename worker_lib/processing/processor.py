@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
-from ..errors import ConfigError, ShardleaseError
-from ..models import Checkpoint
+from worker_lib.core.errors import ConfigError, ShardleaseError
+from worker_lib.core.models import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Checkpointer(Protocol):
         position, which must lie between the last checkpoint and the last delivered record.
 
         Raises :class:`ShutdownError` if the lease was lost and :class:`InvalidCheckpointError` if the value is
-        out of range; infrastructure failures raise :class:`~worker_lib.errors.DependencyError`.
+        out of range; infrastructure failures raise :class:`~worker_lib.core.errors.DependencyError`.
         """
         ...
 

@@ -20,7 +20,7 @@
   and carries the child shard ids from the response's ``ChildShards`` (or, where an emulator omits the field,
   from ListShards). Later calls return the same empty end batch without calling Kinesis.
 
-All waiting goes through the injected :class:`~worker_lib.clock.Clock`;
+All waiting goes through the injected :class:`~worker_lib.core.clock.Clock`;
 :meth:`ShardRecordFetcher.seconds_until_next_call` lets a caller wait on its own stop event instead. Give the
 fetcher a client with few botocore retries (``max_attempts`` 1–2): throttling is better handled here, where the
 backoff uses the injected clock.
@@ -35,14 +35,14 @@ from typing import Any
 
 import botocore.exceptions
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import InitialPosition
-from ..errors import ConfigError, DependencyError
-from ..models import Checkpoint, SentinelCheckpoint
-from .config import RetrievalConfig
-from .deaggregation import deaggregate
-from .processor import KinesisRecord
+from worker_lib.config import InitialPosition
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import ConfigError, DependencyError
+from worker_lib.core.models import Checkpoint, SentinelCheckpoint
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.deaggregation import deaggregate
+from worker_lib.processing.processor import KinesisRecord
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class ShardRecordFetcher:
     def fetch(self) -> RecordBatch:
         """Wait for the next permitted call, read one batch and return it (see the module documentation).
 
-        Raises :class:`~worker_lib.errors.DependencyError` (or a subclass) for failures other than throttling
+        Raises :class:`~worker_lib.core.errors.DependencyError` (or a subclass) for failures other than throttling
         and one expired iterator; the fetcher's position is unchanged then, so calling again is safe.
         """
         if self._ended:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from ..leases.store import LeaseStore
-from ..models import TRIM_HORIZON, ShardInfo
-from .hierarchy import new_lease
+from worker_lib.core.models import TRIM_HORIZON, ShardInfo
+from worker_lib.leases.store import LeaseStore
+from worker_lib.shardsync.hierarchy import new_lease
 
 log = logging.getLogger("shardlease.shardsync.children")
 

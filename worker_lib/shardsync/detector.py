@@ -7,8 +7,8 @@ that way, the detector repeats the first call's parameters for the rest of the l
 listing that could not be finished is reported as incomplete, never as a shorter list, so that cleanup never
 mistakes "not listed" for "gone"; an expired page token restarts the listing once. Throttling
 (``LimitExceededException`` and the like) and ``ResourceInUseException`` (stream updating) are retried with
-exponential backoff on the injected clock; a missing stream raises :class:`~worker_lib.errors.StreamMissingError`;
-everything else is translated by :mod:`worker_lib.aws`.
+exponential backoff on the injected clock; a missing stream raises :class:`~worker_lib.core.errors.StreamMissingError`;
+everything else is translated by :mod:`worker_lib.core.aws`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any, Protocol
 import boto3
 import botocore.exceptions
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig
-from ..errors import DependencyError, ThrottledError
-from ..models import ShardInfo
+from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError, ThrottledError
+from worker_lib.core.models import ShardInfo
 
 log = logging.getLogger("shardlease.shardsync.detector")
 

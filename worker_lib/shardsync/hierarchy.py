@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..config import InitialPosition
-from ..models import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
+from worker_lib.config import InitialPosition
+from worker_lib.core.models import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 
 
 def initial_checkpoint(position: InitialPosition) -> Checkpoint:

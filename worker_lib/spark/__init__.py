@@ -17,7 +17,7 @@ SOURCE_NAME = "shardlease"
 
 def register(spark: Any) -> None:
     """Register the ``shardlease`` source with a SparkSession."""
-    from .source import ShardleaseDataSource
+    from worker_lib.spark.source import ShardleaseDataSource
 
     spark.dataSource.register(ShardleaseDataSource)
 

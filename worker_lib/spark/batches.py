@@ -11,10 +11,10 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .. import aws
-from ..models import Checkpoint
-from ..tables.schema import CoordinatorAttr, coordinator_state_table_name
-from .planning import BatchEnd
+from worker_lib.core import aws
+from worker_lib.core.models import Checkpoint
+from worker_lib.spark.planning import BatchEnd
+from worker_lib.tables.schema import CoordinatorAttr, coordinator_state_table_name
 
 log = logging.getLogger("shardlease.spark.batches")
 

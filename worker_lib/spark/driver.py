@@ -13,23 +13,20 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import DependencyError
-from ..leases.dynamodb import DynamoDBLeaseStore
-from ..leases.renewer import LeaseDiscoverer, LeaseHolder
-from ..metrics.config import WorkerMetricsConfig
-from ..metrics.reporter import WorkerMetricsReporter
-from ..metrics.throughput import ThroughputRecorder
-from ..models import SHARD_END, Checkpoint, Lease, ShardInfo
-from ..processing.config import RetrievalConfig
-from ..processing.retrieval import ShardRecordFetcher
-from ..shardsync.children import ensure_child_leases
-from ..shardsync.detector import KinesisShardDetector
-from .batches import BatchEndStore
-from .load import BatchDutyCycle, worker_metrics_sink
-from .options import SourceOptions
-from .planning import (
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.retrieval import ShardRecordFetcher
+from worker_lib.shardsync.children import ensure_child_leases
+from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.spark.batches import BatchEndStore
+from worker_lib.spark.load import BatchDutyCycle, worker_metrics_sink
+from worker_lib.spark.options import SourceOptions
+from worker_lib.spark.planning import (
     BatchEnd,
     HeldLease,
     ReadSettings,
@@ -42,7 +39,10 @@ from .planning import (
     new_run_id,
     plan_next_offset,
 )
-from .reading import start_timestamp
+from worker_lib.spark.reading import start_timestamp
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.reporter import WorkerMetricsReporter
+from worker_lib.workermetrics.throughput import ThroughputRecorder
 
 log = logging.getLogger("shardlease.spark.driver")
 

@@ -9,8 +9,8 @@ the application has no spare time and more shards would only add latency; near 0
 discusses the limits (work after a shuffle is not counted).
 
 The sink is the WorkerMetricStats table in KCL's format (``wid``, ``lut``, ``sts``, ``opr``). When the project's
-``worker_lib.metrics.stats_store.WorkerMetricsStore`` is available it is used; otherwise :class:`RawWorkerMetricsSink`
-writes the same item with ``PutItem``.
+``worker_lib.workermetrics.stats_store.WorkerMetricsStore`` is available it is used; otherwise
+:class:`RawWorkerMetricsSink` writes the same item with ``PutItem``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import threading
 from decimal import Decimal
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..metrics.reporter import WorkerMetricsSink
-from ..models import WorkerMetricStats
-from ..tables.schema import WorkerMetricsAttr as W
-from ..tables.schema import worker_metrics_table_name
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.models import WorkerMetricStats
+from worker_lib.tables.schema import WorkerMetricsAttr as W
+from worker_lib.tables.schema import worker_metrics_table_name
+from worker_lib.workermetrics.reporter import WorkerMetricsSink
 
 log = logging.getLogger("shardlease.spark.load")
 
@@ -94,7 +94,7 @@ class RawWorkerMetricsSink:
 def worker_metrics_sink(app: str, client: Any, clock: Clock = SYSTEM_CLOCK) -> WorkerMetricsSink:
     """The project's WorkerMetricStats store when present, else :class:`RawWorkerMetricsSink`."""
     try:
-        module = importlib.import_module("worker_lib.metrics.stats_store")
+        module = importlib.import_module("worker_lib.workermetrics.stats_store")
         store: WorkerMetricsSink = module.WorkerMetricsStore(app, client=client, clock=clock)
     except (ImportError, AttributeError, TypeError) as exc:
         log.debug("WorkerMetricsStore unavailable (%s); writing worker metrics with PutItem", exc)

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..config import AwsConfig, InitialPosition, LeaseConfig, parse_timestamp, validate_app_name
-from ..errors import ConfigError
+from worker_lib.config import AwsConfig, InitialPosition, LeaseConfig, parse_timestamp, validate_app_name
+from worker_lib.core.errors import ConfigError
 
 OPTION_NAMES = (
     "app",

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from ..models import AT_TIMESTAMP, SENTINELS, SHARD_END, Checkpoint
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import AT_TIMESTAMP, SENTINELS, SHARD_END, Checkpoint
 
 OFFSET_VERSION = 1
 

@@ -15,16 +15,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig
-from ..errors import DependencyError
-from ..models import SHARD_END, Checkpoint
-from ..processing.config import RetrievalConfig
-from ..processing.processor import KinesisRecord
-from ..processing.retrieval import ShardRecordFetcher
-from .batches import BatchEndStore
-from .planning import BatchEnd, ReadSettings, ShardReadTask
+from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import SHARD_END, Checkpoint
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.processor import KinesisRecord
+from worker_lib.processing.retrieval import ShardRecordFetcher
+from worker_lib.spark.batches import BatchEndStore
+from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask
 
 log = logging.getLogger("shardlease.spark.reading")
 

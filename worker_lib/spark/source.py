@@ -17,10 +17,10 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from .driver import SparkLeaseCoordinator
-from .options import SourceOptions
-from .planning import ShardReadTask, SourceOffset, plan_partitions
-from .reading import Row, read_task, to_rows
+from worker_lib.spark.driver import SparkLeaseCoordinator
+from worker_lib.spark.options import SourceOptions
+from worker_lib.spark.planning import ShardReadTask, SourceOffset, plan_partitions
+from worker_lib.spark.reading import Row, read_task, to_rows
 
 SCHEMA = (
     "data binary, partition_key string, sequence_number string, sub_sequence_number long, shard_id string, "

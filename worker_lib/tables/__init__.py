@@ -3,7 +3,7 @@
 Used by ``shardlease create-tables``, the stores and the CDK constructs alike.
 """
 
-from .schema import (
+from worker_lib.tables.schema import (
     COORDINATOR_STATE,
     LEASE_OWNER_INDEX,
     LEASES,

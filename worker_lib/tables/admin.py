@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import DependencyError, TableSchemaError
-from .schema import BillingMode, TableSpec, all_specs
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError, TableSchemaError
+from worker_lib.tables.schema import BillingMode, TableSpec, all_specs
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """CloudWatch metric names, dimensions and the default namespace: the one place they are defined.
 
 The leader (Lambda handler, EMF through Powertools), the worker-side publishers and the CDK dashboard and alarms
-(``infra/constructs``) all import these, so a renamed metric cannot silently leave a graph or an alarm empty.
+(``worker_lib/cdk``) all import these, so a renamed metric cannot silently leave a graph or an alarm empty.
 
 Dimensions:
 

@@ -32,8 +32,11 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from worker_lib.cdk import permissions as p
+from worker_lib.cdk.bundling import LEADER_HANDLER, leader_code
+from worker_lib.cdk.observability import AlarmSettings, ShardleaseObservability
+from worker_lib.cdk.tables import build_tables
 from worker_lib.config import validate_app_name
-from worker_lib.metrics.names import DEFAULT_NAMESPACE
 from worker_lib.tables.schema import (
     LEASE_OWNER_INDEX,
     BillingMode,
@@ -42,11 +45,7 @@ from worker_lib.tables.schema import (
     lease_table_name,
     worker_metrics_table_name,
 )
-
-from . import permissions as p
-from .bundling import LEADER_HANDLER, leader_code
-from .observability import AlarmSettings, ShardleaseObservability
-from .tables import build_tables
+from worker_lib.telemetry.names import DEFAULT_NAMESPACE
 
 LEADER_RUNTIME = lambda_.Runtime.PYTHON_3_13
 LEADER_ARCHITECTURE = lambda_.Architecture.ARM_64

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import __version__
-from .errors import ConfigError, ShardleaseError
+from worker_lib import __version__
+from worker_lib.core.errors import ConfigError, ShardleaseError
 
 log = logging.getLogger("shardlease")
 
@@ -150,15 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _aws_config(args: argparse.Namespace) -> Any:
-    from .config import AwsConfig
+    from worker_lib.config import AwsConfig
 
     return AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
 
 
 def _cmd_create_tables(args: argparse.Namespace) -> int:
-    from . import aws
-    from .tables.admin import ensure_tables
-    from .tables.schema import BillingMode
+    from worker_lib.core import aws
+    from worker_lib.tables.admin import ensure_tables
+    from worker_lib.tables.schema import BillingMode
 
     aws_config = _aws_config(args)
     ddb = aws.client("dynamodb", aws_config)
@@ -169,7 +169,7 @@ def _cmd_create_tables(args: argparse.Namespace) -> int:
 
 
 def _shard_sync_config(args: argparse.Namespace) -> Any:
-    from .config import InitialPosition, ShardSyncConfig, parse_timestamp
+    from worker_lib.config import InitialPosition, ShardSyncConfig, parse_timestamp
 
     position = InitialPosition.parse(args.initial_position)
     timestamp = parse_timestamp(args.timestamp) if args.timestamp else None
@@ -178,7 +178,7 @@ def _shard_sync_config(args: argparse.Namespace) -> Any:
 
 def _cmd_leader(args: argparse.Namespace) -> int:
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
-    from .leader.host import run_leader_cli
+    from worker_lib.leader.host import run_leader_cli
 
     return run_leader_cli(
         app=args.app,
@@ -192,8 +192,8 @@ def _cmd_leader(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from .processing.processor import load_processor
-    from .worker import Worker, WorkerConfig
+    from worker_lib.processing.processor import load_processor
+    from worker_lib.worker.worker import Worker, WorkerConfig
 
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
     factory = load_processor(args.processor)
@@ -211,7 +211,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .status import run_status_cli
+    from worker_lib.cli.status import run_status_cli
 
     return run_status_cli(
         app=args.app, aws_config=_aws_config(args), watch=args.watch, as_json=args.json, interval_s=args.interval
@@ -219,7 +219,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulate import run_simulate_cli
+    from worker_lib.tools.simulate import run_simulate_cli
 
     return run_simulate_cli(
         workers=args.workers,
@@ -240,7 +240,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .local.demo import run_demo
+    from worker_lib.tools.demo.runner import run_demo
 
     return run_demo(workers=args.workers, shards=args.shards, duration_s=args.duration, scenario=args.scenario)
 

@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig
-from ..errors import ShardleaseError
-from ..leases.dynamodb import DynamoDBLeaseStore
-from ..metrics.stats_store import WorkerMetricsStore
-from ..tables.admin import ensure_tables
-from .demo_processor import JOURNAL_ENV, WORK_ENV
-from .emulators import Emulator, start_kinesalite, start_moto
-from .streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import ShardleaseError
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.tools.demo.processor import JOURNAL_ENV, WORK_ENV
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 log = logging.getLogger("shardlease.demo")
 
@@ -232,7 +232,7 @@ class Fleet:
             [
                 sys.executable,
                 "-m",
-                "worker_lib.cli",
+                "worker_lib.cli.main",
                 "--log-level",
                 "INFO",
                 "worker",
@@ -241,7 +241,7 @@ class Fleet:
                 "--stream",
                 self.stream,
                 "--processor",
-                "worker_lib.local.demo_processor:DemoProcessor",
+                "worker_lib.tools.demo.processor:DemoProcessor",
                 "--worker-id",
                 name,
             ],
@@ -374,7 +374,7 @@ class LeaderSchedule:
 
 
 def _run_in_process_leader(budget_ms: int, clock: Clock) -> dict[str, Any]:
-    from ..leader.host import build_leader_from_env
+    from worker_lib.leader.host import build_leader_from_env
 
     parts = build_leader_from_env(os.environ)
     deadline = clock.monotonic() + budget_ms / 1000

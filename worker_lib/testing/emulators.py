@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..clock import SYSTEM_CLOCK
-from ..errors import ShardleaseError
+from worker_lib.core.clock import SYSTEM_CLOCK
+from worker_lib.core.errors import ShardleaseError
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _spawn(name: str, argv: list[str], timeout_s: float, log_path: Path | None) 
 
 def start_moto(*, timeout_s: float = 30.0, log_path: Path | None = None) -> Emulator:
     """A moto server (all services) in a child Python process."""
-    return _spawn("moto", [sys.executable, "-m", "worker_lib.local._moto_server"], timeout_s, log_path)
+    return _spawn("moto", [sys.executable, "-m", "worker_lib.testing._moto_server"], timeout_s, log_path)
 
 
 def _start_node(name: str, timeout_s: float, log_path: Path | None) -> Emulator:

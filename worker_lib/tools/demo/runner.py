@@ -14,16 +14,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
-from ..errors import ConfigError
-from ..leader.host import LeaderParts, build_leader
-from ..leases.dynamodb import DynamoDBLeaseStore
-from ..models import SHARD_END, Checkpoint
-from ..tables.admin import ensure_tables
-from .emulators import Emulator, start_kinesalite, start_moto
-from .streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import SHARD_END, Checkpoint
+from worker_lib.leader.host import LeaderParts, build_leader
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 
 log = logging.getLogger("shardlease.demo")
 
@@ -203,6 +203,6 @@ def run_demo(*, workers: int, shards: int, duration_s: float, scenario: str, clo
     say(f"shardlease demo — scenario {scenario}")
     if scenario == "shard-sync":
         return _shard_sync_scenario(shards=shards, say=say, clock=clock)
-    from .demo_fleet import run_fleet_demo
+    from worker_lib.tools.demo.fleet import run_fleet_demo
 
     return run_fleet_demo(workers=workers, shards=shards, duration_s=duration_s, say=say, clock=clock)

@@ -24,10 +24,10 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..models import WorkerMetricStats
-from .config import WorkerMetricsConfig
-from .cpu import WorkerMetric
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.models import WorkerMetricStats
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.cpu import WorkerMetric
 
 log = logging.getLogger("shardlease.metrics.reporter")
 

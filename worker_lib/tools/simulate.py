@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
-from .assignment.config import AssignmentConfig
-from .assignment.decider import CountDecider, Decider, KCL2StealingDecider, VarianceDecider, apply_plan
-from .assignment.snapshot import AssignmentSnapshot, ExpiryTracker
-from .errors import ConfigError
-from .models import SHARD_END, Lease, WorkerMetricStats
+from worker_lib.assignment.config import AssignmentConfig
+from worker_lib.assignment.decider import CountDecider, Decider, KCL2StealingDecider, VarianceDecider, apply_plan
+from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
 
 EPOCH0 = 1_700_000_000
 """Simulated wall clock (epoch seconds) at cycle 0."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config import _env, _env_int
-from ..errors import ConfigError
+from worker_lib.config import _env, _env_int
+from worker_lib.core.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)

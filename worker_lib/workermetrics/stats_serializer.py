@@ -1,4 +1,4 @@
-"""``<app>-WorkerMetricStats`` items <-> :class:`~worker_lib.models.WorkerMetricStats`, as pure functions.
+"""``<app>-WorkerMetricStats`` items <-> :class:`~worker_lib.core.models.WorkerMetricStats`, as pure functions.
 
 The item format is KCL 3.x's (reference §2): ``wid`` (S), ``lut`` (N, epoch seconds), ``sts`` (M: metric → L of N,
 newest last, −1 = a window without samples), ``opr`` (M: metric → L of N, first = maximum utilisation), and, from
@@ -6,7 +6,7 @@ KCL 3.5 on, ``entityType`` (S). Items use DynamoDB's low-level attribute-value s
 stores' clients send and receive them.
 
 Reading is strict about shapes and lenient about extras: an attribute we do not know is ignored, a known
-attribute of the wrong shape makes the item corrupt (:class:`~worker_lib.errors.CorruptItemError`, whose message
+attribute of the wrong shape makes the item corrupt (:class:`~worker_lib.core.errors.CorruptItemError`, whose message
 names the key and the attribute, never a value). Writing refuses values DynamoDB cannot store (NaN, infinities).
 """
 
@@ -16,9 +16,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CorruptItemError
-from ..models import WorkerHeartbeat, WorkerMetricStats, WorkerState
-from ..tables.schema import WORKER_METRICS_ENTITY_TYPE, WorkerMetricsAttr
+from worker_lib.core.errors import CorruptItemError
+from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.tables.schema import WORKER_METRICS_ENTITY_TYPE, WorkerMetricsAttr
 
 A = WorkerMetricsAttr
 Item = dict[str, Any]

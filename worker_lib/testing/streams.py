@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import DependencyError
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
 
 
 def wait_active(kinesis: Any, stream: str, *, clock: Clock = SYSTEM_CLOCK, timeout_s: float = 30.0) -> None:

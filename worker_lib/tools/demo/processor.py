@@ -12,8 +12,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..clock import SYSTEM_CLOCK
-from ..processing.processor import (
+from worker_lib.core.clock import SYSTEM_CLOCK
+from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
     ProcessRecordsInput,

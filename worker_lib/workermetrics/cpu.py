@@ -23,7 +23,7 @@ no metric and the leader balances it by throughput alone).
 Custom metrics: any object with ``name``, ``code``, ``operating_range_max`` and ``sample()`` satisfies
 :class:`WorkerMetric` and can be handed to the reporter next to (or instead of) a CPU provider.
 
-All paths and roots are injectable, and time comes from the injected :class:`~worker_lib.clock.Clock`.
+All paths and roots are injectable, and time comes from the injected :class:`~worker_lib.core.clock.Clock`.
 Nothing here starts a thread or opens a connection at import time.
 """
 
@@ -41,8 +41,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import ConfigError
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import ConfigError
 
 log = logging.getLogger("shardlease.metrics.cpu")
 

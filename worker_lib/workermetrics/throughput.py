@@ -14,7 +14,7 @@ returns the current EMA and leaves the window open, rather than dividing by a ti
 
 The EMA starts from the value stored on the lease when a new owner takes it (:meth:`seed`), so the leader's
 view does not drop to 0 and climb back after every move; without a stored value the first window's figure is
-the starting point. The recorder matches the ``ThroughputTracker`` protocol of :mod:`worker_lib.worker`.
+the starting point. The recorder matches the ``ThroughputTracker`` protocol of :mod:`worker_lib.worker.worker`.
 
 Thread-safe: one lock guards the per-lease table; ``record`` does O(1) work under it.
 """
@@ -25,7 +25,7 @@ import math
 import threading
 from dataclasses import dataclass
 
-from ..clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 
 DEFAULT_WINDOW_MS = 3_308
 """KCL's renewer interval: failover (10 000 ms) / 3 − 25 ms."""

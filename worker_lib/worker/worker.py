@@ -28,9 +28,7 @@ from typing import Any, Protocol
 
 import boto3
 
-from . import aws
-from .clock import SYSTEM_CLOCK, Clock
-from .config import (
+from worker_lib.config import (
     AwsConfig,
     ConsumerConfig,
     InitialPosition,
@@ -40,23 +38,25 @@ from .config import (
     parse_timestamp,
     validate_app_name,
 )
-from .errors import ConfigError, DependencyError
-from .leases.dynamodb import DynamoDBLeaseStore
-from .leases.heartbeat import HeartbeatLoop
-from .leases.renewer import LeaseDiscoverer, LeaseHolder
-from .leases.store import LeaseStore
-from .metrics.config import WorkerMetricsConfig
-from .metrics.cpu import cpu_metric_from_env
-from .metrics.names import WorkerMetric as MetricName
-from .metrics.publisher import MetricsConfig, MetricsPublisher, make_publisher
-from .metrics.reporter import WorkerMetricsReporter
-from .metrics.stats_store import WorkerMetricsStore
-from .metrics.throughput import ThroughputRecorder
-from .models import ShardInfo, WorkerState
-from .processing.config import RetrievalConfig
-from .processing.consumer import ConsumerOutcome, ShardConsumer
-from .processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
-from .shardsync.detector import KinesisShardDetector
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import ConfigError, DependencyError
+from worker_lib.core.models import ShardInfo, WorkerState
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
+from worker_lib.leases.store import LeaseStore
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
+from worker_lib.processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
+from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.telemetry.names import WorkerMetric as MetricName
+from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make_publisher
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.cpu import cpu_metric_from_env
+from worker_lib.workermetrics.reporter import WorkerMetricsReporter
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
+from worker_lib.workermetrics.throughput import ThroughputRecorder
 
 log = logging.getLogger("shardlease.worker")
 
@@ -335,7 +335,7 @@ class Worker:
     def _start_embedded_leader(self) -> None:
         """The same Leader the Lambda runs, in a thread of this worker: every worker may contend, the lock picks
         one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md)."""
-        from .leader.host import build_leader_from_env
+        from worker_lib.leader.host import build_leader_from_env
 
         env = {**os.environ, "SHARDLEASE_APP": self.config.app, "SHARDLEASE_STREAM": self.config.stream}
         parts = build_leader_from_env(

@@ -1,6 +1,6 @@
 """Run a moto server on a free loopback port; print ``READY <port>`` and serve until terminated.
 
-Started as ``python -m worker_lib.local._moto_server`` by :mod:`worker_lib.local.emulators`, so that worker
+Started as ``python -m worker_lib.testing._moto_server`` by :mod:`worker_lib.testing.emulators`, so that worker
 processes, Spark's Python workers and the test process all talk to one server over HTTP.
 """
 

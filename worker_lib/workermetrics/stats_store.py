@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock
-from ..config import AwsConfig
-from ..errors import CorruptItemError
-from ..models import WorkerMetricStats, WorkerState
-from ..tables.schema import WorkerMetricsAttr, worker_metrics_table_name
-from .stats_serializer import from_item, is_foreign, key_of, number, to_item
+from worker_lib.config import AwsConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import CorruptItemError
+from worker_lib.core.models import WorkerMetricStats, WorkerState
+from worker_lib.tables.schema import WorkerMetricsAttr, worker_metrics_table_name
+from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
 
 if TYPE_CHECKING:
     import boto3

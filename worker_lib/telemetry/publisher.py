@@ -1,5 +1,5 @@
 """Worker-side CloudWatch metrics: records and bytes processed, millis behind latest, leases held, renewal and
-checkpoint failures, CPU (DESIGN.md §8; names in :mod:`worker_lib.metrics.names`).
+checkpoint failures, CPU (DESIGN.md §8; names in :mod:`worker_lib.telemetry.names`).
 
 Three publishers behind one protocol, chosen by ``SHARDLEASE_METRICS`` (``off`` by default, and in tests):
 
@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from .. import aws
-from ..clock import SYSTEM_CLOCK, Clock, wall_millis
-from ..config import AwsConfig, _env
-from ..errors import ConfigError, DependencyError
-from .names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
+from worker_lib.config import AwsConfig, _env
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
+from worker_lib.core.errors import ConfigError, DependencyError
+from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
 
 log = logging.getLogger("shardlease.metrics")
 

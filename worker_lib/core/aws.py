@@ -1,4 +1,4 @@
-"""Creating boto3 clients and translating botocore errors into :mod:`worker_lib.errors`.
+"""Creating boto3 clients and translating botocore errors into :mod:`worker_lib.core.errors`.
 
 Nothing here runs at import time. Every component takes either a ready client or a ``boto3_session`` and an
 :class:`AwsConfig`, and calls :func:`client` when it is constructed.
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import botocore.config
 import botocore.exceptions
 
-from .config import AwsConfig
-from .errors import (
+from worker_lib.config import AwsConfig
+from worker_lib.core.errors import (
     CredentialsError,
     DependencyError,
     EndpointUnreachableError,

@@ -1,6 +1,6 @@
 """The CloudWatch dashboard and alarms of one shardlease application (DESIGN.md §8).
 
-Metric names, dimensions and the namespace come from :mod:`worker_lib.metrics.names`, the module the leader and the
+Metric names, dimensions and the namespace come from :mod:`worker_lib.telemetry.names`, the module the leader and the
 workers publish with. Per-worker graphs use ``SEARCH`` expressions over ``{Application, WorkerId}``, so workers
 that come and go need no dashboard change.
 """
@@ -18,7 +18,7 @@ from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from worker_lib.metrics.names import APPLICATION_DIMENSION, WORKER_DIMENSION, LeaderMetric, WorkerMetric
+from worker_lib.telemetry.names import APPLICATION_DIMENSION, WORKER_DIMENSION, LeaderMetric, WorkerMetric
 
 ONE_MINUTE = cdk.Duration.minutes(1)
 
