@@ -251,7 +251,7 @@ class Fleet:
         argv = [
             sys.executable,
             "-m",
-            "worker_lib.cli.main",
+            "worker_lib.cli",
             "--log-level",
             "INFO",
             "worker",
@@ -275,7 +275,7 @@ class Fleet:
             argv = [
                 sys.executable,
                 "-m",
-                "worker_lib.cli.main",
+                "worker_lib.cli",
                 "--log-level",
                 "INFO",
                 "leader",

@@ -142,7 +142,7 @@ def test_an_invalid_configuration_value_is_one_line_and_exit_2(name: str, value:
 def assert_one_line_usage_error(args: list[str], name: str, value: str, fragment: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), name: value}
     result = subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli.main", *args],
+        [sys.executable, "-m", "worker_lib.cli", *args],
         env=env,
         capture_output=True,
         text=True,

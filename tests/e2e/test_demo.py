@@ -52,7 +52,7 @@ def temp_dirs() -> set[str]:
 def test_the_demo_runs_the_fleet_and_loses_nothing() -> None:
     # WHEN the demo runs a shortened scenario (kill, add, split, merge) in a non-terminal
     result = subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli.main", "demo", "--duration", "40", "--workers", "2", "--shards", "4"],
+        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "40", "--workers", "2", "--shards", "4"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -82,7 +82,7 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
     # GIVEN a running demo
     before = temp_dirs()
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker_lib.cli.main", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
+        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -17,7 +17,7 @@ from worker_lib.tables.schema import LEASE_OWNER_INDEX, all_specs
 
 def shardlease(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli.main", *args],
+        [sys.executable, "-m", "worker_lib.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -268,7 +268,7 @@ def test_leader_once_runs_a_shard_sync_and_exits_0(moto_endpoint: str, moto_aws:
     kinesis = aws.client("kinesis", moto_aws)
     ensure_tables(app, ddb)
     create_stream(kinesis, f"{app}-s", 3)
-    args = [sys.executable, "-m", "worker_lib.cli.main", "leader", "--app", app, "--stream", f"{app}-s", "--once"]
+    args = [sys.executable, "-m", "worker_lib.cli", "leader", "--app", app, "--stream", f"{app}-s", "--once"]
     args += ["--initial-position", "TRIM_HORIZON", "--endpoint-url", moto_endpoint]
     first = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr

@@ -72,7 +72,7 @@ def test_status_cli_prints_json_and_errors_in_one_line(moto_endpoint: str, moto_
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     setup_fleet(ddb, app_name, ManualClock(wall=float(time.time())))
-    cmd = [sys.executable, "-m", "worker_lib.cli.main", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
+    cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
     result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["leader"] == "leader-x"

@@ -32,7 +32,7 @@ class ProcessGroup:
         full_env = {**os.environ, **FAST_ENV, **env, "PYTHONPATH": str(REPO)}
         log = (self.log_dir / f"{name}.log").open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "worker_lib.cli.main", "--log-level", "INFO", *args],
+            [sys.executable, "-m", "worker_lib.cli", "--log-level", "INFO", *args],
             cwd=REPO,
             env=full_env,
             stdout=log,

@@ -232,7 +232,7 @@ class Fleet:
             [
                 sys.executable,
                 "-m",
-                "worker_lib.cli.main",
+                "worker_lib.cli",
                 "--log-level",
                 "INFO",
                 "worker",
