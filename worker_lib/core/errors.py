@@ -1,6 +1,6 @@
 """One error hierarchy for the whole package.
 
-Rules (see DESIGN.md and the style notes in README.md):
+Rules (docs/design.md):
 
 * Losing a conditional write is a normal outcome and is returned as ``False`` / ``None``, never raised.
 * Infrastructure failures (unreachable endpoint, throttling that outlived retries, a missing table, bad
@@ -46,6 +46,15 @@ class TableSchemaError(DependencyError):
 
 class StreamMissingError(DependencyError):
     """The Kinesis stream does not exist."""
+
+
+class MissingExtraError(ShardleaseError, ImportError):
+    """An optional feature's packages are not installed; the message names the extra that installs them."""
+
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(f"{what} needs the {extra!r} extra: pip install 'shardlease[{extra}]'")
+        self.what = what
+        self.extra = extra
 
 
 class InvalidStateError(ShardleaseError):
