@@ -1,1 +1,2 @@
-"""See DESIGN.md §1 for what lives here."""
+"""Leases: the store (KCL 3.x item format, conditional writes), the renewer with its fence, discovery and the
+worker heartbeat (docs/design.md, docs/failover.md)."""

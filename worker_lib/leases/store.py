@@ -51,7 +51,7 @@ class LeaseStore(Protocol):
         """Create each lease that does not exist yet; returns those created."""
 
     def renew_lease(self, lease: Lease, owner: str, *, throughput_kbps: float | None = None) -> Lease | None:
-        """Owner's heartbeat: counter c → c+1 (and throughput). Handles lost replies and handoffs (§1)."""
+        """Owner's heartbeat: counter c → c+1 (and throughput). Handles lost replies and handoffs (docs/design.md)."""
 
     def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
         """Fenced checkpoint by the processing owner: counter must still be ``lease.lease_counter``."""

@@ -1,1 +1,2 @@
-"""See DESIGN.md §1 for what lives here."""
+"""Record processing: the processor protocol, one shard consumer per lease, GetRecords retrieval and KPL
+de-aggregation (docs/worker.md)."""

@@ -1,1 +1,2 @@
-"""See DESIGN.md §1 for what lives here."""
+"""Shard sync: KCL's hierarchy rules as pure functions (hierarchy, children), the shard detector and the syncer that
+writes leases (docs/shard-sync.md)."""

@@ -1,4 +1,4 @@
-"""Shard-hierarchy rules (KCL's HierarchicalShardSyncer, reference §8): pure functions of a shard listing and the
+"""Shard-hierarchy rules (KCL's HierarchicalShardSyncer; docs/kcl-compat.md, "Shard sync and lease lifecycle"): pure functions of a shard listing and the
 leases that exist. No I/O.
 
 Three decisions per sync:

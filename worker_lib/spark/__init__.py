@@ -1,5 +1,5 @@
 """PySpark integration: a Structured Streaming source through which a Spark application joins the fleet as a
-worker (DESIGN.md §5; docs/spark.md).
+worker (docs/spark.md).
 
     from worker_lib.spark import register
     register(spark)
