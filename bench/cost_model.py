@@ -63,8 +63,8 @@ from typing import Any
 
 from kcl_baseline import KCL_ENV
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Checkpoint, Lease
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases import serializer

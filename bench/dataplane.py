@@ -20,9 +20,10 @@ import time
 import uuid
 from typing import Any
 
-from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import TRIM_HORIZON, Lease
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import ProcessRecordsInput

@@ -60,8 +60,8 @@ def main() -> int:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "local")
 
-    from worker_lib.config import AwsConfig
     from worker_lib.core import aws
+    from worker_lib.core.config import AwsConfig
     from worker_lib.core.models import TRIM_HORIZON, Lease
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
     from worker_lib.tables.admin import ensure_tables

@@ -77,8 +77,8 @@ def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) ->
 
 def local_setup(args: argparse.Namespace, events: int) -> tuple[Any, int]:
     """Start moto, create tables + stream, create and assign leases (the leader's job), produce events."""
-    from worker_lib.config import AwsConfig
     from worker_lib.core import aws
+    from worker_lib.core.config import AwsConfig
     from worker_lib.core.models import TRIM_HORIZON, Lease
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
     from worker_lib.tables.admin import ensure_tables

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker_lib.config import AwsConfig
+from worker_lib.core.config import AwsConfig
 from worker_lib.testing.emulators import Emulator, start_dynalite, start_kinesalite, start_moto
 
 # Emulators accept any credentials; make sure nothing in a test can reach a real account.

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto

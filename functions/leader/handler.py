@@ -19,7 +19,7 @@ Thin by design: every decision lives in :mod:`worker_lib.leader`. One invocation
 Environment: ``POWERTOOLS_METRICS_NAMESPACE`` (default :data:`~worker_lib.telemetry.names.DEFAULT_NAMESPACE`),
 ``SHARDLEASE_PER_WORKER_METRICS`` (``true``; per-worker lease and throughput gauges, one EMF line per worker),
 ``SHARDLEASE_LEADER_ID`` (lock owner; default ``<function name>:<request id>``), plus every ``SHARDLEASE_*``
-variable of :mod:`worker_lib.config` and :class:`~worker_lib.assignment.config.AssignmentConfig`.
+variable of the config classes (docs/api.md) and :class:`~worker_lib.assignment.config.AssignmentConfig`.
 """
 
 from __future__ import annotations
@@ -35,12 +35,16 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.config import AwsConfig, LeaderConfig, LeaderLockConfig, LeaseConfig, ShardSyncConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK
+from worker_lib.core.config import AwsConfig
+from worker_lib.core.env import env_bool
 from worker_lib.core.errors import ConfigError
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.host import build_leader
 from worker_lib.leader.leader import CycleReport
+from worker_lib.leases.config import LeaseConfig
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.telemetry.names import (
     APPLICATION_DIMENSION,
     DEFAULT_NAMESPACE,
@@ -176,17 +180,6 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in {"1", "true", "yes", "on"}:
-        return True
-    if raw in {"0", "false", "no", "off"}:
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean (true/false)")
-
-
 def summarize(reports: list[CycleReport], *, owner: str) -> dict[str, Any]:
     """The invocation's return value: JSON-able, small (a Lambda invocation runs a handful of cycles)."""
     cycles = [_json_safe(report.to_dict()) for report in reports]
@@ -217,7 +210,7 @@ def handler(event: Mapping[str, Any] | None, context: Any) -> dict[str, Any]:
     if not app or not stream:
         raise ConfigError("SHARDLEASE_APP and SHARDLEASE_STREAM must be set")
     namespace = env.get("POWERTOOLS_METRICS_NAMESPACE") or DEFAULT_NAMESPACE
-    per_worker = _flag(env, "SHARDLEASE_PER_WORKER_METRICS", True)
+    per_worker = env_bool(env, "SHARDLEASE_PER_WORKER_METRICS", True)
     owner = env.get("SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
     logger.append_keys(application=app, stream=stream, owner=owner)
 

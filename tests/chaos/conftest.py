@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from tests.support.recording import Journal, RecordingProcessor
-from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
 from worker_lib.core import aws
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.core.config import AwsConfig
+from worker_lib.leases.config import LeaseConfig
+from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.processor import RecordProcessor
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream

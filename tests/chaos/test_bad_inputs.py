@@ -16,7 +16,7 @@ from tests.chaos.conftest import Rig, put
 from tests.support.chaos import wait_for
 from tests.support.processes import REPO
 from tests.support.recording import RecordingProcessor
-from worker_lib.config import ConsumerConfig, ProcessorFailurePolicy
+from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy
 from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.schema import lease_table_name
 

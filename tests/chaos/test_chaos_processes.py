@@ -38,8 +38,8 @@ from tests.support.chaos import (
     wait_for,
 )
 from tests.support.processes import ProcessGroup, process_group
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables

@@ -56,9 +56,10 @@ from tests.support.handover import (
     throttle_worker_rows_scans,
 )
 from tests.support.processes import process_group
-from worker_lib.config import AwsConfig, LeaderLockConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerState
+from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables

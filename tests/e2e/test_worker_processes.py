@@ -15,8 +15,8 @@ import pytest
 from tests.support.journal_processor import read_journal
 from tests.support.processes import ProcessGroup, process_group
 from tests.support.recording import wait_until
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream

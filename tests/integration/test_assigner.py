@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
 from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 

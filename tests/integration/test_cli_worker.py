@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
 
 GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"

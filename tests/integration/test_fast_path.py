@@ -19,17 +19,19 @@ import pytest
 
 from tests.support.heartbeat import Fleet, LivingClock, StandInWorker, ThrottledRows, owned_lease, owners
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
 from worker_lib.leader.assigner import AssignmentReport, LeaseAssigner
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.host import build_leader
 from worker_lib.leader.leader import CycleReport, Leader
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore

@@ -17,10 +17,11 @@ import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
 from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards, wait_until
-from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.renewer import LeaseHolder

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from functions.leader import handler as leader_handler
-from worker_lib.config import AwsConfig, LeaderLockConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
+from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.leader import CycleReport
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore

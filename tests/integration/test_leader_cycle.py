@@ -6,12 +6,14 @@ from typing import Any
 
 import pytest
 
-from worker_lib.config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.models import Lease, WorkerMetricStats
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.host import build_leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore

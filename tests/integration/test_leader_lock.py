@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from tests.support.faults import lose_replies
-from worker_lib.config import AwsConfig, LeaderLockConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import TableMissingError
+from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.lock import LOCK_KEY, DynamoDBLeaderLock, LeaderLock
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name
@@ -109,7 +110,8 @@ import sys
 from pathlib import Path
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK
-from worker_lib.config import AwsConfig, LeaderLockConfig
+from worker_lib.core.config import AwsConfig
+from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
 endpoint, app, owner, barrier = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
 client = aws.client("dynamodb", AwsConfig(endpoint_url=endpoint, max_attempts=2))

@@ -8,10 +8,11 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.processing.consumer import LeaseCheckpointer

@@ -8,8 +8,8 @@ import pytest
 
 from tests.support import kcl_fixture
 from tests.support.faults import lose_replies
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, InvalidStateError, TableMissingError
 from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from worker_lib.leases import serializer

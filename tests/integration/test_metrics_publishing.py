@@ -15,10 +15,11 @@ from tests.support.recording import (
     create_leases_for_open_shards,
     wait_until,
 )
-from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables

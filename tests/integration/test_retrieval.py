@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from tests.support.kinesis_faults import add_child_shards, fail_calls, record_calls
-from worker_lib.config import AwsConfig, InitialPosition
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
+from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint
 from worker_lib.processing.config import RetrievalConfig

@@ -11,12 +11,13 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from worker_lib.config import AwsConfig, InitialPosition, ShardSyncConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import DependencyError, StreamMissingError, ThrottledError
 from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector, ShardListing
 from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.admin import ensure_tables

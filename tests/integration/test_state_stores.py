@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, TableMissingError
 from worker_lib.core.models import WorkerMetricStats
 from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorder

@@ -10,9 +10,9 @@ from typing import Any
 
 from worker_lib.assignment.snapshot import ExpiryTracker
 from worker_lib.cli.status import collect
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore

@@ -15,11 +15,12 @@ from tests.support.recording import (
     create_leases_for_open_shards,
     wait_until,
 )
-from worker_lib.config import AwsConfig, ConsumerConfig, LeaseConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Lease
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.worker.worker import Worker, WorkerConfig

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.support.recording import assign_unowned, create_leases_for_open_shards, wait_until
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import worker_metrics_table_name

@@ -36,19 +36,15 @@ from botocore.awsrequest import AWSResponse, HTTPHeaders
 from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, _Raw, read_lines, wait_for
 from tests.support.processes import ProcessGroup
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.config import (
-    AwsConfig,
-    InitialPosition,
-    LeaderConfig,
-    LeaderLockConfig,
-    LeaseConfig,
-    ShardSyncConfig,
-)
 from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig, InitialPosition
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.host import LeaderParts, build_leader
 from worker_lib.leader.leader import CycleReport
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.processor import ShutdownRequestedInput
+from worker_lib.shardsync.config import ShardSyncConfig
 
 HANGING_PROCESSOR = "tests.support.handover:HangingShutdownProcessor"
 HANG_ENV = "SHARDLEASE_HANDOVER_HANG_S"

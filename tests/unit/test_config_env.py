@@ -30,7 +30,7 @@ def test_cpu_metric_selection_by_environment() -> None:
 
 
 def test_shard_sync_cleanup_flags_come_from_the_environment() -> None:
-    from worker_lib.config import ShardSyncConfig
+    from worker_lib.shardsync.config import ShardSyncConfig
 
     config = ShardSyncConfig.from_env(
         {"SHARDLEASE_LEASE_CLEANUP": "off", "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES": "0"}
@@ -39,3 +39,64 @@ def test_shard_sync_cleanup_flags_come_from_the_environment() -> None:
     assert ShardSyncConfig.from_env({}).cleanup_enabled
     with pytest.raises(ConfigError, match="SHARDLEASE_LEASE_CLEANUP"):
         ShardSyncConfig.from_env({"SHARDLEASE_LEASE_CLEANUP": "maybe"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1", True),
+        ("TRUE", True),
+        ("Yes", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("NO", False),
+        ("Off", False),
+    ],
+)
+def test_one_boolean_parser_accepts_every_usual_spelling(raw: str, expected: bool) -> None:
+    # GIVEN a boolean setting spelt one of the usual ways, in any case
+    from worker_lib.core.env import env_bool
+
+    # WHEN it is read THEN it means what it says
+    assert env_bool({"SHARDLEASE_X": raw}, "SHARDLEASE_X", not expected) is expected
+
+
+def test_a_bad_boolean_names_the_variable_and_the_accepted_values() -> None:
+    # GIVEN a boolean variable set to something that is not a boolean
+    from worker_lib.core.env import env_bool
+
+    # WHEN it is read THEN one line names the variable and lists what is accepted
+    with pytest.raises(ConfigError) as err:
+        env_bool({"SHARDLEASE_X": "maybe"}, "SHARDLEASE_X", True)
+    assert str(err.value) == "SHARDLEASE_X='maybe' is not a boolean: expected 1/0, true/false, yes/no or on/off"
+
+
+def test_blank_values_mean_the_default_and_bad_numbers_name_the_variable() -> None:
+    # GIVEN blank and malformed numeric settings
+    from worker_lib.core.env import env_bool, env_float, env_int, env_optional_int
+
+    # WHEN they are read THEN blank is the default, "none"/"0" is no limit, garbage is one clear line
+    assert env_int({"N": " "}, "N", 7) == 7 and env_float({}, "F", 0.5) == 0.5 and env_bool({"B": ""}, "B", True)
+    assert env_optional_int({"L": "none"}, "L") is None and env_optional_int({"L": "4"}, "L") == 4
+    with pytest.raises(ConfigError, match=r"^N='x' is not a whole number$"):
+        env_int({"N": "x"}, "N", 1)
+
+
+def test_every_boolean_setting_uses_the_same_parser() -> None:
+    # GIVEN the same spelling given to the shard-sync, assignment and Spark settings
+    from worker_lib.assignment.config import AssignmentConfig
+    from worker_lib.shardsync.config import ShardSyncConfig
+    from worker_lib.spark.options import SourceOptions
+
+    # WHEN "no" and "maybe" are read THEN all three agree on "no" and reject "maybe" the same way
+    assert not ShardSyncConfig.from_env({"SHARDLEASE_LEASE_CLEANUP": "no"}).cleanup_enabled
+    assert not AssignmentConfig.from_env({"SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT": "no"}).allow_throughput_overshoot
+    assert not SourceOptions.parse({"app": "orders", "stream": "s", "metrics": "no"}).metrics
+    for build in (
+        lambda: ShardSyncConfig.from_env({"SHARDLEASE_LEASE_CLEANUP": "maybe"}),
+        lambda: AssignmentConfig.from_env({"SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT": "maybe"}),
+        lambda: SourceOptions.parse({"app": "orders", "stream": "s", "metrics": "maybe"}),
+    ):
+        with pytest.raises(ConfigError, match="is not a boolean: expected 1/0, true/false, yes/no or on/off"):
+            build()

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from worker_lib.config import LeaderConfig, LeaderLockConfig
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.leader import Leader
 
 LOCK = LeaderLockConfig(lease_duration_ms=30_000, heartbeat_interval_ms=10_000, poll_interval_ms=1_000)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker_lib.config import InitialPosition
+from worker_lib.core.config import InitialPosition
 from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 from worker_lib.shardsync.hierarchy import LISTING, hash_range_holes, plan_creation, plan_sync
 

@@ -7,42 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from worker_lib.config import _env, _env_float, _env_int
+from worker_lib.core.env import env_bool, env_float, env_int, env_optional_float, env_optional_int, environ
 from worker_lib.core.errors import ConfigError
 
 Strategy = Literal["variance", "count"]
 STRATEGIES: tuple[str, ...] = ("variance", "count")
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean: expected true or false")
-
-
-def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
-    """Unset, empty, ``0`` or ``none`` mean "no limit"."""
-    raw = env.get(name)
-    if raw is None or raw.strip().lower() in ("", "0", "none"):
-        return None
-    return _env_int(env, name, 0)
-
-
-def _env_optional_float(env: Mapping[str, str], name: str) -> float | None:
-    raw = env.get(name)
-    if raw is None or raw.strip().lower() in ("", "0", "none"):
-        return None
-    return _env_float(env, name, 0.0)
-
 
 @dataclass(frozen=True, kw_only=True)
 class AssignmentConfig:
@@ -130,24 +99,24 @@ class AssignmentConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> AssignmentConfig:
-        e = _env(env)
+        e = environ(env)
         strategy = (e.get("SHARDLEASE_ASSIGNMENT_STRATEGY") or "variance").strip().lower()
         if strategy not in STRATEGIES:
             raise ConfigError(f"invalid SHARDLEASE_ASSIGNMENT_STRATEGY {strategy!r}: expected variance or count")
         values: dict[str, object] = {
             "strategy": strategy,
-            "rebalance_threshold_pct": _env_float(e, "SHARDLEASE_REBALANCE_THRESHOLD_PCT", 10.0),
-            "dampening_pct": _env_float(e, "SHARDLEASE_DAMPENING_PCT", 60.0),
-            "balancing_frequency": _env_int(e, "SHARDLEASE_BALANCING_FREQUENCY", 3),
-            "ema_alpha": _env_float(e, "SHARDLEASE_WORKER_METRICS_EMA_ALPHA", 0.5),
-            "max_leases_for_worker": _env_optional_int(e, "SHARDLEASE_MAX_LEASES_FOR_WORKER"),
-            "max_throughput_per_host_kbps": _env_optional_float(e, "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS"),
-            "allow_throughput_overshoot": _env_bool(e, "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT", True),
-            "dynamic_cap": _env_optional_int(e, "SHARDLEASE_DYNAMIC_MAX_LEASES"),
-            "worker_report_interval_s": _env_float(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S", 30.0),
-            "failover_ms": _env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
-            "graceful_handoff_timeout_ms": _env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
-            "kcl_compatible": _env_bool(e, "SHARDLEASE_KCL_COMPATIBLE", False),
+            "rebalance_threshold_pct": env_float(e, "SHARDLEASE_REBALANCE_THRESHOLD_PCT", 10.0),
+            "dampening_pct": env_float(e, "SHARDLEASE_DAMPENING_PCT", 60.0),
+            "balancing_frequency": env_int(e, "SHARDLEASE_BALANCING_FREQUENCY", 3),
+            "ema_alpha": env_float(e, "SHARDLEASE_WORKER_METRICS_EMA_ALPHA", 0.5),
+            "max_leases_for_worker": env_optional_int(e, "SHARDLEASE_MAX_LEASES_FOR_WORKER"),
+            "max_throughput_per_host_kbps": env_optional_float(e, "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS"),
+            "allow_throughput_overshoot": env_bool(e, "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT", True),
+            "dynamic_cap": env_optional_int(e, "SHARDLEASE_DYNAMIC_MAX_LEASES"),
+            "worker_report_interval_s": env_float(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S", 30.0),
+            "failover_ms": env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
+            "graceful_handoff_timeout_ms": env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
+            "kcl_compatible": env_bool(e, "SHARDLEASE_KCL_COMPATIBLE", False),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ from worker_lib.cdk import permissions as p
 from worker_lib.cdk.bundling import LEADER_HANDLER, leader_code
 from worker_lib.cdk.observability import AlarmSettings, ShardleaseObservability
 from worker_lib.cdk.tables import build_tables
-from worker_lib.config import validate_app_name
+from worker_lib.core.config import validate_app_name
 from worker_lib.tables.schema import (
     LEASE_OWNER_INDEX,
     BillingMode,

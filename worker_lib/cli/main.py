@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _aws_config(args: argparse.Namespace) -> Any:
-    from worker_lib.config import AwsConfig
+    from worker_lib.core.config import AwsConfig
 
     return AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
 
@@ -169,7 +169,8 @@ def _cmd_create_tables(args: argparse.Namespace) -> int:
 
 
 def _shard_sync_config(args: argparse.Namespace) -> Any:
-    from worker_lib.config import InitialPosition, ShardSyncConfig, parse_timestamp
+    from worker_lib.core.config import InitialPosition, parse_timestamp
+    from worker_lib.shardsync.config import ShardSyncConfig
 
     position = InitialPosition.parse(args.initial_position)
     timestamp = parse_timestamp(args.timestamp) if args.timestamp else None

@@ -16,11 +16,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from worker_lib.assignment.snapshot import ExpiryTracker, is_active_worker
-from worker_lib.config import AwsConfig, LeaseConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorder
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.schema import all_specs
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import botocore.config
 import botocore.exceptions
 
-from worker_lib.config import AwsConfig
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import (
     CredentialsError,
     DependencyError,

@@ -36,10 +36,10 @@ from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.assignment.decider import AssignmentPlan, Decider, Decision, make_decider, suspect_workers
 from worker_lib.assignment.liveness import LivenessView
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
-from worker_lib.config import LeaseConfig
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.store import LeaseStore
 
 log = logging.getLogger("shardlease.leader.assignment")

@@ -20,24 +20,20 @@ from typing import Any
 import boto3
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.config import (
-    AwsConfig,
-    LeaderConfig,
-    LeaderLockConfig,
-    LeaseConfig,
-    ShardSyncConfig,
-    _env,
-    validate_app_name,
-)
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig, validate_app_name
+from worker_lib.core.env import environ
 from worker_lib.core.errors import ConfigError
 from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.leader import CycleReport, Leader
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.schema import all_specs
@@ -150,7 +146,7 @@ def build_leader_from_env(
     clock: Clock = SYSTEM_CLOCK,
 ) -> LeaderParts:
     """The leader as the Lambda handler and the embedded host build it: everything from ``SHARDLEASE_*``."""
-    e = _env(env)
+    e = environ(env)
     app, stream = e.get("SHARDLEASE_APP", ""), e.get("SHARDLEASE_STREAM", "")
     if not app or not stream:
         raise ConfigError("SHARDLEASE_APP and SHARDLEASE_STREAM must be set")

@@ -22,9 +22,9 @@ import threading
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from worker_lib.config import LeaderConfig, LeaderLockConfig
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 
 if TYPE_CHECKING:
     from worker_lib.leader.lock import LeaderLock

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import botocore.exceptions
 
-from worker_lib.config import AwsConfig, LeaderLockConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
+from worker_lib.core.config import AwsConfig
+from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.tables.schema import CoordinatorAttr, coordinator_state_table_name
 
 if TYPE_CHECKING:

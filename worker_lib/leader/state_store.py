@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig
 from worker_lib.tables.schema import CoordinatorAttr, coordinator_state_table_name
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CorruptItemError, InvalidStateError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases import serializer

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from worker_lib.config import LeaseConfig
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.store import LeaseStore
 
 log = logging.getLogger("shardlease.worker.leases")

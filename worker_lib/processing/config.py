@@ -1,11 +1,12 @@
-"""Configuration of record retrieval (polling GetRecords), in the style of :mod:`worker_lib.config`."""
+"""Configuration of the shard consumers: record retrieval (polling GetRecords) and processor failures."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.config import _env, _env_int
+from worker_lib.core.env import env_int, environ
 from worker_lib.core.errors import ConfigError
 
 GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
@@ -54,13 +55,71 @@ class RetrievalConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RetrievalConfig:
-        e = _env(env)
+        e = environ(env)
         return cls(
-            max_records=_env_int(e, "SHARDLEASE_MAX_RECORDS", GET_RECORDS_LIMIT),
-            idle_time_between_reads_ms=_env_int(e, "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS", 1_000),
-            min_interval_between_calls_ms=_env_int(
+            max_records=env_int(e, "SHARDLEASE_MAX_RECORDS", GET_RECORDS_LIMIT),
+            idle_time_between_reads_ms=env_int(e, "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS", 1_000),
+            min_interval_between_calls_ms=env_int(
                 e, "SHARDLEASE_MIN_INTERVAL_BETWEEN_CALLS_MS", KINESIS_MIN_CALL_INTERVAL_MS
             ),
-            throttle_backoff_base_ms=_env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_BASE_MS", 500),
-            throttle_backoff_max_ms=_env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_MAX_MS", 10_000),
+            throttle_backoff_base_ms=env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_BASE_MS", 500),
+            throttle_backoff_max_ms=env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_MAX_MS", 10_000),
+        )
+
+
+class ProcessorFailurePolicy(enum.Enum):
+    """What a shard consumer does when the record processor keeps raising on one batch.
+
+    STOP (default): give the lease up without checkpointing, so the batch is read again from the last
+      checkpoint (by this or another worker): nothing is lost, a poison batch is retried, never skipped.
+    SKIP: log the batch's sequence range and move on (KCL's behaviour): at-most-once for that batch.
+    """
+
+    STOP = "stop"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerConfig:
+    """One shard consumer (one per held lease).
+
+    processor_retries: attempts after the first when ``process_records`` raises (3), with
+      ``processor_retry_backoff_ms`` (1000) doubling between them; then ``failure_policy`` applies.
+    parent_poll_interval_ms: how often a child shard re-checks whether its parents have ended (KCL
+      parentShardPollIntervalMillis, 10 000).
+    shard_end_retry_interval_ms: how often SHARD_END handling is retried when a merge partner's lease is missing
+      or the processor did not checkpoint SHARD_END (5000).
+    error_backoff_ms: wait after an infrastructure error while reading (1000).
+    """
+
+    processor_retries: int = 3
+    processor_retry_backoff_ms: int = 1_000
+    failure_policy: ProcessorFailurePolicy = ProcessorFailurePolicy.STOP
+    parent_poll_interval_ms: int = 10_000
+    shard_end_retry_interval_ms: int = 5_000
+    error_backoff_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        if self.processor_retries < 0:
+            raise ConfigError("processor_retries must not be negative")
+        for name in ("processor_retry_backoff_ms", "parent_poll_interval_ms", "shard_end_retry_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.error_backoff_ms < 0:
+            raise ConfigError("error_backoff_ms must not be negative")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ConsumerConfig:
+        e = environ(env)
+        raw_policy = e.get("SHARDLEASE_PROCESSOR_FAILURE_POLICY", "stop").strip().lower()
+        try:
+            policy = ProcessorFailurePolicy(raw_policy)
+        except ValueError:
+            raise ConfigError(
+                f"invalid SHARDLEASE_PROCESSOR_FAILURE_POLICY {raw_policy!r}: expected stop or skip"
+            ) from None
+        return cls(
+            processor_retries=env_int(e, "SHARDLEASE_PROCESSOR_RETRIES", 3),
+            failure_policy=policy,
+            parent_poll_interval_ms=env_int(e, "SHARDLEASE_PARENT_POLL_INTERVAL_MS", 10_000),
         )

@@ -23,13 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from worker_lib.config import ConsumerConfig, ProcessorFailurePolicy
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy, RetrievalConfig
 from worker_lib.processing.processor import (
     InitializationInput,
     KinesisRecord,

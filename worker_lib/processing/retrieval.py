@@ -35,9 +35,9 @@ from typing import Any
 
 import botocore.exceptions
 
-from worker_lib.config import InitialPosition
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.core.models import Checkpoint, SentinelCheckpoint
 from worker_lib.processing.config import RetrievalConfig

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import boto3
 import botocore.exceptions
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import DependencyError, ThrottledError
 from worker_lib.core.models import ShardInfo
 

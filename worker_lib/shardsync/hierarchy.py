@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from worker_lib.config import InitialPosition
+from worker_lib.core.config import InitialPosition
 from worker_lib.core.models import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from worker_lib.config import ShardSyncConfig
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.leases.store import LeaseStore
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import ShardDetector
 from worker_lib.shardsync.hierarchy import plan_sync
 

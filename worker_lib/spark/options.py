@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from worker_lib.config import AwsConfig, InitialPosition, LeaseConfig, parse_timestamp, validate_app_name
+from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, validate_app_name
+from worker_lib.core.env import parse_bool
 from worker_lib.core.errors import ConfigError
+from worker_lib.leases.config import LeaseConfig
 
 OPTION_NAMES = (
     "app",
@@ -42,17 +44,6 @@ def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> i
     if value < minimum:
         raise ConfigError(f"shardlease option {name}={value} must be at least {minimum}")
     return value
-
-
-def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = str(options.get(name, "")).strip().lower()
-    if not raw:
-        return default
-    if raw in ("true", "1", "yes", "on"):
-        return True
-    if raw in ("false", "0", "no", "off"):
-        return False
-    raise ConfigError(f"shardlease option {name}={raw!r} is not a boolean")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +106,7 @@ class SourceOptions:
             lease=LeaseConfig(failover_time_ms=_int(opts, "failover_time_ms", 10_000, 1_000)),
             discovery_interval_ms=_int(opts, "discovery_interval_ms", 9_975, 100),
             idle_probe_interval_ms=_int(opts, "idle_probe_interval_ms", 1_000, 200),
-            metrics=_bool(opts, "metrics", True),
+            metrics=parse_bool(opts.get("metrics"), name="shardlease option metrics", default=True),
             metrics_report_interval_ms=_int(opts, "metrics_report_interval_ms", 30_000, 1_000),
             metrics_first_report_delay_ms=_int(opts, "metrics_first_report_delay_ms", 2_000, 0),
         )

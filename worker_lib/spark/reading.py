@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.processing.config import RetrievalConfig

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from worker_lib.config import validate_app_name
+from worker_lib.core.config import validate_app_name
 
 
 class BillingMode(enum.Enum):

@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from worker_lib.config import AwsConfig, _env
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
+from worker_lib.core.config import AwsConfig
+from worker_lib.core.env import environ
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
 
@@ -58,7 +59,7 @@ class MetricsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MetricsConfig:
-        e = _env(env)
+        e = environ(env)
         return cls(
             mode=e.get("SHARDLEASE_METRICS", "off").strip().lower() or "off",
             namespace=e.get(NAMESPACE_ENV, DEFAULT_NAMESPACE),

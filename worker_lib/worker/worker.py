@@ -28,25 +28,18 @@ from typing import Any, Protocol
 
 import boto3
 
-from worker_lib.config import (
-    AwsConfig,
-    ConsumerConfig,
-    InitialPosition,
-    LeaseConfig,
-    _env,
-    _env_int,
-    parse_timestamp,
-    validate_app_name,
-)
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, validate_app_name
+from worker_lib.core.env import env_int, environ
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.core.models import ShardInfo, WorkerState
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
 from worker_lib.processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
 from worker_lib.shardsync.detector import KinesisShardDetector
@@ -127,7 +120,7 @@ class WorkerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
-        e = _env(env)
+        e = environ(env)
         raw_ts = e.get("SHARDLEASE_INITIAL_TIMESTAMP")
         values: dict[str, Any] = {
             "app": e.get("SHARDLEASE_APP", ""),
@@ -138,8 +131,8 @@ class WorkerConfig:
             "lease": LeaseConfig.from_env(e),
             "consumer": ConsumerConfig.from_env(e),
             "retrieval": RetrievalConfig.from_env(e),
-            "discovery_interval_ms": _env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
-            "shutdown_timeout_ms": _env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
+            "discovery_interval_ms": env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
+            "shutdown_timeout_ms": env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
             "metrics": MetricsConfig.from_env(e),
             "worker_metrics": WorkerMetricsConfig.from_env(e),
             "leader_mode": e.get("SHARDLEASE_LEADER_MODE", "none").strip().lower() or "none",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.config import _env, _env_int
+from worker_lib.core.env import env_int, environ
 from worker_lib.core.errors import ConfigError
 
 
@@ -44,10 +44,10 @@ class WorkerMetricsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerMetricsConfig:
-        e = _env(env)
+        e = environ(env)
         return cls(
-            sample_interval_ms=_env_int(e, "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS", 1_000),
-            report_interval_ms=_env_int(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS", 30_000),
-            first_report_delay_ms=_env_int(e, "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS", 2_000),
-            max_values=_env_int(e, "SHARDLEASE_WORKER_METRICS_MAX_VALUES", 10),
+            sample_interval_ms=env_int(e, "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS", 1_000),
+            report_interval_ms=env_int(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS", 30_000),
+            first_report_delay_ms=env_int(e, "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS", 2_000),
+            max_values=env_int(e, "SHARDLEASE_WORKER_METRICS_MAX_VALUES", 10),
         )

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
-from worker_lib.config import AwsConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CorruptItemError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
 from worker_lib.tables.schema import WorkerMetricsAttr, worker_metrics_table_name

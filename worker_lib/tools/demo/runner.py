@@ -14,13 +14,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from worker_lib.config import AwsConfig, InitialPosition, LeaderConfig, LeaderLockConfig, ShardSyncConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import SHARD_END, Checkpoint
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.host import LeaderParts, build_leader
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
