@@ -1,7 +1,8 @@
-"""Run a moto server on a free loopback port; print ``READY <port>`` and serve until terminated.
+"""Run a moto server on a free loopback port, write the port to a file and serve until terminated.
 
-Started as ``python -m worker_lib.testing._moto_server`` by :mod:`worker_lib.testing.emulators`, so that worker
-processes, Spark's Python workers and the test process all talk to one server over HTTP.
+Started as ``python -m worker_lib.testing._moto_server PORT_FILE [HOST]`` by :mod:`worker_lib.testing.emulators`,
+so that worker processes, Spark's Python workers and the test process all talk to one server over HTTP. The port
+goes through a file (written whole, then renamed) rather than stdout: moto and werkzeug write to stdout themselves.
 """
 
 from __future__ import annotations
@@ -9,24 +10,33 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 
 def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    if len(sys.argv) < 2:
+        logging.getLogger(__name__).error("usage: python -m worker_lib.testing._moto_server PORT_FILE [HOST]")
+        return 2
+    port_file = Path(sys.argv[1])
+    host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
     from moto.server import ThreadedMotoServer
 
-    host = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"
     server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
     with contextlib.redirect_stdout(io.StringIO()):  # moto prints a banner on start
         server.start()
     _, port = server.get_host_and_port()
-    print(f"READY {port}", flush=True)
+    partial = port_file.with_name(port_file.name + ".tmp")
+    partial.write_text(f"{port}\n")
+    os.replace(partial, port_file)  # the parent never reads a half-written port
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: stop.set())
     stop.wait()
     server.stop()
     return 0

@@ -1,8 +1,10 @@
-// Start kinesalite or dynalite in memory on a free loopback port and print "READY <port>".
-// Usage: node emulator.js <module-dir> [host]. Neither package has a host flag, hence this launcher.
+// Start kinesalite or dynalite in memory on a free loopback port and write the port to a file.
+// Usage: node emulator.js <module-dir> <port-file> [host]. Neither package has a host flag, hence this launcher.
 "use strict";
+const fs = require("fs");
 const moduleDir = process.argv[2];
-const host = process.argv[3] || "127.0.0.1";
+const portFile = process.argv[3];
+const host = process.argv[4] || "127.0.0.1";
 const create = require(moduleDir);
 const server = create({
   // Tables and streams become ACTIVE at once; the real services take seconds.
@@ -10,7 +12,9 @@ const server = create({
   createTableMs: 0, deleteTableMs: 0, updateTableMs: 0,
 });
 server.listen(0, host, () => {
-  process.stdout.write("READY " + server.address().port + "\n");
+  // written whole, then renamed: the parent never reads a half-written port
+  fs.writeFileSync(portFile + ".tmp", server.address().port + "\n");
+  fs.renameSync(portFile + ".tmp", portFile);
 });
 // A client killed in the middle of a request (kill -9 in the chaos tests and benchmarks) resets its connection;
 // kinesalite and dynalite rethrow that from the request's error handler, which would end the whole emulator.
@@ -26,3 +30,4 @@ process.on("uncaughtException", (err) => {
 const stop = () => server.close(() => process.exit(0));
 process.on("SIGTERM", stop);
 process.on("SIGINT", stop);
+process.on("SIGHUP", stop);

@@ -1,28 +1,31 @@
 """Local AWS emulators on loopback, started and stopped by PID.
 
-* moto server (DynamoDB, Kinesis, CloudWatch): the default backend.
-* kinesalite: Kinesis with faithful resharding data flow (moto routes writes to closed parents).
-* dynalite: DynamoDB with realistic consumed capacity; a second opinion on moto.
+* moto server (DynamoDB, Kinesis, CloudWatch): the default backend (Python; the ``demo`` extra installs it).
+* kinesalite: Kinesis with faithful resharding data flow (moto routes writes to closed parents). Node.js; where
+  it comes from is decided by :mod:`worker_lib.testing.node`.
+* dynalite: DynamoDB with realistic consumed capacity; a second opinion on moto (Node.js, installed by you).
 
-Each emulator is a child process in its own session, bound to 127.0.0.1 on a port the OS picks (the child
-reports it, so there is no race for a "free" port). :meth:`Emulator.stop` terminates the whole process group.
+Each emulator is a child process in its own session, bound to 127.0.0.1 on a port the OS picks; the child writes
+that port to a file, so there is no race for a "free" port. :meth:`Emulator.stop` ends the whole process group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker_lib.core.clock import SYSTEM_CLOCK
-from worker_lib.core.errors import ShardleaseError
+from worker_lib.core.errors import MissingExtraError, ShardleaseError
+from worker_lib.testing import node
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,12 @@ class EmulatorError(ShardleaseError):
 
 @dataclass
 class Emulator:
+    """A running emulator: its endpoint and its process. A context manager that stops it on exit."""
+
     name: str
     endpoint_url: str
     process: subprocess.Popen[bytes]
+    source: str = ""  # where its code came from (for Node emulators: see worker_lib.testing.node)
 
     @property
     def pid(self) -> int:
@@ -58,8 +64,6 @@ class Emulator:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=timeout_s)
-        if self.process.stdout:
-            self.process.stdout.close()
 
     def __enter__(self) -> Emulator:
         return self
@@ -69,77 +73,94 @@ class Emulator:
 
 
 def find_node_module(name: str) -> Path:
-    """Locate ``node_modules/<name>``: ``$SHARDLEASE_NODE_MODULES``, then upwards from the cwd and this package."""
-    candidates: list[Path] = []
-    if env := os.environ.get("SHARDLEASE_NODE_MODULES"):
-        candidates.append(Path(env))
-    for start in (Path.cwd(), _HERE):
-        candidates.extend(p / "node_modules" for p in (start, *start.parents))
-    for base in candidates:
-        if (base / name / "package.json").is_file():
-            return base / name
-    raise EmulatorError(f"{name} is not installed: run `npm ci` in the project directory (needs Node.js)")
+    """The directory of the Node package ``name`` (installing kinesalite into the user cache on first use)."""
+    try:
+        return node.locate(name).path
+    except node.NodePackageError as exc:
+        raise EmulatorError(str(exc)) from exc
 
 
-def _wait_ready(process: subprocess.Popen[bytes], name: str, timeout_s: float) -> int:
-    assert process.stdout is not None
+def _last_line(log_path: Path | None) -> str:
+    if log_path is None or not log_path.is_file():
+        return ""
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    return f": {lines[-1][:200]}" if lines else ""
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes], name: str, port_file: Path, timeout_s: float, log_path: Path | None
+) -> int:
     deadline = SYSTEM_CLOCK.monotonic() + timeout_s
-    buffer = b""
     while SYSTEM_CLOCK.monotonic() < deadline:
+        if port_file.is_file():
+            return int(port_file.read_text().strip())
         if process.poll() is not None:
-            raise EmulatorError(f"{name} exited with code {process.returncode} before it was ready")
-        ready, _, _ = select.select([process.stdout], [], [], 0.1)
-        if not ready:
-            continue
-        chunk = os.read(process.stdout.fileno(), 4096)
-        buffer += chunk
-        for line in buffer.splitlines():
-            if line.startswith(b"READY "):
-                return int(line.split()[1])
+            raise EmulatorError(
+                f"{name} exited with code {process.returncode} before it was ready{_last_line(log_path)}"
+            )
+        SYSTEM_CLOCK.sleep(0.05)
     raise EmulatorError(f"{name} did not start within {timeout_s:.0f} s")
 
 
-def _spawn(name: str, argv: list[str], timeout_s: float, log_path: Path | None) -> Emulator:
-    stderr = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-    try:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            start_new_session=True,
-        )
-    except FileNotFoundError as exc:
-        raise EmulatorError(f"cannot start {name}: {exc.filename} not found") from exc
-    finally:
-        if log_path and stderr is not subprocess.DEVNULL:
-            stderr.close()  # type: ignore[union-attr]
-    try:
-        port = _wait_ready(process, name, timeout_s)
-    except BaseException:
-        Emulator(name, "", process).stop()
-        raise
-    emulator = Emulator(name=name, endpoint_url=f"http://127.0.0.1:{port}", process=process)
+def _spawn(name: str, argv: list[str], timeout_s: float, log_path: Path | None, source: str = "") -> Emulator:
+    """Start ``argv + [port_file]``-style launchers: ``{port_file}`` in ``argv`` is replaced by a fresh path."""
+    with tempfile.TemporaryDirectory(prefix=f"shardlease-{name}-") as scratch:
+        port_file = Path(scratch) / "port"
+        argv = [str(port_file) if arg == "{port_file}" else arg for arg in argv]
+        stderr = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True
+            )
+        except FileNotFoundError as exc:
+            raise EmulatorError(f"cannot start {name}: {exc.filename} not found") from exc
+        finally:
+            if log_path and stderr is not subprocess.DEVNULL:
+                stderr.close()  # type: ignore[union-attr]
+        try:
+            port = _wait_ready(process, name, port_file, timeout_s, log_path)
+        except BaseException:
+            Emulator(name, "", process).stop()
+            raise
+    emulator = Emulator(name=name, endpoint_url=f"http://127.0.0.1:{port}", process=process, source=source)
     log.info("started %s pid=%d at %s", name, process.pid, emulator.endpoint_url)
     return emulator
 
 
 def start_moto(*, timeout_s: float = 30.0, log_path: Path | None = None) -> Emulator:
-    """A moto server (all services) in a child Python process."""
-    return _spawn("moto", [sys.executable, "-m", "worker_lib.testing._moto_server"], timeout_s, log_path)
+    """A moto server (all services) in a child Python process. Needs moto (``pip install 'shardlease[demo]'``)."""
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+        raise MissingExtraError("the moto emulator (worker_lib.testing)", "demo")
+    argv = [sys.executable, "-m", "worker_lib.testing._moto_server", "{port_file}"]
+    return _spawn("moto", argv, timeout_s, log_path, source=f"moto {_version('moto')}")
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "?"
 
 
 def _start_node(name: str, timeout_s: float, log_path: Path | None) -> Emulator:
-    node = shutil.which("node")
-    if node is None:
-        raise EmulatorError(f"{name} needs Node.js (`node` is not on PATH)")
-    module = find_node_module(name)
-    return _spawn(name, [node, str(_HERE / "emulator.js"), str(module)], timeout_s, log_path)
+    node_bin = shutil.which("node")
+    if node_bin is None:
+        raise EmulatorError(f"{name} needs Node.js 18 or later (`node` is not on PATH): install Node.js (nodejs.org)")
+    try:
+        package = node.locate(name)
+    except node.NodePackageError as exc:
+        raise EmulatorError(str(exc)) from exc
+    argv = [node_bin, str(_HERE / "emulator.js"), str(package.path), "{port_file}"]
+    return _spawn(name, argv, timeout_s, log_path, source=package.source)
 
 
 def start_kinesalite(*, timeout_s: float = 20.0, log_path: Path | None = None) -> Emulator:
+    """kinesalite on loopback; installs it into the user cache with npm on first use (see worker_lib.testing.node)."""
     return _start_node("kinesalite", timeout_s, log_path)
 
 
 def start_dynalite(*, timeout_s: float = 20.0, log_path: Path | None = None) -> Emulator:
+    """dynalite on loopback (``npm install dynalite`` or ``$SHARDLEASE_DYNALITE_BIN``)."""
     return _start_node("dynalite", timeout_s, log_path)

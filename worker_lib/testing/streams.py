@@ -1,4 +1,4 @@
-"""Stream administration for local runs (demo, tests, benchmarks): create, wait, split, merge.
+"""Stream administration for local runs (demo, tests, benchmarks): create, wait, put, split, merge.
 
 Production streams are created by their owners; these helpers exist so that local scenarios drive real
 resharding through the Kinesis API of an emulator.
@@ -6,6 +6,7 @@ resharding through the Kinesis API of an emulator.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from worker_lib.core import aws
@@ -59,3 +60,34 @@ def merge_shards(kinesis: Any, stream: str, lower: str, upper: str, *, clock: Cl
     with aws.translated("kinesis MergeShards", stream):
         kinesis.merge_shards(StreamName=stream, ShardToMerge=lower, AdjacentShardToMerge=upper)
     wait_active(kinesis, stream, clock=clock)
+
+
+def put_records(
+    kinesis: Any, stream: str, payloads: Iterable[bytes], *, partition_key: str | None = None
+) -> list[tuple[str, str]]:
+    """Put ``payloads`` in batches of 500 (Kinesis's limit); returns ``(shard id, sequence number)`` per record.
+
+    Each record's partition key is ``partition_key`` or, by default, its index, which spreads records over the
+    shards. A record the emulator rejects raises :class:`DependencyError` (tests want to know, not to retry).
+    """
+    out: list[tuple[str, str]] = []
+    batch: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        with aws.translated("kinesis PutRecords", stream):
+            response = kinesis.put_records(StreamName=stream, Records=batch)
+        for result in response["Records"]:
+            if "ShardId" not in result:
+                raise DependencyError(
+                    f"put_records to {stream}: {result.get('ErrorCode')} {result.get('ErrorMessage')}"
+                )
+            out.append((result["ShardId"], result["SequenceNumber"]))
+        batch.clear()
+
+    for index, data in enumerate(payloads):
+        batch.append({"Data": data, "PartitionKey": partition_key or f"pk-{index}"})
+        if len(batch) == 500:
+            flush()
+    if batch:
+        flush()
+    return out
