@@ -100,3 +100,63 @@ def test_every_boolean_setting_uses_the_same_parser() -> None:
     ):
         with pytest.raises(ConfigError, match="is not a boolean: expected 1/0, true/false, yes/no or on/off"):
             build()
+
+
+def test_a_worker_config_given_only_app_and_stream_takes_the_rest_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a deployment's environment: region, emulator endpoints, embedded leader, tuned timings
+    from worker_lib.worker import WorkerConfig
+
+    for name, value in {
+        "AWS_REGION": "eu-west-1",
+        "SHARDLEASE_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:5000",
+        "SHARDLEASE_KINESIS_ENDPOINT_URL": "http://127.0.0.1:4567",
+        "SHARDLEASE_AWS_MAX_ATTEMPTS": "2",
+        "SHARDLEASE_LEADER_MODE": "Embedded",
+        "SHARDLEASE_WORKER_ID": "cluster-a/w1",
+        "SHARDLEASE_FAILOVER_TIME_MS": "3000",
+        "SHARDLEASE_DISCOVERY_INTERVAL_MS": "200",
+        "SHARDLEASE_SHUTDOWN_TIMEOUT_MS": "5000",
+    }.items():
+        monkeypatch.setenv(name, value)
+    # WHEN the README's WorkerConfig is built with nothing but the app and the stream
+    config = WorkerConfig(app="orders", stream="orders-stream")
+    # THEN every setting comes from the environment, as the CLI worker's would
+    assert config.aws.region == "eu-west-1" and config.aws.max_attempts == 2
+    assert config.aws.endpoint_for("dynamodb") == "http://127.0.0.1:5000"
+    assert config.aws.endpoint_for("kinesis") == "http://127.0.0.1:4567"
+    assert (config.leader_mode, config.worker_id) == ("embedded", "cluster-a/w1")
+    assert (config.lease.failover_time_ms, config.discovery_interval_ms, config.shutdown_timeout_ms) == (
+        3000,
+        200,
+        5000,
+    )
+    assert config == WorkerConfig.from_env(app="orders", stream="orders-stream")
+    # AND an explicit argument still wins over the environment
+    assert WorkerConfig(app="orders", stream="orders-stream", leader_mode="none").leader_mode == "none"
+
+
+def test_without_settings_the_region_is_aws_default_region_then_us_east_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN only AWS_DEFAULT_REGION, then nothing at all
+    from worker_lib.core.config import AwsConfig
+
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
+    # WHEN the AWS settings are read THEN AWS_DEFAULT_REGION is honoured, and us-east-1 is the last resort
+    assert AwsConfig.from_env().region == "ap-south-1"
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    assert AwsConfig.from_env().region == "us-east-1"
+
+
+def test_spark_options_default_to_the_environment_and_override_it() -> None:
+    # GIVEN an environment naming a region and a DynamoDB endpoint
+    from worker_lib.spark.options import SourceOptions
+
+    env = {"AWS_REGION": "eu-west-1", "SHARDLEASE_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:5000"}
+    # WHEN the source is configured with and without its own region option
+    implicit = SourceOptions.parse({"app": "orders", "stream": "s"}, env)
+    explicit = SourceOptions.parse({"app": "orders", "stream": "s", "region": "us-west-2"}, env)
+    # THEN the environment fills what the options leave out, and an option wins
+    assert (implicit.aws.region, implicit.aws.endpoint_for("dynamodb")) == ("eu-west-1", "http://127.0.0.1:5000")
+    assert explicit.aws.region == "us-west-2"

@@ -76,7 +76,8 @@ def client_or_new(
     service: str, injected: Any, aws_config: AwsConfig | None, boto3_session: boto3.Session | None = None
 ) -> Any:
     """The ``injected`` client if given, else a new one for ``service`` (what every store's constructor does)."""
-    return injected if injected is not None else client(service, aws_config or AwsConfig(), boto3_session)
+    # No settings given: the environment's, as a boto3 client would use (AWS_REGION, endpoint variables, ...).
+    return injected if injected is not None else client(service, aws_config or AwsConfig.from_env(), boto3_session)
 
 
 def error_code(exc: BaseException) -> str:

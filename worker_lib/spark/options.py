@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, validate_app_name
@@ -72,7 +72,9 @@ class SourceOptions:
     metrics_first_report_delay_ms: int = 2_000
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+    def parse(cls, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> SourceOptions:
+        """Validate Spark's option strings; AWS settings not given as options come from ``env`` (default: the
+        process environment), see :meth:`AwsConfig.from_env`."""
         opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
         unknown = sorted(set(opts) - set(OPTION_NAMES) - {"path"})
         if unknown:
@@ -81,12 +83,17 @@ class SourceOptions:
         stream = opts.get("stream", "")
         if not stream:
             raise ConfigError("shardlease option stream is required")
+        # The options override the environment (AWS_REGION, SHARDLEASE_*_ENDPOINT_URL, ...) as every other
+        # component's settings do: a job submitted in eu-west-1 with no region option reads eu-west-1's tables.
+        env_aws = AwsConfig.from_env(env)
         services = {
-            name: url for name in ("kinesis", "dynamodb") if (url := opts.get(f"{name}_endpoint_url", "").strip())
+            **env_aws.service_endpoints,
+            **{name: url for name in ("kinesis", "dynamodb") if (url := opts.get(f"{name}_endpoint_url", "").strip())},
         }
-        aws = AwsConfig(
-            region=opts.get("region", "").strip() or "us-east-1",
-            endpoint_url=opts.get("endpoint_url", "").strip() or None,
+        aws = replace(
+            env_aws,
+            region=opts.get("region", "").strip() or env_aws.region,
+            endpoint_url=opts.get("endpoint_url", "").strip() or env_aws.endpoint_url,
             service_endpoints=services,
         )
         position = InitialPosition.parse(opts.get("initial_position", "LATEST"))

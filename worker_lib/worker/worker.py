@@ -31,7 +31,7 @@ import boto3
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, validate_app_name
-from worker_lib.core.env import env_int, environ
+from worker_lib.core.env import env_int, env_str, environ
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.core.models import ShardInfo, WorkerState
 from worker_lib.leases.config import LeaseConfig
@@ -60,15 +60,50 @@ DISCOVERY_SAFETY_NET_MS = 60_000
 """With the heartbeat on, new leases arrive by notice; the GSI query only catches a lost notice."""
 
 
+def _worker_id(env: Mapping[str, str]) -> str:
+    return env_str(env, "SHARDLEASE_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _initial_timestamp(env: Mapping[str, str]) -> datetime | None:
+    raw = env_str(env, "SHARDLEASE_INITIAL_TIMESTAMP")
+    return parse_timestamp(raw) if raw else None
+
+
+# The worker's own settings that the environment may give: one reader per field, used by ``WorkerConfig.from_env``
+# and as the default of every field the caller leaves out (so both paths parse a variable the same way).
+_ENV_READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
+    "worker_id": _worker_id,
+    "initial_position": lambda e: InitialPosition.parse(env_str(e, "SHARDLEASE_INITIAL_POSITION", "LATEST")),
+    "initial_timestamp": _initial_timestamp,
+    "discovery_interval_ms": lambda e: env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
+    "shutdown_timeout_ms": lambda e: env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
+    "leader_mode": lambda e: env_str(e, "SHARDLEASE_LEADER_MODE", "none").lower(),
+}
+
+
+def _from_env(name: str) -> Callable[[], Any]:
+    """A field default: the environment's value (see ``WorkerConfig.from_env``), else the documented default."""
+    return lambda: _ENV_READERS[name](environ())
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """Everything a worker needs besides its processor.
 
+    Every field the caller leaves out comes from the environment, else its documented default — as boto3 and
+    Powertools do — so ``WorkerConfig(app="orders", stream="orders-stream")`` deployed in eu-west-1 talks to
+    eu-west-1 (``AWS_REGION``), and the same image runs against local emulators with only variables changed.
+    An explicit argument always wins. docs/api.md lists every variable.
+
     app / stream: the application (= lease table name) and the Kinesis stream.
-    worker_id: this worker's name in ``leaseOwner`` (default ``host:pid``); a prefix such as ``cluster-a/``
-      groups workers into clusters in ``shardlease status``.
+    aws: region, endpoints, timeouts, retries (``AwsConfig.from_env()``: ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+      ``SHARDLEASE_ENDPOINT_URL``, ``SHARDLEASE_{KINESIS,DYNAMODB,CLOUDWATCH}_ENDPOINT_URL``,
+      ``SHARDLEASE_AWS_MAX_ATTEMPTS``).
+    worker_id: this worker's name in ``leaseOwner`` (``SHARDLEASE_WORKER_ID``, default ``host:pid``); a prefix such
+      as ``cluster-a/`` groups workers into clusters in ``shardlease status``.
     initial_position / initial_timestamp: only used for a lease whose checkpoint is ``AT_TIMESTAMP`` (the
-      timestamp) — the leader decides the initial checkpoint of every lease it creates.
+      timestamp) — the leader decides the initial checkpoint of every lease it creates
+      (``SHARDLEASE_INITIAL_POSITION``, ``SHARDLEASE_INITIAL_TIMESTAMP``).
     discovery_interval_ms: how often the GSI is queried for leases assigned to us. By default: KCL's 9975 ms until
       the worker has seen a notice from the leader; from then on new leases arrive by notice within a beat and the
       query is only the safety net (60 000 ms) — so a worker beside an older leader that sends no notices keeps
@@ -76,22 +111,26 @@ class WorkerConfig:
     shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s); their leases
       are renewed meanwhile, and what is left at the end is fenced and handed over at once;
       ``SHARDLEASE_SHUTDOWN_TIMEOUT_MS``.
+    leader_mode: ``none`` (a Lambda or ``shardlease leader`` leads) or ``embedded`` (this process also contends
+      for the leader lock and runs the leader loop: fleets without Lambda); ``SHARDLEASE_LEADER_MODE``.
+    lease / consumer / retrieval / metrics / worker_metrics: each area's settings, each from its ``from_env()``.
     """
 
     app: str
     stream: str
-    worker_id: str = ""
-    initial_position: InitialPosition = InitialPosition.LATEST
-    initial_timestamp: datetime | None = None
-    lease: LeaseConfig = field(default_factory=LeaseConfig)
-    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    discovery_interval_ms: int | None = None
-    shutdown_timeout_ms: int = 30_000
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig)
+    aws: AwsConfig = field(default_factory=AwsConfig.from_env)
+    worker_id: str = field(default_factory=_from_env("worker_id"))
+    initial_position: InitialPosition = field(default_factory=_from_env("initial_position"))
+    initial_timestamp: datetime | None = field(default_factory=_from_env("initial_timestamp"))
+    lease: LeaseConfig = field(default_factory=LeaseConfig.from_env)
+    consumer: ConsumerConfig = field(default_factory=ConsumerConfig.from_env)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig.from_env)
+    discovery_interval_ms: int | None = field(default_factory=_from_env("discovery_interval_ms"))
+    shutdown_timeout_ms: int = field(default_factory=_from_env("shutdown_timeout_ms"))
+    metrics: MetricsConfig = field(default_factory=MetricsConfig.from_env)
+    worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig.from_env)
     report_worker_metrics: bool = True
-    leader_mode: str = "none"  # "embedded": this process also runs the leader loop (fleets without Lambda)
+    leader_mode: str = field(default_factory=_from_env("leader_mode"))
     cpu_metric: Any = None  # a WorkerMetric to report instead of the detected CPU provider
 
     def __post_init__(self) -> None:
@@ -120,22 +159,19 @@ class WorkerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
+        """Every setting from ``env`` (default: the process environment), ``SHARDLEASE_APP`` and
+        ``SHARDLEASE_STREAM`` included; ``overrides`` that are not ``None`` win."""
         e = environ(env)
-        raw_ts = e.get("SHARDLEASE_INITIAL_TIMESTAMP")
         values: dict[str, Any] = {
             "app": e.get("SHARDLEASE_APP", ""),
             "stream": e.get("SHARDLEASE_STREAM", ""),
-            "worker_id": e.get("SHARDLEASE_WORKER_ID", ""),
-            "initial_position": InitialPosition.parse(e.get("SHARDLEASE_INITIAL_POSITION", "LATEST")),
-            "initial_timestamp": parse_timestamp(raw_ts) if raw_ts else None,
+            "aws": AwsConfig.from_env(e),
+            **{name: read(e) for name, read in _ENV_READERS.items()},
             "lease": LeaseConfig.from_env(e),
             "consumer": ConsumerConfig.from_env(e),
             "retrieval": RetrievalConfig.from_env(e),
-            "discovery_interval_ms": env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
-            "shutdown_timeout_ms": env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
             "metrics": MetricsConfig.from_env(e),
             "worker_metrics": WorkerMetricsConfig.from_env(e),
-            "leader_mode": e.get("SHARDLEASE_LEADER_MODE", "none").strip().lower() or "none",
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -187,7 +223,7 @@ class Worker:
     ) -> None:
         self.config = config
         self.worker_id = config.worker_id
-        aws_config = aws_config or AwsConfig()
+        aws_config = aws_config or config.aws  # an explicit aws_config wins (tests, the CLI's --endpoint-url)
         self._dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
         self._kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
         self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
@@ -328,7 +364,7 @@ class Worker:
     def _start_embedded_leader(self) -> None:
         """The same Leader the Lambda runs, in a thread of this worker: every worker may contend, the lock picks
         one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md)."""
-        from worker_lib.leader.host import build_leader_from_env
+        from worker_lib.leader.factory import build_leader_from_env
 
         env = {**os.environ, "SHARDLEASE_APP": self.config.app, "SHARDLEASE_STREAM": self.config.stream}
         parts = build_leader_from_env(
