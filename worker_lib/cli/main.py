@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from worker_lib import __version__
 from worker_lib.core.errors import ConfigError, ShardleaseError
+from worker_lib.tools import demo as demo_bounds
 
 log = logging.getLogger("shardlease")
 
@@ -60,14 +64,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range {low}..{high}")
+        return value
+
+    return parse
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):  # nan passes every comparison below, inf never ends a wait
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
     return value
+
+
+# botocore's own rule for region names; checked here so that a typo is a usage error, not a crash in botocore
+_REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,9 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     demo = sub.add_parser("demo", help="run the system on local emulators (no AWS account needed)")
-    demo.add_argument("--workers", type=_positive_int, default=3, metavar="N")
-    demo.add_argument("--shards", type=_positive_int, default=8, metavar="N")
-    demo.add_argument("--duration", type=_positive_float, default=90.0, metavar="S")
+    demo.add_argument(
+        "--workers",
+        type=_bounded_int(demo_bounds.WORKERS_MIN, demo_bounds.WORKERS_MAX),
+        default=3,
+        metavar="N",
+        help=f"worker processes, {demo_bounds.WORKERS_MIN}-{demo_bounds.WORKERS_MAX} (default 3)",
+    )
+    demo.add_argument(
+        "--shards",
+        type=_bounded_int(demo_bounds.SHARDS_MIN, demo_bounds.SHARDS_MAX),
+        default=8,
+        metavar="N",
+        help=f"stream shards, {demo_bounds.SHARDS_MIN}-{demo_bounds.SHARDS_MAX} (default 8)",
+    )
+    demo.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=90.0,
+        metavar="S",
+        help=f"seconds, at least {demo_bounds.DURATION_MIN_DEFAULT_S:g} for the default scenario (default 90)",
+    )
     demo.add_argument(
         "--scenario",
         default="default",
@@ -152,7 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _aws_config(args: argparse.Namespace) -> Any:
     from worker_lib.core.config import AwsConfig
 
-    return AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
+    config = AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
+    if not _REGION.match(config.region):
+        source = "--region" if args.region else "AWS_REGION"
+        raise ConfigError(f"{source}: invalid region {config.region!r}: expected a name such as eu-west-1")
+    return config
 
 
 def _cmd_create_tables(args: argparse.Namespace) -> int:
@@ -241,9 +283,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from worker_lib.tools.demo.runner import run_demo
+    from worker_lib.cli.demo import run_demo_cli
 
-    return run_demo(workers=args.workers, shards=args.shards, duration_s=args.duration, scenario=args.scenario)
+    return run_demo_cli(workers=args.workers, shards=args.shards, duration_s=args.duration, scenario=args.scenario)
 
 
 # --- entry point ---------------------------------------------------------------------------------------------------
@@ -262,7 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.log_level)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        code = func(args)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows up here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_ERROR
     except ConfigError as exc:
         print(f"shardlease {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -280,6 +327,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+
+
+def _drop_stdout() -> None:
+    """The reader of stdout is gone: point stdout at /dev/null so the interpreter's final flush cannot fail too
+    (the recipe of Python's documentation for SIGPIPE). The exit code says it; no line on stderr, as ``cat``."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _json_default(value: object) -> object:

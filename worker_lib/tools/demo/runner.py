@@ -1,6 +1,6 @@
 """``shardlease demo``: the system on local emulators, no AWS account needed.
 
-Scenario ``shard-sync`` walks a lease table through a stream's whole lease lifecycle (reference §8) with the
+Scenario ``shard-sync`` walks a lease table through a stream's whole lease lifecycle (docs/shard-sync.md) with the
 real leader code: discovery and creation, resharding (a split and a merge on kinesalite, whose resharding data
 flow is faithful), consumers reading parents to SHARD_END, the leader creating the child leases, children
 checkpointing, and the cleanup of finished parents. Every step prints what the lease table now holds.
@@ -20,16 +20,25 @@ from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
-from worker_lib.leader.host import LeaderParts, build_leader
+from worker_lib.leader.factory import LeaderParts, build_leader
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.tools.demo import (
+    DURATION_MAX_S,
+    DURATION_MIN_DEFAULT_S,
+    SCENARIOS,
+    SHARDS_MAX,
+    SHARDS_MIN,
+    WORKERS_MAX,
+    WORKERS_MIN,
+)
+from worker_lib.tools.demo.output import DemoOutput
 
 log = logging.getLogger("shardlease.demo")
 
-SCENARIOS = ("default", "shard-sync")
 Printer = Callable[[str], None]
 
 
@@ -41,9 +50,10 @@ def _emulators(say: Printer) -> Iterator[tuple[Emulator, Emulator]]:
     except BaseException:
         moto.stop()
         raise
-    say(f"emulators: moto (DynamoDB) pid {moto.pid} at {moto.endpoint_url}; ")
-    say(f"           kinesalite (Kinesis) pid {kinesalite.pid} at {kinesalite.endpoint_url}")
-    try:
+    try:  # a say() that fails (stdout closed) must still stop both emulators
+        say(f"emulators: moto (DynamoDB) pid {moto.pid} at {moto.endpoint_url}; ")
+        say(f"           kinesalite (Kinesis) pid {kinesalite.pid} at {kinesalite.endpoint_url}")
+        say(f"           kinesalite from {kinesalite.source}; {moto.source}")
         yield moto, kinesalite
     finally:
         kinesalite.stop()
@@ -191,20 +201,31 @@ def _sync_line(result: Any) -> str:
     return f"{getattr(result, 'shards_seen', '?')} shards seen, created {len(created)} lease(s), deleted {len(deleted)}"
 
 
-def run_demo(*, workers: int, shards: int, duration_s: float, scenario: str, clock: Clock = SYSTEM_CLOCK) -> int:
+def validate(*, workers: int, shards: int, duration_s: float, scenario: str) -> None:
+    """Raise :class:`ConfigError` (one line) for arguments outside the documented bounds."""
     if scenario not in SCENARIOS:
         raise ConfigError(f"unknown scenario {scenario!r}: choose one of {', '.join(SCENARIOS)}")
-    if shards < 3:
-        raise ConfigError("the demo needs at least 3 shards (it splits one and merges two)")
-    if scenario == "default" and duration_s < 30:
-        raise ConfigError("the default scenario needs --duration of at least 30 seconds")
+    if not WORKERS_MIN <= workers <= WORKERS_MAX:
+        raise ConfigError(f"--workers {workers} is out of range: the demo runs {WORKERS_MIN} to {WORKERS_MAX} workers")
+    if not SHARDS_MIN <= shards <= SHARDS_MAX:
+        raise ConfigError(
+            f"--shards {shards} is out of range: the demo needs {SHARDS_MIN} to {SHARDS_MAX} shards "
+            "(it splits one and merges two)"
+        )
+    if not 0 < duration_s <= DURATION_MAX_S:
+        raise ConfigError(f"--duration {duration_s:g} is out of range: more than 0 and at most {DURATION_MAX_S:g} s")
+    if scenario == "default" and duration_s < DURATION_MIN_DEFAULT_S:
+        raise ConfigError(f"the default scenario needs --duration of at least {DURATION_MIN_DEFAULT_S:g} seconds")
 
-    def say(line: str) -> None:
-        print(line, flush=True)
 
-    say(f"shardlease demo — scenario {scenario}")
+def run_demo(
+    *, workers: int, shards: int, duration_s: float, scenario: str, out: DemoOutput, clock: Clock = SYSTEM_CLOCK
+) -> int:
+    """Run one scenario; its narrative goes to ``out`` (worker_lib/cli/demo.py prints it)."""
+    validate(workers=workers, shards=shards, duration_s=duration_s, scenario=scenario)
+    out.say(f"shardlease demo — scenario {scenario}")
     if scenario == "shard-sync":
-        return _shard_sync_scenario(shards=shards, say=say, clock=clock)
-    from worker_lib.tools.demo.fleet import run_fleet_demo
+        return _shard_sync_scenario(shards=shards, say=out.say, clock=clock)
+    from worker_lib.tools.demo.scenario import run_fleet_demo
 
-    return run_fleet_demo(workers=workers, shards=shards, duration_s=duration_s, say=say, clock=clock)
+    return run_fleet_demo(workers=workers, shards=shards, duration_s=duration_s, out=out, clock=clock)
