@@ -1,1 +1,1 @@
-"""The CDK app (DESIGN.md §1): app.py (environment values only), constructs/ (reusable), stacks/."""
+"""This repository's CDK app: ``app.py`` (environment values only) and ``stacks/``, built on ``worker_lib.cdk``."""

@@ -6,25 +6,18 @@ Context keys: ``shardlease:app`` (application name), ``shardlease:stream-arn`` o
 ``shardlease:alarm-minutes``, ``shardlease:stack-name``. Account and region come from the CLI's environment
 (``CDK_DEFAULT_ACCOUNT`` / ``CDK_DEFAULT_REGION``) when set; otherwise the stack is environment-agnostic.
 
-Run by ``cdk.json`` as ``python -m infra.app`` from the repository root (so that ``worker_lib.cdk`` never shadows
-the ``constructs`` library).
+Run by ``cdk.json`` as ``python -m infra.app`` from the repository root. The stacks are built on the packaged
+construct (``worker_lib.cdk``, extra ``cdk``): this app is the example a pip user's own app follows (docs/deploy.md).
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):  # run as a script (python infra/app.py): make it behave like `python -m infra.app`
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "infra"]
-    sys.path.insert(0, str(_ROOT))
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
 
-import aws_cdk as cdk  # noqa: E402
-from cdk_nag import AwsSolutionsChecks  # noqa: E402
-
-from infra.stacks import ShardleaseStack  # noqa: E402
+from infra.stacks import ShardleaseStack
 
 
 def _ctx(app: cdk.App, key: str, default: str | None = None) -> str | None:

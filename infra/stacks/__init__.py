@@ -1,4 +1,4 @@
-"""Stacks built from the reusable constructs."""
+"""This repository's example stacks, built on the packaged construct ``worker_lib.cdk``."""
 
 from __future__ import annotations
 

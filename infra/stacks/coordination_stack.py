@@ -1,4 +1,6 @@
-"""A stack holding one ``ShardleaseCoordination`` (what ``cdk deploy`` deploys from ``infra/app.py``)."""
+"""A stack holding one ``ShardleaseCoordination`` (what ``cdk deploy`` deploys from ``infra/app.py``).
+
+Built only on the packaged construct (``worker_lib.cdk``), as a pip user's own stack would be (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from worker_lib.cdk import AlarmSettings, ShardleaseCoordination
-from worker_lib.tables.schema import BillingMode
+from worker_lib.cdk import AlarmSettings, BillingMode, ShardleaseCoordination
 
 
 class ShardleaseStack(cdk.Stack):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -26,3 +27,19 @@ def run_isolated(python: Path, code: str, *, path: list[Path], env: dict[str, st
     )
     assert result.returncode == 0, f"isolated interpreter failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
+
+
+def asset_dir(cdk_out: Path) -> Path:
+    """The leader Lambda's bundled asset directory in a ``cdk.out`` holding one stack."""
+    (template_path,) = cdk_out.glob("*.template.json")
+    template = json.loads(template_path.read_text())
+    (fn,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"]
+    asset_id = fn["Properties"]["Code"]["S3Key"].removesuffix(".zip")
+    path = cdk_out / f"asset.{asset_id}"
+    assert path.is_dir(), path
+    return path
+
+
+def files_under(directory: Path) -> set[str]:
+    """Every file below ``directory``, as posix paths relative to it."""
+    return {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}

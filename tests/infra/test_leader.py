@@ -19,7 +19,7 @@ def test_given_default_stack_then_leader_is_python313_arm64_with_powertools_laye
     props = fn["Properties"]
     assert props["Runtime"] == "python3.13"
     assert props["Architectures"] == ["arm64"]
-    assert props["Handler"] == LEADER_HANDLER == "functions.leader.handler.handler"
+    assert props["Handler"] == LEADER_HANDLER == "worker_lib.leader.lambda_handler.handler"
     # a 65 s term (the 1-minute schedule + 5 s of overlap, so the next invocation is waiting) + the 10 s margin + 5 s
     assert props["Timeout"] == 80
     assert props["Environment"]["Variables"]["SHARDLEASE_LEADER_TERM_MS"] == "65000"

@@ -4,7 +4,8 @@ It creates
 
 * the three tables from :mod:`worker_lib.tables.schema` (GSI with the table, point-in-time recovery on the lease
   table, encryption at rest with the AWS managed key or the customer managed key given);
-* the leader Lambda (Python 3.13, arm64; code = ``worker_lib`` + ``functions`` bundled without Docker; Powertools
+* the leader Lambda (Python 3.13, arm64; handler ``worker_lib.leader.lambda_handler.handler``; code = that
+  module's import closure, copied from the installed ``worker_lib`` without Docker by :mod:`.bundling`; Powertools
   from the public Powertools layer), its log group with a retention, and its own least-privilege role;
 * an EventBridge rule invoking the leader on a schedule (``rate(1 minute)``);
 * a ``ManagedPolicy`` for worker roles and :meth:`grant_worker` for any ``IGrantable``;
