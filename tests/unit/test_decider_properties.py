@@ -17,17 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.assignment.decider import (
-    AssignmentPlan,
-    CountDecider,
-    Decider,
-    KCL2StealingDecider,
-    VarianceDecider,
-    apply_plan,
-    suspect_workers,
-)
+from worker_lib.assignment.count import CountDecider
+from worker_lib.assignment.plan import AssignmentPlan, Decider, apply_plan
 from worker_lib.assignment.snapshot import AssignmentSnapshot, is_assignable_worker
+from worker_lib.assignment.state import suspect_workers
+from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.models import Lease, WorkerMetricStats
+from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
 
 NOW = 1_700_000_000.0
 

@@ -17,17 +17,13 @@ from collections.abc import Iterable
 import pytest
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.assignment.decider import (
-    AssignmentPlan,
-    CountDecider,
-    Decider,
-    KCL2StealingDecider,
-    VarianceDecider,
-    apply_plan,
-    suspect_workers,
-)
+from worker_lib.assignment.count import CountDecider
+from worker_lib.assignment.plan import AssignmentPlan, Decider, apply_plan
 from worker_lib.assignment.snapshot import AssignmentSnapshot
+from worker_lib.assignment.state import suspect_workers
+from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.models import Lease, WorkerMetricStats
+from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
 from worker_lib.tools.simulate import Event, FleetSpec, Simulation, parse_skew
 
 NOW = 1_700_000_000.0

@@ -16,16 +16,9 @@ from collections.abc import Iterable
 import pytest
 
 from worker_lib.assignment.config import AssignmentConfig, effective_cap
-from worker_lib.assignment.decider import (
-    AssignmentPlan,
-    CountDecider,
-    Decider,
-    KCL2StealingDecider,
-    VarianceDecider,
-    apply_plan,
-    make_decider,
-    spread_quotas,
-)
+from worker_lib.assignment.count import CountDecider, spread_quotas
+from worker_lib.assignment.deciders import make_decider
+from worker_lib.assignment.plan import AssignmentPlan, Decider, apply_plan
 from worker_lib.assignment.snapshot import (
     NEVER,
     AssignmentSnapshot,
@@ -36,8 +29,10 @@ from worker_lib.assignment.snapshot import (
     is_excluded_worker,
     is_valid_worker,
 )
+from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import Lease, WorkerMetricStats
+from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
 
 NOW = 1_700_000_000.0
 YIELD, TAKE = "workerIdYield", "workerIdTake"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.assignment.decider import VarianceDecider
 from worker_lib.assignment.liveness import HeartbeatTracker, LivenessView
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
+from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.models import Lease, WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.workermetrics.stats_serializer import from_item, heartbeat_of

@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.assignment.decider import AssignmentPlan, Decider, Decision, make_decider, suspect_workers
+from worker_lib.assignment.deciders import make_decider
 from worker_lib.assignment.liveness import LivenessView
+from worker_lib.assignment.plan import AssignmentPlan, Decider, Decision
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
+from worker_lib.assignment.state import suspect_workers
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState

@@ -42,17 +42,21 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.assignment.decider import CountDecider, Decider, KCL2StealingDecider, VarianceDecider, apply_plan
+from worker_lib.assignment.deciders import DECIDERS, DeciderFactory
+from worker_lib.assignment.plan import Decider, apply_plan
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
+from worker_lib.tools.kcl2_baseline import KCL2, kcl2_decider
 
 EPOCH0 = 1_700_000_000
 """Simulated wall clock (epoch seconds) at cycle 0."""
 
-STRATEGIES: tuple[str, ...] = ("variance", "variance-kcl", "count", "count-kcl", "kcl2")
-"""``variance`` (ours, default), ``variance-kcl`` (KCL 3.x's decisions), ``count`` (ours, lease count),
-``count-kcl`` (KCL 3.4.3's lease-count decider), ``kcl2`` (KCL 2.x lease takers stealing one lease at a time)."""
+STRATEGY_FACTORIES: Mapping[str, DeciderFactory] = {**DECIDERS, KCL2: kcl2_decider}
+"""The leader's deciders (:data:`worker_lib.assignment.deciders.DECIDERS`) plus ``kcl2``, KCL 2.x lease takers
+stealing one lease at a time (``worker_lib/tools/kcl2_baseline.py``)."""
+
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_FACTORIES)
 
 STRATEGY_LABELS: Mapping[str, str] = {
     "variance": "ours (variance)",
@@ -190,16 +194,9 @@ class FleetSpec:
 
 def make_strategy(strategy: str, config: AssignmentConfig | None = None) -> Decider:
     """The decider a strategy name stands for (see :data:`STRATEGIES`); ``config`` overrides the defaults."""
-    from dataclasses import replace
-
-    if strategy not in STRATEGIES:
+    if strategy not in STRATEGY_FACTORIES:
         raise ConfigError(f"invalid strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    base = config or AssignmentConfig()
-    if strategy in ("variance", "variance-kcl"):
-        return VarianceDecider(replace(base, strategy="variance", kcl_compatible=strategy == "variance-kcl"))
-    if strategy in ("count", "count-kcl"):
-        return CountDecider(replace(base, strategy="count", kcl_compatible=strategy == "count-kcl"))
-    return KCL2StealingDecider(replace(base, strategy="count"))
+    return STRATEGY_FACTORIES[strategy](config or AssignmentConfig())
 
 
 # --------------------------------------------------------------------------------------------------- results
