@@ -25,7 +25,7 @@ from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
 from worker_lib.leader.assigner import AssignmentReport, LeaseAssigner
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
-from worker_lib.leader.host import build_leader
+from worker_lib.leader.factory import build_leader
 from worker_lib.leader.leader import CycleReport, Leader
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
@@ -476,6 +476,7 @@ def test_the_leaders_loop_ticks_between_cycles_and_moves_a_dead_workers_leases_w
     assert len(fast_reports) == 1
     at, fast = fast_reports[0]
     assert FAILOVER_MS / 1000 < at - died_at[0] <= FAILOVER_MS / 1000 + 2.5
+    assert fast.assignment is not None
     assert fast.assignment.workers_gone == ("A",) and fast.assignment.reassigned_expired >= 1
     assert all(lease.lease_owner == "B" for lease in parts.lease_store.list_leases())
 

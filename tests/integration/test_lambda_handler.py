@@ -16,13 +16,17 @@ from typing import Any
 import pytest
 
 from functions.leader import handler as leader_handler
+from tests.support.leader_reports import assignment_report
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
+from worker_lib.leader import lambda_handler
 from worker_lib.leader.config import LeaderLockConfig
+from worker_lib.leader.cycle_metrics import cycle_metrics, run_outcome, worker_metrics
 from worker_lib.leader.leader import CycleReport
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.syncer import ShardSyncResult
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.names import LeaderMetric, WorkerMetric
 from worker_lib.testing.streams import create_stream
@@ -169,15 +173,18 @@ def test_given_the_lock_held_elsewhere_when_invoked_then_it_returns_leader_false
 def test_given_warm_invocations_then_clients_are_created_once_and_reused(
     deployment: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN a cold module state
-    monkeypatch.setattr(leader_handler, "_clients", None)
+    # GIVEN a cold container: no clients yet
+    monkeypatch.setattr(lambda_handler._clients, "current", None)
     # WHEN invoked twice in the same "container"
     leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
-    first = leader_handler._clients
+    first = lambda_handler._clients.current
     leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
     # THEN the second invocation reused the first one's boto3 clients
     assert first is not None
-    assert leader_handler._clients is first
+    assert lambda_handler._clients.current is first
+    # AND functions/leader/handler.py is the packaged handler, not a copy
+    assert leader_handler.handler is lambda_handler.handler
+    assert leader_handler._clients is lambda_handler._clients
 
 
 def test_given_no_application_in_the_environment_then_the_handler_fails_with_one_clear_error(
@@ -188,45 +195,58 @@ def test_given_no_application_in_the_environment_then_the_handler_fails_with_one
         leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_000))
 
 
-def test_given_cycle_reports_then_metrics_are_read_defensively() -> None:
-    # GIVEN a leader cycle with a shard sync and an assignment, and one with odd or missing fields
+def test_given_typed_cycle_reports_then_metrics_come_from_their_fields() -> None:
+    # GIVEN a leader cycle with a shard sync and an assignment, a failed cycle, and a cycle without the lock
     full = CycleReport(
         cycle=1,
         owner="o",
         leader=True,
-        shard_sync={"shards_seen": 4, "created": ["a", "b"], "deleted": []},
-        assignment={
-            "leases": 4,
-            "expired": 1,
-            "unassigned": 0,
-            "assigned": 1,
-            "moved": 2,
-            "max_over_mean": 1.05,
-            "leases_per_worker": {"w1": 2, "w2": 2},
-            "throughput_per_worker_kbps": {"w1": 10.5, "w2": "n/a"},
-        },
+        shard_sync=ShardSyncResult(shards_seen=4, open_shards=4, leases_before=2, created=("a", "b")),
+        assignment=assignment_report(),
         duration_ms=42,
-    ).to_dict()
-    odd = {"leader": True, "error": "throttled", "shard_sync": "not a mapping", "assignment": None}
+    )
+    failed = CycleReport(cycle=2, owner="o", leader=True, error="throttled", duration_ms=7)
+    not_leader = CycleReport(cycle=3, owner="o", leader=False, current_leader="other")
     # WHEN turned into metrics
-    by_name = {name: value for name, _, value in leader_handler.cycle_metrics(full)}
-    # THEN the counts are taken from numbers or list lengths
+    by_name = {m.name: m.value for m in cycle_metrics(full)}
+    # THEN each count is read from its field (lists of lease keys are counted)
     assert by_name[LeaderMetric.CYCLES] == 1
+    assert by_name[LeaderMetric.CYCLE_FAILURES] == 0
     assert by_name[LeaderMetric.CYCLE_TIME] == 42
+    assert by_name[LeaderMetric.SHARDS] == 4
     assert by_name[LeaderMetric.LEASES_CREATED] == 2
     assert by_name[LeaderMetric.LEASES_DELETED] == 0
     assert by_name[LeaderMetric.EXPIRED_LEASES] == 1
     assert by_name[LeaderMetric.LEASE_MOVES] == 2
+    assert by_name[LeaderMetric.HANDOFFS_FORCED] == 0
+    assert by_name[LeaderMetric.WORKERS] == 2
     assert by_name[LeaderMetric.LOAD_MAX_OVER_MEAN] == 1.05
-    assert LeaderMetric.HANDOFFS_FORCED not in by_name  # absent field: skipped, not zero
-    per_worker = {(w, n): v for w, n, _, v in leader_handler.worker_metrics(full)}
+    per_worker = {(m.worker, m.name): m.value for m in worker_metrics(full)}
     assert per_worker == {
         ("w1", WorkerMetric.LEASES): 2,
         ("w2", WorkerMetric.LEASES): 2,
         ("w1", WorkerMetric.THROUGHPUT_KBPS): 10.5,
+        ("w2", WorkerMetric.THROUGHPUT_KBPS): 3.0,
     }
-    # AND a failed cycle counts as a failure, with nothing else invented
-    odd_metrics = {name: value for name, _, value in leader_handler.cycle_metrics(odd)}
-    assert odd_metrics == {LeaderMetric.CYCLES: 0.0, LeaderMetric.CYCLE_FAILURES: 1.0}
-    not_leader = leader_handler.cycle_metrics({"leader": False})
-    assert [name for name, _, _ in not_leader] == [LeaderMetric.NOT_LEADER]
+    # AND a failed cycle counts as a failure with its time, with nothing else invented
+    assert {m.name: m.value for m in cycle_metrics(failed)} == {
+        LeaderMetric.CYCLES: 0.0,
+        LeaderMetric.CYCLE_FAILURES: 1.0,
+        LeaderMetric.CYCLE_TIME: 7.0,
+    }
+    assert worker_metrics(failed) == []
+    # AND a host without the lock reports only that
+    assert [m.name for m in cycle_metrics(not_leader)] == [LeaderMetric.NOT_LEADER]
+    # AND the run's outcome sums the led cycles and names the last holder seen
+    outcome = run_outcome([full, failed, not_leader], owner="o")
+    assert outcome.headline() == {
+        "leader": True,
+        "owner": "o",
+        "current_leader": "other",
+        "cycles_run": 3,
+        "leader_cycles": 2,
+        "failed_cycles": 1,
+        "leases_created": 2,
+        "leases_deleted": 0,
+    }
+    assert json.loads(json.dumps(outcome.to_dict()))["cycles"][0]["shard_sync"]["created"] == ["a", "b"]

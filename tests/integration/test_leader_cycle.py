@@ -11,7 +11,7 @@ from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
-from worker_lib.leader.host import build_leader
+from worker_lib.leader.factory import build_leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables

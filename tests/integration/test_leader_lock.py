@@ -23,8 +23,9 @@ from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import TableMissingError
 from worker_lib.leader.config import LeaderLockConfig
-from worker_lib.leader.lock import LOCK_KEY, DynamoDBLeaderLock, LeaderLock
+from worker_lib.leader.lock import DynamoDBLeaderLock, LeaderLock
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.tables.coordinator_items import LOCK_KEY
 from worker_lib.tables.schema import coordinator_state_table_name
 
 CONFIG = LeaderLockConfig(lease_duration_ms=30_000, heartbeat_interval_ms=10_000, max_clock_skew_ms=1_000)

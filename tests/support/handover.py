@@ -39,7 +39,7 @@ from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
-from worker_lib.leader.host import LeaderParts, build_leader
+from worker_lib.leader.factory import LeaderParts, build_leader
 from worker_lib.leader.leader import CycleReport
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -158,7 +158,7 @@ def all_shards_processed(lines: list[Line], shards: int) -> bool:
 
 
 class InProcessLeader:
-    """:func:`~worker_lib.leader.host.build_leader` run on a thread (as ``shardlease leader`` runs it), on its own
+    """:func:`~worker_lib.leader.factory.build_leader` run on a thread (as ``shardlease leader`` runs it), on its own
     DynamoDB client ``self.ddb`` (``aws.max_attempts`` as given: botocore retries that many times after the first
     attempt). ``reports`` holds (monotonic time, report) for every cycle and fast pass."""
 

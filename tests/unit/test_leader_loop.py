@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.support.leader_reports import assignment_report
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError
+from worker_lib.leader.assigner import AssignmentReport
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.leader import Leader
+from worker_lib.shardsync.syncer import ShardSyncResult
 
 LOCK = LeaderLockConfig(lease_duration_ms=30_000, heartbeat_interval_ms=10_000, poll_interval_ms=1_000)
 
@@ -81,20 +84,20 @@ class CountingSync:
     runs: int = 0
     fail_with: Exception | None = None
 
-    def sync_once(self) -> str:
+    def sync_once(self) -> ShardSyncResult:
         self.runs += 1
         if self.fail_with is not None:
             raise self.fail_with
-        return f"sync {self.runs}"
+        return ShardSyncResult(shards_seen=self.runs, open_shards=self.runs, leases_before=0)
 
 
 @dataclass
 class RecordingAssignment:
     run_numbers: list[int] = field(default_factory=list)
 
-    def run(self, *, run_number: int) -> str:
+    def run(self, *, run_number: int) -> AssignmentReport:
         self.run_numbers.append(run_number)
-        return f"assignment {run_number}"
+        return assignment_report(run_number)
 
 
 def make_leader(
@@ -230,6 +233,7 @@ def test_run_once_releases_after_one_cycle() -> None:
     clock = ManualClock()
     leader, lock, _, _ = make_leader(clock)
     report = leader.run_once()
-    assert report.leader and report.shard_sync == "sync 1" and report.assignment == "assignment 1"
+    assert report.leader and report.shard_sync is not None and report.shard_sync.shards_seen == 1
+    assert report.assignment is not None and report.assignment.run_number == 1
     assert lock.releases == 1 and lock.holder is None
-    assert report.to_dict()["shard_sync"] == "sync 1"
+    assert report.to_dict()["shard_sync"]["shards_seen"] == 1

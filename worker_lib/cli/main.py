@@ -221,7 +221,7 @@ def _shard_sync_config(args: argparse.Namespace) -> Any:
 
 def _cmd_leader(args: argparse.Namespace) -> int:
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
-    from worker_lib.leader.host import run_leader_cli
+    from worker_lib.cli.leader import run_leader_cli
 
     return run_leader_cli(
         app=args.app,

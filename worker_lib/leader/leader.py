@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict, dataclass, field, is_dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
@@ -27,26 +28,31 @@ from worker_lib.core.errors import DependencyError
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 
 if TYPE_CHECKING:
+    from worker_lib.leader.assigner import AssignmentReport
     from worker_lib.leader.lock import LeaderLock
+    from worker_lib.shardsync.syncer import ShardSyncResult
 
 log = logging.getLogger("shardlease.leader")
+
+OnCycle = Callable[["CycleReport"], None]
+"""What a host does with each cycle's report (print it, log it, publish its metrics)."""
 
 TAKEOVER_POLL_S = 0.5
 """How often an invocation waiting for the lock to be handed over re-reads it."""
 
 
 class ShardSyncStep(Protocol):
-    def sync_once(self) -> Any:
-        """Run one shard sync; returns a result object (a dataclass) for the report."""
+    def sync_once(self) -> ShardSyncResult:
+        """Run one shard sync and say what it did."""
 
 
 class AssignmentStep(Protocol):
-    def run(self, *, run_number: int) -> Any:
-        """Run one assignment pass; returns a result object (a dataclass) for the report."""
+    def run(self, *, run_number: int) -> AssignmentReport:
+        """Run one assignment pass and say what it did."""
 
 
 class FastTick(Protocol):
-    def tick(self, *, run_number: int) -> Any:
+    def tick(self, *, run_number: int) -> AssignmentReport | None:
         """One cheap read between full cycles; the fast pass's report if one ran, else None."""
 
     def note_full_cycle(self) -> None:
@@ -55,30 +61,32 @@ class FastTick(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class CycleReport:
-    """What one cycle did. ``leader`` is False when this host did not hold the lock (nothing else ran)."""
+    """What one cycle did. ``leader`` is False when this host did not hold the lock (nothing else ran).
+
+    ``shard_sync`` is set when a shard sync ran in the cycle, ``assignment`` when an assignment pass ran (a fast
+    pass between full cycles has ``fast`` set and no shard sync); :mod:`worker_lib.leader.cycle_metrics` turns a
+    report into the metrics every host publishes.
+    """
 
     cycle: int
     owner: str
     leader: bool
     current_leader: str | None = None
-    shard_sync: Any = None
-    assignment: Any = None
+    shard_sync: ShardSyncResult | None = None
+    assignment: AssignmentReport | None = None
     error: str | None = None
     released: bool = False
     duration_ms: int = 0
     fast: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        def plain(value: Any) -> Any:
-            return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
-
         return {
             "cycle": self.cycle,
             "owner": self.owner,
             "leader": self.leader,
             "current_leader": self.current_leader,
-            "shard_sync": plain(self.shard_sync),
-            "assignment": plain(self.assignment),
+            "shard_sync": None if self.shard_sync is None else asdict(self.shard_sync),
+            "assignment": None if self.assignment is None else asdict(self.assignment),
             "error": self.error,
             "released": self.released,
             "duration_ms": self.duration_ms,
@@ -216,7 +224,7 @@ class Leader:
         stop: threading.Event | None = None,
         deadline_monotonic: float | None = None,
         max_cycles: int | None = None,
-        on_cycle: Any = None,
+        on_cycle: OnCycle | None = None,
         exit_when_held: bool = False,
     ) -> list[CycleReport]:
         """Run cycles until ``stop`` is set, the host's deadline approaches, or ``max_cycles`` ran; then release.
@@ -294,7 +302,7 @@ class Leader:
         *,
         stop: threading.Event | None,
         deadline_monotonic: float | None,
-        on_cycle: Any = None,
+        on_cycle: OnCycle | None = None,
     ) -> None:
         """Sleep ``seconds`` in slices, heartbeating when due and ticking the fast path, returning early on stop or
         deadline."""
@@ -327,7 +335,7 @@ class Leader:
                 pause = min(pause, max(0.0, next_tick - self._clock.monotonic()))
             self._clock.sleep(pause)
 
-    def _tick(self, on_cycle: Any) -> None:
+    def _tick(self, on_cycle: OnCycle | None) -> None:
         """One fast-path tick, only while leading and after this term's first full cycle."""
         if self._fast_tick is None or self._state.leader_runs < 1 or not self._lock.is_leader():
             return

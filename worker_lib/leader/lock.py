@@ -32,21 +32,21 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.config import AwsConfig
 from worker_lib.leader.config import LeaderLockConfig
-from worker_lib.tables.schema import CoordinatorAttr, coordinator_state_table_name
+from worker_lib.tables.coordinator_items import (
+    LOCK_KEY,
+    LockRecord,
+    key_of,
+    lock_acquire_condition,
+    lock_item,
+    lock_update,
+    parse_lock,
+)
+from worker_lib.tables.schema import coordinator_state_table_name
 
 if TYPE_CHECKING:
     import boto3
 
 log = logging.getLogger("shardlease.leader.lock")
-
-LOCK_KEY = "Leader"
-OWNER = "ownerName"
-DURATION = "leaseDuration"
-VERSION = "recordVersionNumber"
-RELEASED = "isReleased"
-EXPIRES = "expiresAtMillis"
-UPDATED = "lastUpdatedMillis"
-RELEASE_AT = "releaseAtMillis"
 
 _BOTO_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
 
@@ -112,30 +112,16 @@ class DynamoDBLeaderLock:
 
     # --- reading --------------------------------------------------------------------------------------------
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self) -> LockRecord | None:
         with aws.translated("dynamodb GetItem", self.table_name):
-            response = self._client.get_item(
-                TableName=self.table_name, Key={CoordinatorAttr.KEY: {"S": LOCK_KEY}}, ConsistentRead=True
-            )
+            response = self._client.get_item(TableName=self.table_name, Key=key_of(LOCK_KEY), ConsistentRead=True)
         item = response.get("Item")
-        return dict(item) if item else None
+        return parse_lock(item) if item else None
 
-    @staticmethod
-    def _s(item: dict[str, Any], name: str) -> str | None:
-        value = item.get(name, {})
-        return str(value["S"]) if "S" in value else None
-
-    @staticmethod
-    def _n(item: dict[str, Any], name: str) -> int | None:
-        try:
-            return int(item.get(name, {})["N"])
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def _check_skew(self, item: dict[str, Any]) -> None:
+    def _check_skew(self, item: LockRecord) -> None:
         """Warn (once) when the item was stamped ahead of our wall clock by more than the skew bound: the writer's
         clock or ours is off, and the bound the lock relies on does not hold."""
-        updated = self._n(item, UPDATED)
+        updated = item.updated_ms
         if updated is None or self._skew_warned:
             return
         ahead_ms = updated - wall_millis(self._clock)
@@ -147,31 +133,27 @@ class DynamoDBLeaderLock:
                 ahead_ms,
                 self._config.max_clock_skew_ms,
                 self.owner,
-                self._s(item, OWNER),
+                item.owner,
             )
 
-    def _duration_ms(self, item: dict[str, Any]) -> int:
-        raw = self._s(item, DURATION) or item.get(DURATION, {}).get("N")
-        try:
-            return int(str(raw))
-        except (TypeError, ValueError):
-            return self._config.lease_duration_ms
+    def _duration_ms(self, item: LockRecord) -> int:
+        return self._config.lease_duration_ms if item.duration_ms is None else item.duration_ms
 
-    def _expired_by_record(self, item: dict[str, Any]) -> bool:
+    def _expired_by_record(self, item: LockRecord) -> bool:
         """Released, or past its written expiry + skew: what one read can tell (no KCL-style watching)."""
-        if item.get(RELEASED, {}).get("BOOL") is True:
+        if item.released:
             return True
-        expires = self._n(item, EXPIRES)
+        expires = item.expires_ms
         return expires is not None and wall_millis(self._clock) > expires + self._config.max_clock_skew_ms
 
-    def _expired(self, item: dict[str, Any]) -> bool:
-        if item.get(RELEASED, {}).get("BOOL") is True:
+    def _expired(self, item: LockRecord) -> bool:
+        if item.released:
             return True
-        expires = self._n(item, EXPIRES)
+        expires = item.expires_ms
         if expires is not None:
             return wall_millis(self._clock) > expires + self._config.max_clock_skew_ms
         # A KCL-written item (or an unreadable expiry): KCL's rule, on our own monotonic clock.
-        version = self._s(item, VERSION) or ""
+        version = item.version or ""
         now = self._clock.monotonic()
         if self._watched is None or self._watched[0] != version:
             self._watched = (version, now)
@@ -189,7 +171,7 @@ class DynamoDBLeaderLock:
         item = self._read()
         if item is None or self._expired_by_record(item):
             return None
-        return self._s(item, OWNER)
+        return item.owner
 
     def plan_release(self, wall_ms: int | None) -> None:
         self._release_at_ms = wall_ms
@@ -199,14 +181,14 @@ class DynamoDBLeaderLock:
 
     def takeover_eta_s(self) -> float | None:
         item = self._read()
-        if item is None or item.get(RELEASED, {}).get("BOOL") is True:
+        if item is None or item.released:
             return 0.0
-        expires = self._n(item, EXPIRES)
+        expires = item.expires_ms
         if expires is None:
             return None
         now_ms = wall_millis(self._clock)
         eta_ms = expires + self._config.max_clock_skew_ms - now_ms
-        release_at = self._n(item, RELEASE_AT)
+        release_at = item.release_at_ms
         if release_at is not None:
             eta_ms = min(eta_ms, release_at - now_ms)
         return max(0.0, eta_ms / 1000)
@@ -214,24 +196,18 @@ class DynamoDBLeaderLock:
     # --- writing --------------------------------------------------------------------------------------------
 
     def _new_item(self, version: str) -> dict[str, Any]:
-        now_ms = wall_millis(self._clock)
-        item = {
-            CoordinatorAttr.KEY: {"S": LOCK_KEY},
-            OWNER: {"S": self.owner},
-            DURATION: {"S": str(self._config.lease_duration_ms)},
-            VERSION: {"S": version},
-            RELEASED: {"BOOL": False},
-            EXPIRES: {"N": str(now_ms + self._config.lease_duration_ms)},
-            UPDATED: {"N": str(now_ms)},
-        }
-        if self._release_at_ms is not None:
-            item[RELEASE_AT] = {"N": str(self._release_at_ms)}
-        return item
+        return lock_item(
+            owner=self.owner,
+            version=version,
+            duration_ms=self._config.lease_duration_ms,
+            now_ms=wall_millis(self._clock),
+            release_at_ms=self._release_at_ms,
+        )
 
     def _applied(self, version: str) -> bool:
         """After a failed condition: was our own write applied (its reply lost)?"""
         item = self._read()
-        return item is not None and self._s(item, VERSION) == version and self._s(item, OWNER) == self.owner
+        return item is not None and item.version == version and item.owner == self.owner
 
     def _won(self, version: str, sent: float, what: str) -> bool:
         self._version, self._sent_at = version, sent
@@ -248,33 +224,17 @@ class DynamoDBLeaderLock:
         if self._version is not None and self.is_leader():
             return self.heartbeat()
         item = self._read()
-        self._last_holder = None if item is None or self._expired_by_record(item) else self._s(item, OWNER)
-        kwargs: dict[str, Any]
+        self._last_holder = None if item is None or self._expired_by_record(item) else item.owner
         if item is None:
             self._lost("lock item deleted")
-            kwargs = {
-                "ConditionExpression": "attribute_not_exists(#k)",
-                "ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY},
-            }
         else:
             self._check_skew(item)
-            observed = self._s(item, VERSION)
-            ours = self._version is not None and observed == self._version
+            ours = self._version is not None and item.version == self._version
             if not ours:
-                self._lost(f"taken over by {self._s(item, OWNER)}")
+                self._lost(f"taken over by {item.owner}")
                 if not self._expired(item):
                     return False
-            if observed is None:  # a malformed item: whoever replaces it first wins
-                kwargs = {
-                    "ConditionExpression": "attribute_exists(#k) AND attribute_not_exists(#v)",
-                    "ExpressionAttributeNames": {"#k": CoordinatorAttr.KEY, "#v": VERSION},
-                }
-            else:
-                kwargs = {
-                    "ConditionExpression": "#v = :observed",
-                    "ExpressionAttributeNames": {"#v": VERSION},
-                    "ExpressionAttributeValues": {":observed": {"S": observed}},
-                }
+        kwargs = lock_acquire_condition(item)  # exactly what we read: one contender's write lands
         version = str(uuid.uuid4())
         sent = self._clock.monotonic()
         try:
@@ -284,7 +244,7 @@ class DynamoDBLeaderLock:
                 aws.raise_translated(exc, operation="dynamodb PutItem (leader lock)", resource=self.table_name)
             if not self._applied(version):
                 return self._lost("another contender won")
-        previous = self._s(item, OWNER) if item else None
+        previous = item.owner if item else None
         return self._won(version, sent, f"acquired (previous holder {previous or 'none'})")
 
     def acquire(self, timeout_s: float) -> bool:
@@ -301,34 +261,19 @@ class DynamoDBLeaderLock:
         if self._version is None:
             return False
         version = str(uuid.uuid4())
-        now_ms = wall_millis(self._clock)
-        expires = now_ms if release else now_ms + self._config.lease_duration_ms
         sent = self._clock.monotonic()
-        names = {"#v": VERSION, "#e": EXPIRES, "#u": UPDATED, "#d": DURATION, "#r": RELEASED, "#o": OWNER}
-        values: dict[str, Any] = {
-            ":new": {"S": version},
-            ":exp": {"N": str(expires)},
-            ":now": {"N": str(now_ms)},
-            ":dur": {"S": str(self._config.lease_duration_ms)},
-            ":rel": {"BOOL": release},
-            ":me": {"S": self.owner},
-            ":mine": {"S": self._version},
-        }
-        expression = "SET #v = :new, #e = :exp, #u = :now, #d = :dur, #r = :rel"
-        names["#ra"] = RELEASE_AT
-        if self._release_at_ms is not None and not release:
-            expression += ", #ra = :ra"
-            values[":ra"] = {"N": str(self._release_at_ms)}
-        else:
-            expression += " REMOVE #ra"
         try:
             self._client.update_item(
                 TableName=self.table_name,
-                Key={CoordinatorAttr.KEY: {"S": LOCK_KEY}},
-                UpdateExpression=expression,
-                ConditionExpression="#o = :me AND #v = :mine",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
+                **lock_update(
+                    owner=self.owner,
+                    held_version=self._version,
+                    version=version,
+                    duration_ms=self._config.lease_duration_ms,
+                    now_ms=wall_millis(self._clock),
+                    release=release,
+                    release_at_ms=self._release_at_ms,
+                ),
             )
         except _BOTO_ERRORS as exc:
             if not aws.is_conditional_check_failed(exc):

@@ -8,58 +8,34 @@ Values are plain Python (str, int, float, bool, None, lists/tuples, dicts, sets)
 
 from __future__ import annotations
 
-import decimal
 import json
 import logging
-import math
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
-from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
-from worker_lib.tables.schema import CoordinatorAttr, coordinator_state_table_name
+from worker_lib.tables.coordinator_items import (
+    EXPIRY_OBSERVATIONS_KEY,
+    KEY,
+    LEASE_CAP_KEY,
+    ExpiryObservationsAttr,
+    LeaseCapAttr,
+    from_item,
+    key_of,
+    plain_item,
+    to_attribute,
+)
+from worker_lib.tables.schema import coordinator_state_table_name
 
 if TYPE_CHECKING:
     import boto3
 
 log = logging.getLogger("shardlease.leader.state")
-
-_SERIALIZER = TypeSerializer()
-_DESERIALIZER = TypeDeserializer()
-
-
-def _to_dynamo(value: Any) -> dict[str, Any]:
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"DynamoDB cannot store the number {value!r}")
-        value = decimal.Decimal(repr(value))
-    elif isinstance(value, Mapping):
-        return {"M": {k: _to_dynamo(v) for k, v in value.items()}}
-    elif isinstance(value, list | tuple):
-        return {"L": [_to_dynamo(v) for v in value]}
-    return dict(_SERIALIZER.serialize(value))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Binary):
-        return bytes(value.value)  # type: ignore[attr-defined]  # boto3 stubs omit Binary.value
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | set):
-        return [_plain(v) for v in value]
-    return value
-
-
-def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    """A low-level DynamoDB item as plain Python values."""
-    return {name: _plain(_DESERIALIZER.deserialize(value)) for name, value in item.items()}
 
 
 class CoordinatorStateStore:
@@ -79,30 +55,26 @@ class CoordinatorStateStore:
     def get(self, key: str) -> dict[str, Any] | None:
         """A strongly consistent read of one item (plain values), or ``None``."""
         with aws.translated("dynamodb GetItem", self.table_name):
-            response = self._client.get_item(
-                TableName=self.table_name, Key={CoordinatorAttr.KEY: {"S": key}}, ConsistentRead=True
-            )
+            response = self._client.get_item(TableName=self.table_name, Key=key_of(key), ConsistentRead=True)
         item = response.get("Item")
         return from_item(item) if item else None
 
     def put(self, key: str, attrs: Mapping[str, Any]) -> None:
         """Write the item ``key`` unconditionally (state whose every version is a fact, e.g. observations)."""
-        item = {name: _to_dynamo(value) for name, value in attrs.items()}
-        item[CoordinatorAttr.KEY] = {"S": key}
+        item = plain_item(key, attrs)
         with aws.translated("dynamodb PutItem", self.table_name):
             self._client.put_item(TableName=self.table_name, Item=item)
 
     def put_if_absent(self, key: str, attrs: Mapping[str, Any]) -> bool:
         """Create the item ``key`` with ``attrs``; False if an item with that key already exists."""
-        item = {name: _to_dynamo(value) for name, value in attrs.items()}
-        item[CoordinatorAttr.KEY] = {"S": key}
+        item = plain_item(key, attrs)
         return self._conditional(
             "PutItem",
             self._client.put_item,
             TableName=self.table_name,
             Item=item,
             ConditionExpression="attribute_not_exists(#k)",
-            ExpressionAttributeNames={"#k": CoordinatorAttr.KEY},
+            ExpressionAttributeNames={"#k": KEY},
         )
 
     def update_if(self, key: str, attrs: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
@@ -110,9 +82,9 @@ class CoordinatorStateStore:
         (``None``: absent). False if the item is missing or a condition does not hold."""
         if not attrs:
             raise ValueError("update_if needs at least one attribute to write")
-        if CoordinatorAttr.KEY in attrs:
-            raise ValueError(f"the key attribute {CoordinatorAttr.KEY!r} cannot be updated")
-        names: dict[str, str] = {"#k": CoordinatorAttr.KEY}
+        if KEY in attrs:
+            raise ValueError(f"the key attribute {KEY!r} cannot be updated")
+        names: dict[str, str] = {"#k": KEY}
         values: dict[str, Any] = {}
         sets, removes, conditions = [], [], ["attribute_exists(#k)"]
         for i, (name, value) in enumerate(attrs.items()):
@@ -120,14 +92,14 @@ class CoordinatorStateStore:
             if value is None:
                 removes.append(f"#a{i}")
             else:
-                values[f":a{i}"] = _to_dynamo(value)
+                values[f":a{i}"] = to_attribute(value)
                 sets.append(f"#a{i} = :a{i}")
         for i, (name, value) in enumerate(expected.items()):
             names[f"#e{i}"] = name
             if value is None:
                 conditions.append(f"attribute_not_exists(#e{i})")
             else:
-                values[f":e{i}"] = _to_dynamo(value)
+                values[f":e{i}"] = to_attribute(value)
                 conditions.append(f"#e{i} = :e{i}")
         expression = " ".join(
             part
@@ -136,7 +108,7 @@ class CoordinatorStateStore:
         )
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
-            "Key": {CoordinatorAttr.KEY: {"S": key}},
+            "Key": key_of(key),
             "UpdateExpression": expression,
             "ConditionExpression": " AND ".join(conditions),
             "ExpressionAttributeNames": names,
@@ -147,7 +119,7 @@ class CoordinatorStateStore:
 
     def delete_if(self, key: str, expected: Mapping[str, Any]) -> bool:
         """Delete the item if it exists and every ``expected`` attribute has the given value (``None``: absent)."""
-        names: dict[str, str] = {"#k": CoordinatorAttr.KEY}
+        names: dict[str, str] = {"#k": KEY}
         values: dict[str, Any] = {}
         conditions = ["attribute_exists(#k)"]
         for i, (name, value) in enumerate(expected.items()):
@@ -155,11 +127,11 @@ class CoordinatorStateStore:
             if value is None:
                 conditions.append(f"attribute_not_exists(#e{i})")
             else:
-                values[f":e{i}"] = _to_dynamo(value)
+                values[f":e{i}"] = to_attribute(value)
                 conditions.append(f"#e{i} = :e{i}")
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
-            "Key": {CoordinatorAttr.KEY: {"S": key}},
+            "Key": key_of(key),
             "ConditionExpression": " AND ".join(conditions),
             "ExpressionAttributeNames": names,
         }
@@ -183,7 +155,7 @@ class LeaseCapRecorder:
     cannot interleave a stale value; the loser simply re-reads next cycle). The cap itself is recomputed every
     cycle from live counts, so this item is for operators and status tools, never an input that can go stale."""
 
-    KEY = "MaxLeasesPerWorker"
+    KEY = LEASE_CAP_KEY
 
     def __init__(self, store: CoordinatorStateStore) -> None:
         self._store = store
@@ -194,12 +166,18 @@ class LeaseCapRecorder:
         if current == self._last:
             return
         item = self._store.get(self.KEY)
-        attrs = {"cap": cap if cap is not None else -1, "shards": shards, "workers": workers}
+        attrs = {
+            LeaseCapAttr.CAP: cap if cap is not None else -1,
+            LeaseCapAttr.SHARDS: shards,
+            LeaseCapAttr.WORKERS: workers,
+        }
         if item is None:
-            written = self._store.put_if_absent(self.KEY, {**attrs, "version": 1})
+            written = self._store.put_if_absent(self.KEY, {**attrs, LeaseCapAttr.VERSION: 1})
         else:
-            expected = {"version": item.get("version", 0)}
-            written = self._store.update_if(self.KEY, {**attrs, "version": int(item.get("version", 0)) + 1}, expected)
+            seen = item.get(LeaseCapAttr.VERSION, 0)
+            written = self._store.update_if(
+                self.KEY, {**attrs, LeaseCapAttr.VERSION: int(seen) + 1}, {LeaseCapAttr.VERSION: seen}
+            )
         if written:
             self._last = current
 
@@ -213,7 +191,7 @@ class ExpiryObservationStore:
     trusts the dates only up to ``max_clock_skew_ms`` (:meth:`~worker_lib.assignment.snapshot.ExpiryTracker.restore`).
     """
 
-    KEY = "LeaseExpiryObservations"
+    KEY = EXPIRY_OBSERVATIONS_KEY
     MAX_BYTES = 300_000  # DynamoDB items hold 400 KB; beyond this (about 30 000 leases) nothing is kept
 
     def __init__(self, store: CoordinatorStateStore, *, max_clock_skew_ms: int) -> None:
@@ -225,12 +203,14 @@ class ExpiryObservationStore:
         if len(blob) > self.MAX_BYTES:
             log.warning("not keeping %d expiry observations: %d bytes compressed", len(entries), len(blob))
             return False
-        self._store.put(self.KEY, {"obs": blob, "count": len(entries)})
+        self._store.put(
+            self.KEY, {ExpiryObservationsAttr.OBSERVATIONS: blob, ExpiryObservationsAttr.COUNT: len(entries)}
+        )
         return True
 
     def load(self) -> list[tuple[str, int, float]]:
         item = self._store.get(self.KEY)
-        raw = item.get("obs") if item else None
+        raw = item.get(ExpiryObservationsAttr.OBSERVATIONS) if item else None
         if not isinstance(raw, bytes | bytearray):
             return []
         try:

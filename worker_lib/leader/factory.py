@@ -1,0 +1,218 @@
+"""The one place a leader is built: lock, stores, shard syncer, assigner, liveness watch and fast path.
+
+Every host runs the :class:`~worker_lib.leader.leader.Leader` this module wires — the Lambda handler
+(:mod:`worker_lib.leader.lambda_handler`), the embedded thread of a worker with ``leader_mode="embedded"`` and
+``shardlease leader`` (:mod:`worker_lib.cli.leader`) — so a fix to the wiring reaches all three at once.
+AWS settings default to :meth:`AwsConfig.from_env`; :func:`build_leader_from_env` reads every other setting from
+``SHARDLEASE_*`` too (docs/api.md lists the variables).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+
+from worker_lib.assignment.config import AssignmentConfig
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.config import AwsConfig, validate_app_name
+from worker_lib.core.env import environ
+from worker_lib.core.errors import ConfigError
+from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
+from worker_lib.leader.leader import Leader
+from worker_lib.leader.liveness import FastPath, LivenessWatch
+from worker_lib.leader.lock import DynamoDBLeaderLock
+from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
+from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.shardsync.config import ShardSyncConfig
+from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.shardsync.syncer import ShardSyncer
+from worker_lib.tables.schema import all_specs
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
+
+
+def default_owner() -> str:
+    """host:pid — unique per process, readable in the lock item and in logs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderParts:
+    """The built leader and the parts a host or a test may want to look at."""
+
+    leader: Leader
+    config: LeaderConfig
+    lease_store: DynamoDBLeaseStore
+    lock: DynamoDBLeaderLock
+    syncer: ShardSyncer
+    assigner: LeaseAssigner | None
+    dynamodb: Any
+    kinesis: Any
+
+
+@dataclass(frozen=True)
+class LeaderClients:
+    aws_config: AwsConfig
+    dynamodb: Any
+    kinesis: Any
+
+
+class ClientCache:
+    """boto3 clients kept across warm Lambda invocations: created on first use (never at import, so a cold start
+    that fails on configuration fails fast) and rebuilt when the AWS settings change."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.current: LeaderClients | None = None
+
+    def get(self, aws_config: AwsConfig) -> LeaderClients:
+        with self._lock:
+            if self.current is None or self.current.aws_config != aws_config:
+                self.current = LeaderClients(
+                    aws_config=aws_config,
+                    dynamodb=aws.client("dynamodb", aws_config),
+                    kinesis=aws.client("kinesis", aws_config),
+                )
+            return self.current
+
+
+def app_and_stream(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """``SHARDLEASE_APP`` and ``SHARDLEASE_STREAM``; one clear error when either is missing."""
+    e = environ(env)
+    app, stream = e.get("SHARDLEASE_APP", ""), e.get("SHARDLEASE_STREAM", "")
+    if not app or not stream:
+        raise ConfigError("SHARDLEASE_APP and SHARDLEASE_STREAM must be set")
+    return app, stream
+
+
+def build_leader(
+    *,
+    app: str,
+    stream: str,
+    aws_config: AwsConfig | None = None,
+    shard_sync: ShardSyncConfig | None = None,
+    owner: str | None = None,
+    leader_config: LeaderConfig | None = None,
+    lock_config: LeaderLockConfig | None = None,
+    assignment: AssignmentConfig | None = None,
+    lease_config: LeaseConfig | None = None,
+    with_assignment: bool = True,
+    boto3_session: boto3.Session | None = None,
+    dynamodb: Any = None,
+    kinesis: Any = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> LeaderParts:
+    """Wire the leader. ``dynamodb`` / ``kinesis`` clients may be passed (tests, the demo's two emulators, a
+    warm Lambda container); otherwise they are made from ``aws_config`` (default: the environment)."""
+    validate_app_name(app)
+    if dynamodb is None or kinesis is None:
+        aws_config = aws_config or AwsConfig.from_env()
+        dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
+        kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
+    shard_sync = shard_sync or ShardSyncConfig.from_env()
+    lock_config = lock_config or LeaderLockConfig()
+    leader_config = leader_config or LeaderConfig()
+    store = DynamoDBLeaseStore(app, client=dynamodb, clock=clock)
+    lock = DynamoDBLeaderLock(app, owner or default_owner(), config=lock_config, client=dynamodb, clock=clock)
+    detector = KinesisShardDetector(stream, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size)
+    syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
+    assigner = None
+    fast_path = None
+    if with_assignment:
+        assignment = assignment or AssignmentConfig()
+        worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock)
+        watch = LivenessWatch(
+            worker_rows,
+            failover_ms=assignment.failover_ms,
+            max_clock_skew_ms=lock_config.max_clock_skew_ms,
+            clock=clock,
+        )
+        state_store = CoordinatorStateStore(app, client=dynamodb, clock=clock)
+        assigner = LeaseAssigner(
+            store,
+            worker_rows,
+            cap_recorder=LeaseCapRecorder(state_store),
+            config=assignment,
+            lease_config=lease_config or LeaseConfig(failover_time_ms=assignment.failover_ms),
+            liveness=watch,
+            notifier=worker_rows,
+            observations=ExpiryObservationStore(state_store, max_clock_skew_ms=lock_config.max_clock_skew_ms),
+            clock=clock,
+        )
+        if leader_config.fast_tick_ms > 0:
+            fast_path = FastPath(
+                watch,
+                assigner,
+                max_backoff_s=leader_config.cycle_interval_ms / 1000,
+                read_timeout_s=lock_config.heartbeat_interval_ms / 2000,  # never holds the loop past a heartbeat
+                clock=clock,
+            )
+    leader = Leader(
+        lock=lock,
+        shard_sync=syncer,
+        assignment=assigner,
+        config=leader_config,
+        lock_config=lock_config,
+        shard_sync_interval_ms=shard_sync.interval_ms,
+        fast_tick=fast_path,
+        clock=clock,
+    )
+    return LeaderParts(
+        leader=leader,
+        config=leader_config,
+        lease_store=store,
+        lock=lock,
+        syncer=syncer,
+        assigner=assigner,
+        dynamodb=dynamodb,
+        kinesis=kinesis,
+    )
+
+
+def build_leader_from_env(
+    env: Mapping[str, str] | None = None,
+    *,
+    owner: str | None = None,
+    boto3_session: boto3.Session | None = None,
+    dynamodb: Any = None,
+    kinesis: Any = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> LeaderParts:
+    """The leader as the Lambda handler and the embedded host build it: everything from ``SHARDLEASE_*``
+    (``SHARDLEASE_LEADER_ID`` names the lock owner unless ``owner`` is given)."""
+    e = environ(env)
+    app, stream = app_and_stream(e)
+    return build_leader(
+        app=app,
+        stream=stream,
+        aws_config=AwsConfig.from_env(e),
+        shard_sync=ShardSyncConfig.from_env(e),
+        owner=owner or e.get("SHARDLEASE_LEADER_ID") or None,
+        leader_config=LeaderConfig.from_env(e),
+        lock_config=LeaderLockConfig.from_env(e),
+        assignment=AssignmentConfig.from_env(e),
+        lease_config=LeaseConfig.from_env(e),
+        boto3_session=boto3_session,
+        dynamodb=dynamodb,
+        kinesis=kinesis,
+        clock=clock,
+    )
+
+
+def preflight(parts: LeaderParts, *, app: str, stream: str) -> None:
+    """Fail with one clear error (TableMissingError, StreamMissingError, EndpointUnreachableError, ...) before the
+    loop starts, rather than counting the same failure three times inside it."""
+    for spec in all_specs():
+        name = spec.table_name(app)
+        with aws.translated("dynamodb DescribeTable", name):
+            parts.dynamodb.describe_table(TableName=name)
+    with aws.translated("kinesis DescribeStreamSummary", stream):
+        parts.kinesis.describe_stream_summary(StreamName=stream)

@@ -1,0 +1,318 @@
+"""``<app>-CoordinatorState`` items: their keys, attribute names, and the functions that build and read them.
+
+Three writers share the table, each with its own items, all keyed by ``key`` (S):
+
+* the leader lock (:mod:`worker_lib.leader.lock`): the item ``Leader`` in the KCL lock-client format
+  (``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber``, ``isReleased``) plus our ``expiresAtMillis``,
+  ``lastUpdatedMillis`` and ``releaseAtMillis`` (docs/leader-lock.md);
+* the leader's state store (:mod:`worker_lib.leader.state_store`): items of plain values — ``MaxLeasesPerWorker``
+  (the published lease cap) and ``LeaseExpiryObservations`` (docs/failover.md);
+* the Spark source (:mod:`worker_lib.spark.batches`): one item per shard per micro-batch, recording where its read
+  ended (docs/spark.md).
+
+Items use DynamoDB's low-level attribute-value shapes (``{"S": ...}``), as the clients send and receive them.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypedDict
+
+from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
+
+from worker_lib.core.models import Checkpoint
+from worker_lib.tables.schema import CoordinatorAttr
+
+KEY = CoordinatorAttr.KEY
+Item = dict[str, Any]
+
+# --- item keys ----------------------------------------------------------------------------------------------------
+LOCK_KEY = "Leader"
+LEASE_CAP_KEY = "MaxLeasesPerWorker"
+EXPIRY_OBSERVATIONS_KEY = "LeaseExpiryObservations"
+
+
+def key_of(item_key: str) -> Item:
+    """The ``Key`` argument of a GetItem/UpdateItem/DeleteItem for the item ``item_key``."""
+    return {KEY: {"S": item_key}}
+
+
+# --- the leader lock ------------------------------------------------------------------------------------------------
+
+
+class LockAttr:
+    OWNER = "ownerName"
+    DURATION = "leaseDuration"
+    VERSION = "recordVersionNumber"
+    RELEASED = "isReleased"
+    EXPIRES = "expiresAtMillis"
+    UPDATED = "lastUpdatedMillis"
+    RELEASE_AT = "releaseAtMillis"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockRecord:
+    """The lock item as read; an attribute of the wrong shape reads as absent (``None``)."""
+
+    owner: str | None
+    version: str | None
+    duration_ms: int | None
+    released: bool
+    expires_ms: int | None
+    updated_ms: int | None
+    release_at_ms: int | None
+
+
+def _s(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name, {})
+    return str(value["S"]) if "S" in value else None
+
+
+def _n(item: Mapping[str, Any], name: str) -> int | None:
+    try:
+        return int(item.get(name, {})["N"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def parse_lock(item: Mapping[str, Any]) -> LockRecord:
+    # KCL writes the duration as a string; accept a number too.
+    raw_duration = _s(item, LockAttr.DURATION) or item.get(LockAttr.DURATION, {}).get("N")
+    try:
+        duration_ms: int | None = int(str(raw_duration))
+    except (TypeError, ValueError):
+        duration_ms = None
+    return LockRecord(
+        owner=_s(item, LockAttr.OWNER),
+        version=_s(item, LockAttr.VERSION),
+        duration_ms=duration_ms,
+        released=item.get(LockAttr.RELEASED, {}).get("BOOL") is True,
+        expires_ms=_n(item, LockAttr.EXPIRES),
+        updated_ms=_n(item, LockAttr.UPDATED),
+        release_at_ms=_n(item, LockAttr.RELEASE_AT),
+    )
+
+
+def lock_item(*, owner: str, version: str, duration_ms: int, now_ms: int, release_at_ms: int | None) -> Item:
+    """A freshly acquired lock: held by ``owner`` until ``now + duration``."""
+    item: Item = {
+        KEY: {"S": LOCK_KEY},
+        LockAttr.OWNER: {"S": owner},
+        LockAttr.DURATION: {"S": str(duration_ms)},
+        LockAttr.VERSION: {"S": version},
+        LockAttr.RELEASED: {"BOOL": False},
+        LockAttr.EXPIRES: {"N": str(now_ms + duration_ms)},
+        LockAttr.UPDATED: {"N": str(now_ms)},
+    }
+    if release_at_ms is not None:
+        item[LockAttr.RELEASE_AT] = {"N": str(release_at_ms)}
+    return item
+
+
+def lock_acquire_condition(observed: LockRecord | None) -> dict[str, Any]:
+    """The PutItem condition of an acquire: exactly the item that was read (none, malformed, or its version)."""
+    if observed is None:
+        return {"ConditionExpression": "attribute_not_exists(#k)", "ExpressionAttributeNames": {"#k": KEY}}
+    if observed.version is None:  # a malformed item: whoever replaces it first wins
+        return {
+            "ConditionExpression": "attribute_exists(#k) AND attribute_not_exists(#v)",
+            "ExpressionAttributeNames": {"#k": KEY, "#v": LockAttr.VERSION},
+        }
+    return {
+        "ConditionExpression": "#v = :observed",
+        "ExpressionAttributeNames": {"#v": LockAttr.VERSION},
+        "ExpressionAttributeValues": {":observed": {"S": observed.version}},
+    }
+
+
+def lock_update(
+    *,
+    owner: str,
+    held_version: str,
+    version: str,
+    duration_ms: int,
+    now_ms: int,
+    release: bool,
+    release_at_ms: int | None,
+) -> dict[str, Any]:
+    """UpdateItem arguments (without ``TableName``) for a heartbeat or a release by the holder of ``held_version``.
+
+    A release expires the lock now and drops the planned release time; a heartbeat extends it by the duration.
+    """
+    expires = now_ms if release else now_ms + duration_ms
+    names = {
+        "#v": LockAttr.VERSION,
+        "#e": LockAttr.EXPIRES,
+        "#u": LockAttr.UPDATED,
+        "#d": LockAttr.DURATION,
+        "#r": LockAttr.RELEASED,
+        "#o": LockAttr.OWNER,
+        "#ra": LockAttr.RELEASE_AT,
+    }
+    values: dict[str, Any] = {
+        ":new": {"S": version},
+        ":exp": {"N": str(expires)},
+        ":now": {"N": str(now_ms)},
+        ":dur": {"S": str(duration_ms)},
+        ":rel": {"BOOL": release},
+        ":me": {"S": owner},
+        ":mine": {"S": held_version},
+    }
+    expression = "SET #v = :new, #e = :exp, #u = :now, #d = :dur, #r = :rel"
+    if release_at_ms is not None and not release:
+        expression += ", #ra = :ra"
+        values[":ra"] = {"N": str(release_at_ms)}
+    else:
+        expression += " REMOVE #ra"
+    return {
+        "Key": key_of(LOCK_KEY),
+        "UpdateExpression": expression,
+        "ConditionExpression": "#o = :me AND #v = :mine",
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+
+
+# --- plain-valued items (the leader's state store) ----------------------------------------------------------------
+
+
+class LeaseCapAttr:
+    CAP = "cap"  # -1: no cap
+    SHARDS = "shards"
+    WORKERS = "workers"
+    VERSION = "version"
+
+
+class ExpiryObservationsAttr:
+    OBSERVATIONS = "obs"  # zlib-compressed JSON
+    COUNT = "count"
+
+
+_SERIALIZER = TypeSerializer()
+_DESERIALIZER = TypeDeserializer()
+
+
+def to_attribute(value: Any) -> Item:
+    """A plain Python value (str, int, float, bool, None, bytes, lists/tuples, dicts, sets) as an attribute value."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"DynamoDB cannot store the number {value!r}")
+        value = decimal.Decimal(repr(value))
+    elif isinstance(value, Mapping):
+        return {"M": {k: to_attribute(v) for k, v in value.items()}}
+    elif isinstance(value, list | tuple):
+        return {"L": [to_attribute(v) for v in value]}
+    return dict(_SERIALIZER.serialize(value))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Binary):
+        return bytes(value.value)  # type: ignore[attr-defined]  # boto3 stubs omit Binary.value
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | set):
+        return [_plain(v) for v in value]
+    return value
+
+
+def plain_item(item_key: str, attrs: Mapping[str, Any]) -> Item:
+    """The item ``item_key`` holding ``attrs`` (plain values)."""
+    item = {name: to_attribute(value) for name, value in attrs.items()}
+    item[KEY] = {"S": item_key}
+    return item
+
+
+def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A low-level item as plain Python values: numbers as ``int`` or ``float``, sets as lists."""
+    return {name: _plain(_DESERIALIZER.deserialize(value)) for name, value in item.items()}
+
+
+# --- Spark batch ends -----------------------------------------------------------------------------------------------
+
+
+class BatchEndAttr:
+    LEASE_KEY = "lk"
+    SEQUENCE = "seq"
+    SUB_SEQUENCE = "sub"
+    RECORDS = "n"
+    BYTES = "b"
+    CAUGHT_UP = "cu"
+    STARTED = "t0"
+    FINISHED = "t1"
+    TTL = "ttl"  # a table with TTL enabled on it sweeps abandoned lineages
+    CHILDREN = "ch"
+
+
+BATCH_END_TTL_S = 7 * 24 * 3600
+
+
+class BatchEndLike(Protocol):
+    """What a batch-end item records (:class:`worker_lib.spark.planning.BatchEnd` has these fields)."""
+
+    @property
+    def lease_key(self) -> str: ...
+    @property
+    def position(self) -> Checkpoint: ...
+    @property
+    def records(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def caught_up(self) -> bool: ...
+    @property
+    def children(self) -> tuple[str, ...]: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def finished_at(self) -> float: ...
+
+
+class BatchEndFields(TypedDict):
+    """A batch-end item read back: the keyword arguments of :class:`worker_lib.spark.planning.BatchEnd`."""
+
+    lease_key: str
+    position: Checkpoint
+    records: int
+    bytes: int
+    caught_up: bool
+    children: tuple[str, ...]
+    started_at: float
+    finished_at: float
+
+
+def batch_end_item(item_key: str, end: BatchEndLike, *, now_epoch_s: float) -> Item:
+    item: Item = {
+        KEY: {"S": item_key},
+        BatchEndAttr.LEASE_KEY: {"S": end.lease_key},
+        BatchEndAttr.SEQUENCE: {"S": end.position.sequence},
+        BatchEndAttr.SUB_SEQUENCE: {"N": str(end.position.sub_sequence)},
+        BatchEndAttr.RECORDS: {"N": str(end.records)},
+        BatchEndAttr.BYTES: {"N": str(end.bytes)},
+        BatchEndAttr.CAUGHT_UP: {"BOOL": end.caught_up},
+        BatchEndAttr.STARTED: {"N": repr(end.started_at)},
+        BatchEndAttr.FINISHED: {"N": repr(end.finished_at)},
+        BatchEndAttr.TTL: {"N": str(int(now_epoch_s) + BATCH_END_TTL_S)},
+    }
+    if end.children:
+        item[BatchEndAttr.CHILDREN] = {"L": [{"S": child} for child in end.children]}
+    return item
+
+
+def parse_batch_end(item: Mapping[str, Any]) -> BatchEndFields:
+    return BatchEndFields(
+        lease_key=item[BatchEndAttr.LEASE_KEY]["S"],
+        position=Checkpoint(
+            sequence=item[BatchEndAttr.SEQUENCE]["S"], sub_sequence=int(item[BatchEndAttr.SUB_SEQUENCE]["N"])
+        ),
+        records=int(item[BatchEndAttr.RECORDS]["N"]),
+        bytes=int(item[BatchEndAttr.BYTES]["N"]),
+        caught_up=bool(item[BatchEndAttr.CAUGHT_UP]["BOOL"]),
+        children=tuple(child["S"] for child in item.get(BatchEndAttr.CHILDREN, {}).get("L", [])),
+        started_at=float(item[BatchEndAttr.STARTED]["N"]),
+        finished_at=float(item[BatchEndAttr.FINISHED]["N"]),
+    )
