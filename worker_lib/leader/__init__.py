@@ -1,1 +1,2 @@
-"""See DESIGN.md §1 for what lives here."""
+"""The leader: lock, state store, the loop with its typed cycle report, the one factory, the cycle metrics and
+the Lambda handler (docs/leader-lock.md, docs/failover.md)."""

@@ -1,6 +1,6 @@
 """The leader's assignment step: read the tables, decide (pure), write conditionally, report.
 
-One run (KCL's LeaseAssignmentManager, reference §4):
+One run (KCL's LeaseAssignmentManager, docs/kcl-compat.md):
 
 1. scan leases (parallel segments once the table is large) and worker metrics;
 2. expiry by counter observation on the leader's monotonic clock (:class:`ExpiryTracker`, reset when a new
@@ -86,7 +86,7 @@ class ObservationKeeper(Protocol):
 
 
 class CapRecorder(Protocol):
-    """Where the effective per-worker cap is published (seed 004's coordinator item), for status and workers."""
+    """Where the effective per-worker cap is published (the ``MaxLeasesPerWorker`` item), for status and workers."""
 
     def record(self, cap: int | None, *, shards: int, workers: int) -> None: ...
 

@@ -150,7 +150,7 @@ class CoordinatorStateStore:
 
 
 class LeaseCapRecorder:
-    """Seed 004's coordinator item, kept current: ``MaxLeasesPerWorker`` = the cap the leader used, with the shard
+    """The lease-cap coordinator item, kept current: ``MaxLeasesPerWorker`` = the cap the leader used, with the shard
     and worker counts it came from. Written only when it changes, conditional on the value read (two leaders racing
     cannot interleave a stale value; the loser simply re-reads next cycle). The cap itself is recomputed every
     cycle from live counts, so this item is for operators and status tools, never an input that can go stale."""

@@ -8,27 +8,18 @@ is what Spark itself uses to judge a streaming query's health (processing time v
 the application has no spare time and more shards would only add latency; near 0 % it idles. docs/spark.md
 discusses the limits (work after a shuffle is not counted).
 
-The sink is the WorkerMetricStats table in KCL's format (``wid``, ``lut``, ``sts``, ``opr``). When the project's
-``worker_lib.workermetrics.stats_store.WorkerMetricsStore`` is available it is used; otherwise
-:class:`RawWorkerMetricsSink` writes the same item with ``PutItem``.
+The sink is the WorkerMetricStats table in KCL's format (``wid``, ``lut``, ``sts``, ``opr``), written by
+:class:`~worker_lib.workermetrics.stats_store.WorkerMetricsStore` as for any worker.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 import threading
-from decimal import Decimal
 from typing import Any
 
-from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.models import WorkerMetricStats
-from worker_lib.tables.schema import WorkerMetricsAttr as W
-from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.workermetrics.reporter import WorkerMetricsSink
-
-log = logging.getLogger("shardlease.spark.load")
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
 class BatchDutyCycle:
@@ -63,40 +54,6 @@ class BatchDutyCycle:
         return min(100.0, 100.0 * busy / (now - last))
 
 
-def _number(value: float) -> dict[str, str]:
-    return {"N": str(Decimal(repr(float(value))).normalize())}
-
-
-def stats_item(stats: WorkerMetricStats) -> dict[str, Any]:
-    """The DynamoDB item of one worker's metrics in KCL 3.x's format."""
-    return {
-        W.WORKER_ID: {"S": stats.worker_id},
-        W.LAST_UPDATE: {"N": str(int(stats.last_update_epoch_s))},
-        W.STATS: {"M": {code: {"L": [_number(v) for v in values]} for code, values in stats.stats.items()}},
-        W.OPERATING_RANGE: {
-            "M": {code: {"L": [_number(v) for v in values]} for code, values in stats.operating_range.items()}
-        },
-    }
-
-
-class RawWorkerMetricsSink:
-    """Writes the item with an unconditional ``PutItem`` (KCL writes it the same way)."""
-
-    def __init__(self, app: str, client: Any) -> None:
-        self.table_name = worker_metrics_table_name(app)
-        self._client = client
-
-    def put(self, stats: WorkerMetricStats) -> None:
-        with aws.translated("PutItem", self.table_name):
-            self._client.put_item(TableName=self.table_name, Item=stats_item(stats))
-
-
 def worker_metrics_sink(app: str, client: Any, clock: Clock = SYSTEM_CLOCK) -> WorkerMetricsSink:
-    """The project's WorkerMetricStats store when present, else :class:`RawWorkerMetricsSink`."""
-    try:
-        module = importlib.import_module("worker_lib.workermetrics.stats_store")
-        store: WorkerMetricsSink = module.WorkerMetricsStore(app, client=client, clock=clock)
-    except (ImportError, AttributeError, TypeError) as exc:
-        log.debug("WorkerMetricsStore unavailable (%s); writing worker metrics with PutItem", exc)
-        return RawWorkerMetricsSink(app, client)
-    return store
+    """Where the driver's load is written: the same store (and item serializer) every worker uses."""
+    return WorkerMetricsStore(app, client=client, clock=clock)

@@ -1,4 +1,4 @@
-"""The three tables of KCL 3.x (reference/kcl3x-facts.md §1–§3; DESIGN.md §2)."""
+"""The three tables of KCL 3.x: names, keys, indexes and attribute names (docs/kcl-compat.md)."""
 
 from __future__ import annotations
 
