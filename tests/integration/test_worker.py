@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,9 @@ from tests.support.recording import (
     wait_until,
 )
 from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError, TableMissingError
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -276,3 +280,80 @@ def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_ba
     stored = store.get_lease(key)
     assert stored is not None and not stored.checkpoint.is_real
     assert attempts[:3] == [20, 20, 20]
+
+
+# --- start: one clear error within 30 s, never a retry loop --------------------------------------------------------
+
+
+def _blank_worker(app: str, stream: str, aws_config: AwsConfig, clock: Any = None, **config: Any) -> Worker:
+    """A worker built as the README builds it: no clients injected, only settings."""
+    settings = WorkerConfig(app=app, stream=stream, worker_id="w-start", aws=aws_config, **config)
+    kwargs = {} if clock is None else {"clock": clock}
+    return Worker(settings, lambda: RecordingProcessor(Journal()), **kwargs)
+
+
+def test_an_unreachable_endpoint_at_start_is_one_error_within_the_startup_timeout() -> None:
+    # GIVEN a worker whose endpoint refuses connections (nothing listens on port 9), on a manual clock
+    clock = ManualClock()
+    worker = _blank_worker("orders", "orders-stream", AwsConfig(endpoint_url="http://127.0.0.1:9"), clock)
+    started_wall, started = time.monotonic(), clock.monotonic()
+    # WHEN it is run as the README runs it
+    with pytest.raises(EndpointUnreachableError) as err:
+        worker.run(install_signal_handlers=False)
+    # THEN it gives up with one line naming the endpoint, having retried for the startup timeout (15 s) at most
+    message = str(err.value)
+    assert "\n" not in message and "cannot reach endpoint http://127.0.0.1:9" in message
+    assert "still failing after 15 s" in message
+    assert 10 <= clock.monotonic() - started <= 15
+    assert time.monotonic() - started_wall < 30
+    # AND nothing was started
+    assert worker.held_leases == [] and worker._thread is None
+
+
+def test_an_endpoint_that_never_answers_fails_within_30_seconds() -> None:
+    # GIVEN an endpoint that accepts connections and never answers (the worst case: every probe times out)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        worker = _blank_worker("orders", "orders-stream", AwsConfig(endpoint_url=url), startup_timeout_ms=0)
+        started = time.monotonic()
+        # WHEN the worker starts THEN it fails with a typed error after one probe's read timeout (5 s), not minutes
+        with pytest.raises(EndpointUnreachableError, match="timed out"):
+            worker.preflight()
+        assert time.monotonic() - started < 30
+
+
+def test_a_missing_table_at_start_fails_at_once_naming_create_tables(moto_aws: AwsConfig, app_name: str) -> None:
+    # GIVEN an emulator without the application's tables
+    worker = _blank_worker(app_name, "orders-stream", moto_aws, ManualClock())
+    # WHEN the worker is run THEN it fails at once with one line telling what to do
+    with pytest.raises(TableMissingError) as err:
+        worker.run(install_signal_handlers=False)
+    expected = f"dynamodb DescribeTable on {app_name}: table not found (run `shardlease create-tables`)"
+    assert str(err.value) == expected
+
+
+def test_a_missing_stream_at_start_fails_at_once(
+    moto_clients: tuple[Any, Any], app_name: str, moto_aws: AwsConfig
+) -> None:
+    # GIVEN the application's tables but no stream
+    worker = _blank_worker(app_name, "no-such-stream", moto_aws, ManualClock())
+    # WHEN the worker is run THEN it fails at once with one line naming the stream
+    with pytest.raises(
+        StreamMissingError, match=r"^kinesis DescribeStreamSummary on no-such-stream: stream not found$"
+    ):
+        worker.run(install_signal_handlers=False)
+
+
+def test_an_embedded_leader_needs_the_coordinator_table_at_start(
+    moto_clients: tuple[Any, Any], app_name: str, moto_aws: AwsConfig
+) -> None:
+    # GIVEN the tables without CoordinatorState, and a worker that would also lead
+    ddb, kinesis = moto_clients
+    ddb.delete_table(TableName=f"{app_name}-CoordinatorState")
+    create_stream(kinesis, f"{app_name}-s", 1)
+    worker = _blank_worker(app_name, f"{app_name}-s", moto_aws, ManualClock(), leader_mode="embedded")
+    # WHEN it starts THEN the missing leader table is named before anything runs
+    with pytest.raises(TableMissingError, match="CoordinatorState"):
+        worker.preflight()

@@ -15,13 +15,14 @@ the injected session/config (or passed in).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import FrameType
 from typing import Any, Protocol
@@ -32,7 +33,7 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, validate_app_name
 from worker_lib.core.env import env_int, env_str, environ
-from worker_lib.core.errors import ConfigError, DependencyError
+from worker_lib.core.errors import ConfigError, DependencyError, EndpointUnreachableError, ThrottledError
 from worker_lib.core.models import ShardInfo, WorkerState
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -43,6 +44,7 @@ from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
 from worker_lib.processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
 from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name, worker_metrics_table_name
 from worker_lib.telemetry.names import WorkerMetric as MetricName
 from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make_publisher
 from worker_lib.workermetrics.config import WorkerMetricsConfig
@@ -78,6 +80,7 @@ _ENV_READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
     "discovery_interval_ms": lambda e: env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
     "shutdown_timeout_ms": lambda e: env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
     "leader_mode": lambda e: env_str(e, "SHARDLEASE_LEADER_MODE", "none").lower(),
+    "startup_timeout_ms": lambda e: env_int(e, "SHARDLEASE_STARTUP_TIMEOUT_MS", 15_000),
 }
 
 
@@ -113,6 +116,8 @@ class WorkerConfig:
       ``SHARDLEASE_SHUTDOWN_TIMEOUT_MS``.
     leader_mode: ``none`` (a Lambda or ``shardlease leader`` leads) or ``embedded`` (this process also contends
       for the leader lock and runs the leader loop: fleets without Lambda); ``SHARDLEASE_LEADER_MODE``.
+    startup_timeout_ms: how long :meth:`Worker.preflight` keeps retrying an unreachable or throttling endpoint
+      before it gives up with one clear error (15 000, at most 20 000); ``SHARDLEASE_STARTUP_TIMEOUT_MS``.
     lease / consumer / retrieval / metrics / worker_metrics: each area's settings, each from its ``from_env()``.
     """
 
@@ -131,6 +136,7 @@ class WorkerConfig:
     worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig.from_env)
     report_worker_metrics: bool = True
     leader_mode: str = field(default_factory=_from_env("leader_mode"))
+    startup_timeout_ms: int = field(default_factory=_from_env("startup_timeout_ms"))
     cpu_metric: Any = None  # a WorkerMetric to report instead of the detected CPU provider
 
     def __post_init__(self) -> None:
@@ -145,6 +151,9 @@ class WorkerConfig:
             raise ConfigError("shutdown_timeout_ms must not be negative")
         if self.leader_mode not in ("none", "embedded"):
             raise ConfigError(f"invalid leader_mode {self.leader_mode!r}: expected none or embedded")
+        if not 0 <= self.startup_timeout_ms <= 20_000:
+            # 20 s at most: with the probes' own timeouts a worker that cannot start says so within 30 s.
+            raise ConfigError(f"startup_timeout_ms={self.startup_timeout_ms} must be within 0..20000")
 
     @property
     def renewer_interval_s(self) -> float:
@@ -226,6 +235,17 @@ class Worker:
         aws_config = aws_config or config.aws  # an explicit aws_config wins (tests, the CLI's --endpoint-url)
         self._dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
         self._kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
+        # The start check probes with one attempt and short timeouts, so that a wrong endpoint fails within
+        # seconds; injected clients are used as they are (their owner chose their retries).
+        probe_config = replace(
+            aws_config,
+            max_attempts=1,
+            connect_timeout_s=min(aws_config.connect_timeout_s, 5.0),
+            read_timeout_s=min(aws_config.read_timeout_s, 5.0),
+        )
+        self._probe_dynamodb = dynamodb or aws.client("dynamodb", probe_config, boto3_session)
+        self._probe_kinesis = kinesis or aws.client("kinesis", probe_config, boto3_session)
+        self._preflight_done = False
         self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
         self._factory = processor_factory
         # KCL's recorder semantics by default (window = renewer interval, EMA 0.5): the leader balances on it.
@@ -289,11 +309,47 @@ class Worker:
         return self._holder.held_keys()
 
     def preflight(self) -> None:
-        """One clear error before starting: lease table missing, stream missing, endpoint unreachable."""
-        with aws.translated("dynamodb DescribeTable", self._store.table_name):
-            self._dynamodb.describe_table(TableName=self._store.table_name)
-        with aws.translated("kinesis DescribeStreamSummary", self.config.stream):
-            self._kinesis.describe_stream_summary(StreamName=self.config.stream)
+        """Check, before anything starts, that the worker's tables and stream can be reached; else raise one typed
+        error with a one-line message (:class:`TableMissingError`, :class:`StreamMissingError`,
+        :class:`EndpointUnreachableError`, :class:`CredentialsError`, ...).
+
+        A missing table or stream or rejected credentials fail at once; an unreachable or throttling endpoint is
+        retried until ``startup_timeout_ms`` has passed, each probe with one attempt and short timeouts, so the
+        whole check ends within about startup_timeout + 10 s (25 s by default). :meth:`run` calls it; once running,
+        the worker rides through outages instead (renewals and reads retry, leases fence themselves).
+        """
+        if self._preflight_done:
+            return
+        tables = [lease_table_name(self.config.app), worker_metrics_table_name(self.config.app)]
+        if self.config.leader_mode == "embedded":
+            tables.append(coordinator_state_table_name(self.config.app))
+        deadline = self._clock.monotonic() + self.config.startup_timeout_ms / 1000
+        describe = self._probe_dynamodb.describe_table
+        for table in tables:
+            self._probe("dynamodb DescribeTable", table, functools.partial(describe, TableName=table), deadline)
+        stream = self.config.stream
+        self._probe(
+            "kinesis DescribeStreamSummary",
+            stream,
+            lambda: self._probe_kinesis.describe_stream_summary(StreamName=stream),
+            deadline,
+        )
+        self._preflight_done = True
+
+    def _probe(self, operation: str, resource: str, call: Callable[[], object], deadline: float) -> None:
+        delay = 0.5
+        while True:
+            try:
+                with aws.translated(operation, resource):
+                    call()
+                return
+            except (EndpointUnreachableError, ThrottledError) as exc:
+                if self._clock.monotonic() + delay >= deadline:
+                    waited = self.config.startup_timeout_ms / 1000
+                    raise type(exc)(f"{exc} (still failing after {waited:g} s; is the endpoint right?)") from exc
+                log.info("worker %s waiting for %s: %s", self.worker_id, resource, exc)
+                self._clock.sleep(delay)
+                delay = min(delay * 2, 4.0)
 
     def start(self) -> None:
         if self._thread is not None:
@@ -309,7 +365,9 @@ class Worker:
         log.info("worker started id=%s app=%s stream=%s", self.worker_id, self.config.app, self.config.stream)
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Start and block until shutdown. SIGTERM/SIGINT shut down gracefully; a second one forces exit."""
+        """Check the tables and the stream (:meth:`preflight`), start, and block until shutdown. SIGTERM/SIGINT
+        shut down gracefully; a second one forces exit."""
+        self.preflight()
         if install_signal_handlers:
             self._install_signal_handlers()
         self.start()
