@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import datetime
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -358,32 +357,18 @@ class Invocation:
 
 
 def invoke_handler(n: int, recorder: Recorder, endpoint: str, budget_s: float, stop: threading.Event) -> Invocation:
-    """One leader Lambda invocation: the handler module loaded from its file (as today), its cached clients
-    replaced by counted ones, a context with ``budget_s`` left. ``stop`` ends the leader's loop early (only used
-    after the measurement, to end the run)."""
-    path = Path(__file__).resolve().parents[1] / "functions" / "leader" / "handler.py"
-    spec = importlib.util.spec_from_file_location(f"bench_cost_leader_{n}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    clients_type = module._Clients
-    real_build = module.build_leader
+    """One leader Lambda invocation: the packaged handler's :func:`~worker_lib.leader.lambda_handler.invoke` with
+    counted clients (a cold container each time, as when the module was loaded afresh), a context with
+    ``budget_s`` left. ``stop`` ends the leader's loop early (only used after the measurement, to end the run)."""
+    from worker_lib.leader import lambda_handler
+    from worker_lib.leader.factory import ClientCache, LeaderClients
 
-    def get_clients(cfg: AwsConfig) -> Any:  # count the leader's calls
-        return clients_type(
+    def counted_clients(cfg: AwsConfig) -> LeaderClients:  # count the leader's calls
+        return LeaderClients(
             aws_config=cfg,
             dynamodb=recorder.client("dynamodb", endpoint, "leader"),
             kinesis=recorder.client("kinesis", endpoint, "leader"),
         )
-
-    def build_leader(**kwargs: Any) -> Any:
-        parts = real_build(**kwargs)
-        parts.leader.run = functools.partial(parts.leader.run, stop=stop)
-        return parts
-
-    module._get_clients = get_clients  # type: ignore[attr-defined]
-    module.build_leader = build_leader  # type: ignore[attr-defined]
 
     class Context:
         function_name = "bench-leader"
@@ -399,12 +384,11 @@ def invoke_handler(n: int, recorder: Recorder, endpoint: str, budget_s: float, s
 
     invocation = Invocation(started_s=time.monotonic())
     try:
-        summary = module.handler({"source": "aws.events"}, Context())
+        summary = lambda_handler.invoke(Context(), clients=ClientCache(counted_clients), stop=stop)
         invocation.led = bool(summary.get("leader"))
     finally:
         invocation.duration_s = time.monotonic() - invocation.started_s
         invocation.cut_short = stop.is_set()
-        sys.modules.pop(spec.name, None)
     return invocation
 
 

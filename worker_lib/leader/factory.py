@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,22 +65,26 @@ class LeaderClients:
     kinesis: Any
 
 
+def _new_clients(aws_config: AwsConfig) -> LeaderClients:
+    return LeaderClients(
+        aws_config=aws_config, dynamodb=aws.client("dynamodb", aws_config), kinesis=aws.client("kinesis", aws_config)
+    )
+
+
 class ClientCache:
     """boto3 clients kept across warm Lambda invocations: created on first use (never at import, so a cold start
-    that fails on configuration fails fast) and rebuilt when the AWS settings change."""
+    that fails on configuration fails fast) and rebuilt when the AWS settings change. ``make`` replaces how they
+    are created (a benchmark counting the leader's calls)."""
 
-    def __init__(self) -> None:
+    def __init__(self, make: Callable[[AwsConfig], LeaderClients] = _new_clients) -> None:
         self._lock = threading.Lock()
+        self._make = make
         self.current: LeaderClients | None = None
 
     def get(self, aws_config: AwsConfig) -> LeaderClients:
         with self._lock:
             if self.current is None or self.current.aws_config != aws_config:
-                self.current = LeaderClients(
-                    aws_config=aws_config,
-                    dynamodb=aws.client("dynamodb", aws_config),
-                    kinesis=aws.client("kinesis", aws_config),
-                )
+                self.current = self._make(aws_config)
             return self.current
 
 

@@ -21,6 +21,7 @@ Its imports stay within what the leader needs, so that the Lambda asset can hold
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -44,8 +45,10 @@ _clients = ClientCache()  # module state on purpose: it outlives the invocation 
 observer = make_observer()
 
 
-@observer.wrap
-def handler(event: Mapping[str, Any] | None, context: LambdaContext) -> dict[str, Any]:
+def invoke(
+    context: LambdaContext, *, clients: ClientCache = _clients, stop: threading.Event | None = None
+) -> dict[str, Any]:
+    """One invocation; ``clients`` and ``stop`` are seams for benchmarks (the handler uses the container's)."""
     env = os.environ
     app, stream = app_and_stream(env)
     owner = env.get("SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
@@ -53,10 +56,17 @@ def handler(event: Mapping[str, Any] | None, context: LambdaContext) -> dict[str
     # The deadline is taken first, so that building the leader counts against the invocation's time.
     started = SYSTEM_CLOCK.monotonic()
     deadline = started + context.get_remaining_time_in_millis() / 1000
-    clients = _clients.get(AwsConfig.from_env(env))
-    parts = build_leader_from_env(env, owner=owner, dynamodb=clients.dynamodb, kinesis=clients.kinesis)
+    warm = clients.get(AwsConfig.from_env(env))
+    parts = build_leader_from_env(env, owner=owner, dynamodb=warm.dynamodb, kinesis=warm.kinesis)
     term_end = started + (parts.config.term_ms + parts.config.deadline_margin_ms) / 1000
-    reports = parts.leader.run(deadline_monotonic=min(deadline, term_end), on_cycle=report.cycle, exit_when_held=True)
+    reports = parts.leader.run(
+        deadline_monotonic=min(deadline, term_end), on_cycle=report.cycle, exit_when_held=True, stop=stop
+    )
     outcome = run_outcome(reports, owner=owner)
     report.end(outcome)
     return outcome.to_dict()
+
+
+@observer.wrap
+def handler(event: Mapping[str, Any] | None, context: LambdaContext) -> dict[str, Any]:
+    return invoke(context)
