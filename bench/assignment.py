@@ -1,7 +1,7 @@
 """Lease assignment: ours (variance) vs KCL 2.x stealing vs lease count (vs KCL 3.x variance), side by side.
 
-Every strategy runs on the same simulated fleets (``worker_lib.tools.simulate``: same shard rates, same CPU model, same
-noise, same events) in one process run; the real deciders decide every cycle.
+Every strategy runs on the same simulated fleets (``worker_lib.tools.simulator``: same shard rates, same CPU model,
+same noise, same events) in one process run; the real deciders decide every cycle.
 
     .venv/bin/python bench/assignment.py [--quick] [--seeds N] [--plot-dir docs/img] [--markdown FILE]
 
@@ -11,8 +11,8 @@ Fleets: 64 shards / 8 workers Zipf 1.2 (the target fleet); 1,000 / 100 and 10,00
 Per fleet and strategy: throughput max/mean, p95/mean and min/mean at the end; the LPT reference (hottest shard
 first onto the least-loaded worker, knowing the true rates) and ours ÷ reference; cycles (and balancing runs) to
 converge within ±10 % (relative to the reference where the raw band is infeasible); moves against a lower bound on
-the minimum (worker_lib.tools.simulate.min_moves_lower_bound, from the post-initial-assignment state — or the state just
-before the event — to the final balance); the median and max time of one decide() call.
+the minimum (worker_lib.tools.simulator.measures.min_moves_lower_bound, from the post-initial-assignment state — or
+the state just before the event — to the final balance); the median and max time of one decide() call.
 
 Targets (issue 3): ours reaches max/mean ≤ 1.10 (≤ 1.10 × the reference when the raw figure is infeasible) on the
 Zipf fleet within 3 balancing cycles with ≤ 1.5× the minimum moves; one decision for 10,000 leases × 1,000
@@ -29,24 +29,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker_lib.tools.simulate import (
+from worker_lib.tools.simulator.measures import (
+    convergence_band,
+    cycles_to_converge,
+    max_over_mean,
+    min_moves_lower_bound,
+    min_moves_upper_bound,
+)
+from worker_lib.tools.simulator.model import (
     STRATEGY_LABELS,
     CycleStats,
     Event,
     FleetSpec,
     SimResult,
     Simulation,
-    convergence_band,
-    cycles_to_converge,
-    max_over_mean,
-    min_moves_lower_bound,
-    min_moves_upper_bound,
     parse_skew,
-    plot_comparison,
 )
+from worker_lib.tools.simulator.plot import plot_comparison
 
 STRATEGIES = ("variance", "kcl2", "count", "variance-kcl")
-"""Ours first; then the baselines: KCL 2.x stealing (seed 001), the lease-count strategy, KCL 3.x variance."""
+"""Ours first; then the baselines: KCL 2.x stealing (worker_lib/tools/kcl2_baseline.py), the lease-count strategy,
+KCL 3.x variance."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from worker_lib.assignment.state import suspect_workers
 from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
-from worker_lib.tools.simulate import Event, FleetSpec, Simulation, parse_skew
+from worker_lib.tools.simulator.model import Event, FleetSpec, Simulation, parse_skew
 
 NOW = 1_700_000_000.0
 

@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from worker_lib.cli.simulate import run_simulate_cli
 from worker_lib.core.errors import ConfigError
-from worker_lib.tools.simulate import (
-    Event,
-    FleetSpec,
-    Simulation,
+from worker_lib.tools.simulator.measures import (
     convergence_band,
     cycles_to_converge,
     lpt_loads,
     max_over_mean,
     min_moves_lower_bound,
     min_moves_upper_bound,
-    parse_event,
-    parse_skew,
-    run_simulate_cli,
-    simulate,
 )
+from worker_lib.tools.simulator.model import Event, FleetSpec, Simulation, parse_event, parse_skew, simulate
 
 
 def _cli_output(**kwargs: object) -> str:
@@ -209,6 +206,26 @@ def test_plot_of_a_large_fleet_uses_an_envelope(tmp_path: Path) -> None:
     plot = tmp_path / "big.png"
     _cli_output(workers=60, shards=300, cycles=3, seed=1, plot=plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_is_one_line_naming_the_plot_extra(tmp_path: Path) -> None:
+    # GIVEN a Python in which matplotlib cannot be imported (as in an install without the 'plot' extra)
+    plot = tmp_path / "x.png"
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from worker_lib.cli.main import main\n"
+        f"raise SystemExit(main(['simulate', '--workers', '2', '--cycles', '2', '--plot', {str(plot)!r}]))"
+    )
+    # WHEN `shardlease simulate --plot x.png` runs there
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    # THEN it exits 1 (operational) with exactly one line naming the extra to install, and nothing else
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "'plot' extra" in lines[0] and "pip install 'shardlease[plot]'" in lines[0]
+    assert "unexpected error" not in lines[0]
+    assert not plot.exists()
 
 
 @pytest.mark.parametrize(

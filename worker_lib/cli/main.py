@@ -262,7 +262,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from worker_lib.tools.simulate import run_simulate_cli
+    from worker_lib.cli.simulate import run_simulate_cli
 
     return run_simulate_cli(
         workers=args.workers,
