@@ -1,5 +1,6 @@
 """Bad inputs while the system runs: corrupt and foreign lease-table items, a processor that raises (policy
-skip, policy stop with a transient failure), a 1 MiB record, invalid configuration values for `shardlease worker`.
+skip, policy stop with a transient failure), a 1 MiB record, invalid configuration values for `shardlease worker`;
+and bad command lines (an invalid region, out-of-range demo sizes, non-finite durations, a closed stdout).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from tests.chaos.conftest import Rig, put
 from tests.support.chaos import wait_for
 from tests.support.processes import REPO
 from tests.support.recording import RecordingProcessor
+from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy
 from worker_lib.processing.processor import ProcessRecordsInput
+from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import lease_table_name
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kcl3_lease_items.json"
@@ -170,3 +174,97 @@ def test_an_invalid_leader_value_is_one_line_and_exit_2(name: str, value: str, f
     args = ["leader", "--app", "app-x", "--stream", "s", "--once", "--endpoint-url", "http://127.0.0.1:9"]
     # THEN it exits 2 before any I/O with exactly one line naming the problem, no traceback
     assert_one_line_usage_error(args, name, value, fragment)
+
+
+def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker_lib.cli", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "fragment"),
+    [
+        (["status", "--app", "app-x", "--region", "mars 1"], {}, 2, "--region: invalid region 'mars 1'"),
+        (
+            ["status", "--app", "app-x", "--endpoint-url", "http://127.0.0.1:9"],
+            {"AWS_REGION": "mars 1"},
+            2,
+            "AWS_REGION: invalid region 'mars 1'",
+        ),
+        (["status", "--app", "app-x", "--interval", "inf", "--watch"], {}, 2, "'inf' is not a finite number"),
+        (["demo", "--workers", "1000"], {}, 2, "argument --workers: 1000 is out of range 1..16"),
+        (["demo", "--workers", "0"], {}, 2, "argument --workers: 0 must be at least 1"),
+        (["demo", "--shards", "65"], {}, 2, "argument --shards: 65 is out of range 3..64"),
+        (["demo", "--shards", "2"], {}, 2, "argument --shards: 2 is out of range 3..64"),
+        (["demo", "--duration", "nan"], {}, 2, "argument --duration: 'nan' is not a finite number"),
+        (["demo", "--duration", "10"], {}, 2, "the default scenario needs --duration of at least 30 seconds"),
+        (["demo", "--scenario", "everything"], {}, 2, "unknown scenario 'everything'"),
+        (["create-tables", "--app", "app-x", "--timeout", "-1"], {}, 2, "argument --timeout: -1.0 must be positive"),
+    ],
+)
+def test_a_bad_command_line_is_one_line_and_the_right_exit_code(
+    args: list[str], env: dict[str, str], code: int, fragment: str
+) -> None:
+    # WHEN the command line holds an invalid value THEN one line names it, before any process or I/O starts
+    result = run_cli(args, **env)
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert result.stdout == ""
+
+
+def test_status_into_a_closed_pipe_exits_1_without_a_traceback(moto_endpoint: str, app_name: str) -> None:
+    # GIVEN a fleet's tables
+    ensure_tables(app_name, aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint)))
+    # WHEN `status` writes into a pipe whose reader is gone (what `status | head -4` meets once head has exited)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        process = subprocess.run(
+            [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    # THEN it exits 1 with at most one short line on stderr, and no traceback
+    assert process.returncode == 1, process.stderr
+    assert len(process.stderr.strip().splitlines()) <= 1 and "Traceback" not in process.stderr
+
+
+def test_status_watch_piped_into_head_exits_1_without_a_traceback(
+    moto_endpoint: str, app_name: str, tmp_path: Path
+) -> None:
+    ensure_tables(app_name, aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint)))
+    # GIVEN `status --watch | head -4`, as a user types it: head exits after the first screen, status goes on
+    command = (
+        f"{sys.executable} -m worker_lib.cli status --app {app_name} --endpoint-url {moto_endpoint} --watch "
+        f"--interval 0.2 2>{tmp_path / 'status.err'} | head -4; echo ${{PIPESTATUS[0]}}"
+    )
+    result = subprocess.run(
+        ["bash", "-c", command],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    *shown, status_code = result.stdout.strip().splitlines()
+    # THEN head shows four lines, and status exits 1 quietly once it notices
+    assert len(shown) == 4 and shown[0].startswith(f"app {app_name}")
+    assert status_code == "1"
+    err = (tmp_path / "status.err").read_text()
+    assert len(err.strip().splitlines()) <= 1 and "Traceback" not in err

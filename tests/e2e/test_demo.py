@@ -108,3 +108,42 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_everything_the_demo_started(signum: signal.Signals) -> None:
+    # GIVEN a running demo whose workers are up (as `timeout`, CI cancellation or `docker stop` find it)
+    before = temp_dirs()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(descendants(process.pid)) < 4:  # moto, kinesalite, 2 workers
+            time.sleep(0.5)
+        time.sleep(2)
+        started = descendants(process.pid)
+        assert len(started) >= 4
+        # WHEN the signal reaches the demo's process only (not its group: docker stop signals PID 1 alone)
+        signalled = time.monotonic()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+        # THEN within a bound it exits 128 + the signal with one line, and every process it started is gone
+        assert time.monotonic() - signalled < 20
+        assert process.returncode == 128 + signum, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and f"stopped by {signum.name}" in lines[0], err
+        assert {pid for pid in started if is_running(pid)} == set()
+        assert temp_dirs() <= before
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        for pid in descendants(process.pid):
+            os.kill(pid, signal.SIGKILL)

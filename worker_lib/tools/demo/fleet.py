@@ -221,6 +221,11 @@ def _load_lambda_handler() -> Callable[[dict[str, Any], Any], Any] | None:
     return lambda_handler.handler
 
 
+class _OnlyMainThread(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName == threading.main_thread().name
+
+
 class LeaderSchedule:
     """EventBridge, locally: invoke the leader every ``period_s``; each invocation leads until its deadline."""
 
@@ -248,6 +253,11 @@ class LeaderSchedule:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            # the invocation is abandoned (it ends with the process); what it says next about the emulators
+            # going away is noise, not news
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(_OnlyMainThread())
 
     def _run(self) -> None:
         try:
