@@ -1,8 +1,9 @@
-"""Deciders: KCL 3.x's §10 scenarios (kcl_compatible), seeds 000 / 001 / 004, our refinements, config, expiry.
+"""Deciders: KCL 3.x's test scenarios (kcl_compatible), CPU 70 / 40 with threshold 10, 500 shards over
+100 + 100 workers and the dynamic cap (docs/assignment.md), our refinements, config, expiry.
 
-Scenarios follow reference/kcl3x-facts.md §10: a "yield" worker at CPU [90, 90] and a "take" worker at [50, 50],
-both with operating range 80; owned leases carry 10 KBps; dampening 80 and balancing on every run (the Java
-tests' settings), unless a test says otherwise.
+Scenarios follow KCL's Java tests (docs/kcl-compat.md, "Scenarios"): a "yield" worker at CPU [90, 90] and a
+"take" worker at [50, 50], both with operating range 80; owned leases carry 10 KBps; dampening 80 and balancing on
+every run (the Java tests' settings), unless a test says otherwise.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def run_and_apply(decider: Decider, snapshot: AssignmentSnapshot, seed: int = 7)
     return apply_plan(snapshot.leases, decide(decider, snapshot, seed))
 
 
-# ----------------------------------------------------------------------------------------------- §10 scenarios
+# ----------------------------------------------------------------------------------------------- KCL scenarios
 
 
 def test_scenario_1_one_unassigned_lease_goes_to_the_take_worker() -> None:
@@ -398,7 +399,7 @@ def test_yield_worker_with_a_single_lease_gives_it() -> None:
     assert owners(run_and_apply(kcl(), s)) == Counter({TAKE: 2})
 
 
-# ----------------------------------------------------------------------------------------------- seed 000
+# ----------------------------------------------------------------------------------------------- CPU 70 / 40
 
 
 def test_seed_000_cpu_70_and_40_threshold_10_triggers_rebalance() -> None:
@@ -421,7 +422,7 @@ def test_seed_000_cpu_70_and_40_threshold_10_triggers_rebalance() -> None:
     assert decide(decider, snap(leases, calm)).decisions == ()
 
 
-# ----------------------------------------------------------------------------------------------- seed 001
+# ---------------------------------------------------------------------------------------- 500 shards, 100 + 100 workers
 
 
 def _seed_001(decider: Decider, cycles: int = 12) -> tuple[Counter[str], list[int], int]:
@@ -502,12 +503,12 @@ def test_seed_001_variance_strategy_with_default_metric_workers() -> None:
     assert 200 <= per_cluster["b"] <= 250
 
 
-# ----------------------------------------------------------------------------------------------- seed 004
+# ----------------------------------------------------------------------------------------------- the dynamic cap
 
 
 @pytest.mark.parametrize("strategy", ["count", "variance"])
 def test_seed_004_dynamic_cap_follows_shard_count_without_restart(strategy: str) -> None:
-    # GIVEN 30 shards and 3 workers with dynamic cap 80 (seed 004)
+    # GIVEN 30 shards and 3 workers with dynamic cap 80
     config = AssignmentConfig(strategy=strategy, dynamic_cap=80, balancing_frequency=1)  # type: ignore[arg-type]
     decider = make_decider(config)
     workers = (cpu_worker("worker-1", 30, 30), cpu_worker("worker-2", 30, 30), cpu_worker("worker-3", 30, 30))

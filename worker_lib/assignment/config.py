@@ -1,4 +1,4 @@
-"""Configuration of lease assignment on the leader (reference/kcl3x-facts.md §4, §5, §9; seed 004)."""
+"""Configuration of lease assignment on the leader (KCL 3.x defaults: docs/kcl-compat.md; docs/assignment.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from worker_lib.core.errors import ConfigError
 
 Strategy = Literal["variance", "count"]
 STRATEGIES: tuple[str, ...] = ("variance", "count")
+
 
 @dataclass(frozen=True, kw_only=True)
 class AssignmentConfig:
@@ -30,7 +31,7 @@ class AssignmentConfig:
       ``SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS``.
     allow_throughput_overshoot: when no donor lease fits the amount to move, move the smallest one (True);
       ``SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT``.
-    dynamic_cap: seed 004's dynamic maximum: leases per worker ≤ min(dynamic_cap, ceil(shards / workers)),
+    dynamic_cap: a dynamic maximum: leases per worker ≤ min(dynamic_cap, ceil(shards / workers)),
       recomputed on every decision from the snapshot's live shard and assignable-worker counts (never cached,
       so it follows resharding and fleet changes without restarts). None = off (default). Under the variance
       strategy it is a strict count cap on top of load balancing — see docs/assignment.md before enabling;
@@ -123,7 +124,7 @@ class AssignmentConfig:
 
 
 def effective_cap(config: AssignmentConfig, *, shard_count: int, worker_count: int) -> int | None:
-    """The per-worker lease cap for one decision: ``max_leases_for_worker`` and, when enabled, seed 004's
+    """The per-worker lease cap for one decision: ``max_leases_for_worker`` and, when enabled, the dynamic
     ``min(dynamic_cap, ceil(shards / workers))`` — whichever is lower. None = unlimited.
 
     Recomputed from live counts on every call; with no assignable worker the dynamic part is not applied.

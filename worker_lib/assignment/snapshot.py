@@ -2,8 +2,8 @@
 
 Everything here is pure (no I/O, no clock reads): the leader loop reads the tables and the clocks and passes the
 results in. Two small pieces of leader-side state live here too because they are pure and tested with the
-deciders: :class:`ExpiryTracker` (lease expiry by counter observation, reference §4 step 3) and the worker
-validity / activity rules (reference §2).
+deciders: :class:`ExpiryTracker` (lease expiry by counter observation) and the worker validity /
+activity rules, as KCL 3.x (docs/kcl-compat.md, "Assignment loop" and "Worker-metrics table").
 
 Worker rules (KCL 3.x):
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from worker_lib.core.models import Lease, WorkerMetricStats
 
 DEFAULT_REPORT_INTERVAL_S = 30.0
-"""Workers write their metrics every 30 s (reference §2); the leader treats 2 missed reports as inactive."""
+"""Workers write their metrics every 30 s (as KCL); the leader treats 2 missed reports as inactive."""
 
 INACTIVE_AFTER_REPORTS = 2
 """KCL's DEFAULT_NO_OF_SKIP_STAT_FOR_DEAD_WORKER_THRESHOLD."""
@@ -99,7 +99,7 @@ class AssignmentSnapshot:
       A lease without an owner is always treated as needing assignment, whether listed here or not.
     last_counter_increment: lease key → monotonic time its counter last grew (from the tracker); orders the
       expired leases oldest first, as KCL does. Missing keys sort as :data:`NEVER` (first).
-    shard_count: live shards for the dynamic cap (seed 004); ``None`` = the number of unfinished leases.
+    shard_count: live shards for the dynamic cap (docs/assignment.md); ``None`` = the number of unfinished leases.
     run_number: 1 for the first run after this leader took over, then 2, 3, … (variance balancing runs on
       runs 1, 1 + f, 1 + 2f, … for balancing frequency f, as KCL's run counter).
     balance: force balancing on (True) or off (False) regardless of ``run_number``; the leader's fast passes
@@ -145,7 +145,7 @@ class AssignmentSnapshot:
 
 
 class ExpiryTracker:
-    """Lease expiry by counter observation on the leader's monotonic clock (reference §4 step 3).
+    """Lease expiry by counter observation on the leader's monotonic clock (as KCL 3.x).
 
     Lease items carry no timestamp: the leader remembers, per lease, the monotonic time at which it last saw the
     ``leaseCounter`` change. On first sight that is *now* for an owned lease (it gets a full lease duration to
