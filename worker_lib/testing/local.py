@@ -105,6 +105,12 @@ class LocalEmulators:
         """An :class:`AwsConfig` with one endpoint per service, for components built in the test process."""
         return AwsConfig(region=self.region, service_endpoints=self.endpoints(), **overrides)
 
+    def create_tables(self, app: str) -> None:
+        """Create ``app``'s lease, worker-metrics and coordinator tables (what ``shardlease create-tables`` does)."""
+        from worker_lib.tables.admin import ensure_tables
+
+        ensure_tables(app, self.client("dynamodb"))
+
     def client(self, service: str) -> Any:
         """A boto3 client for ``dynamodb``, ``kinesis`` or ``cloudwatch`` on the emulator that serves it."""
         return aws.client(service, self.aws_config())

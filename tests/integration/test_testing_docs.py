@@ -1,0 +1,34 @@
+"""docs/testing.md's example test, run as written: a user's pytest file outside this repository, using only
+``worker_lib.testing`` and the public worker API against moto and kinesalite."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.kinesalite
+def test_the_documented_example_test_passes(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "testing.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (tmp_path / "test_example.py").write_text(example)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "test_example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "1 passed" in result.stdout
