@@ -1,4 +1,4 @@
-"""The ``shardlease`` command line (DESIGN.md §6 is the contract).
+"""The ``shardlease`` command line (the README's "Command line" section is the contract: tests and users rely on it).
 
 Every failure the user can cause or meet — a bad flag, a missing table, an unreachable endpoint, missing
 credentials — ends with exactly one line on stderr and a non-zero exit code, never a traceback.

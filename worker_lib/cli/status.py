@@ -1,7 +1,7 @@
 """``shardlease status``: what the fleet looks like now, from the three tables (read-only).
 
 Per worker: leases, CPU (latest ``sts.C``), throughput (sum of its leases' ``throughputKBps``), last report age;
-per cluster (the worker-id prefix before the first ``-``, as seed 001's distribution script groups them): workers
+per cluster (the worker-id prefix before the first ``-``, so ``a-1`` and ``a-2`` form cluster ``a``): workers
 and leases; the current leader; unassigned leases; leases whose owner no longer reports (orphaned); and, with
 ``--watch``, expired leases (counter unchanged for the lease duration across refreshes, judged exactly as the
 leader does with :class:`~worker_lib.assignment.snapshot.ExpiryTracker`).
