@@ -25,7 +25,7 @@ from typing import Any, Protocol, TextIO
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.env import environ
+from worker_lib.core.env import env_int, env_str, environ
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
 
@@ -61,9 +61,9 @@ class MetricsConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> MetricsConfig:
         e = environ(env)
         return cls(
-            mode=e.get("SHARDLEASE_METRICS", "off").strip().lower() or "off",
-            namespace=e.get(NAMESPACE_ENV, DEFAULT_NAMESPACE),
-            flush_interval_ms=int(e.get("SHARDLEASE_METRICS_FLUSH_INTERVAL_MS", "60000")),
+            mode=env_str(e, "SHARDLEASE_METRICS", "off").lower(),
+            namespace=env_str(e, NAMESPACE_ENV, DEFAULT_NAMESPACE),
+            flush_interval_ms=env_int(e, "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS", 60_000),
         )
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.env import env_str, environ
 from worker_lib.core.errors import ConfigError
 
 log = logging.getLogger("shardlease.metrics.cpu")
@@ -509,8 +510,8 @@ class ProcessCpu(_CpuMetricBase):
 
 def cpu_metric_from_env(env: Mapping[str, str] | None = None, *, clock: Clock = SYSTEM_CLOCK) -> WorkerMetric | None:
     """``SHARDLEASE_CPU_METRIC``: ``auto`` (default: KCL's detection order), ``process`` or ``none``."""
-    environ = os.environ if env is None else env
-    choice = environ.get("SHARDLEASE_CPU_METRIC", "auto").strip().lower()
+    e = environ(env)
+    choice = env_str(e, "SHARDLEASE_CPU_METRIC", "auto").lower()
     if choice == "none":
         return None
     if choice == "process":
@@ -519,7 +520,7 @@ def cpu_metric_from_env(env: Mapping[str, str] | None = None, *, clock: Clock = 
         return metric
     if choice != "auto":
         raise ConfigError(f"invalid SHARDLEASE_CPU_METRIC {choice!r}: expected auto, process or none")
-    return detect_cpu_metric(environ, clock=clock)
+    return detect_cpu_metric(e, clock=clock)
 
 
 # --- detection ------------------------------------------------------------------------------------------------
@@ -542,10 +543,9 @@ def detect_cpu_metric(
     exists → cgroup v1 → ``/proc/stat`` → psutil. Each candidate is probed with one reading (which also primes
     its baseline); a candidate whose probe fails is skipped silently and the next one is tried.
     """
-    environ = os.environ if env is None else env
     root = Path(cgroup_root)
     candidates: list[_CpuMetricBase] = []
-    ecs_uri = environ.get(ECS_METADATA_ENV, "").strip()
+    ecs_uri = env_str(environ(env), ECS_METADATA_ENV)
     if ecs_uri:
         candidates.append(
             EcsCpu(
