@@ -1,0 +1,131 @@
+"""The README's "Use it" snippet, run verbatim in its own process with nothing but environment variables set.
+
+It proves what a pip user relies on: the snippet honours ``AWS_REGION`` (eu-west-1 here, where the tables are;
+us-east-1 has none), the ``SHARDLEASE_*_ENDPOINT_URL`` variables (the demo's emulators: moto for DynamoDB,
+kinesalite for Kinesis) and ``SHARDLEASE_LEADER_MODE=embedded`` (so the snippet alone creates and takes the leases),
+processes the records it is given and stops cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import FAST_ENV, REPO
+from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.tables.schema import all_specs
+from worker_lib.testing.streams import create_stream
+
+pytestmark = pytest.mark.slow
+
+REGION = "eu-west-1"
+APP, STREAM = "orders", "orders-stream"  # the names the snippet uses
+
+
+def readme_snippet() -> str:
+    """The first python block of the README's "Use it" section, exactly as written."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Use it\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match, "README 'Use it' has no python block"
+    return match.group(1)
+
+
+def snippet_env(moto_endpoint: str, kinesalite_endpoint: str) -> dict[str, str]:
+    """Only variables: a region that is not us-east-1, dummy credentials, the emulators, an embedded leader and
+    test timings. Nothing from the test process leaks in (its AWS_REGION is us-east-1)."""
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",  # the snippet prints; see its lines as they come
+        "AWS_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "SHARDLEASE_DYNAMODB_ENDPOINT_URL": moto_endpoint,
+        "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint,
+        "SHARDLEASE_LEADER_MODE": "embedded",
+        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+        "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
+        "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
+        "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
+        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
+        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
+        "SHARDLEASE_CPU_METRIC": "process",
+        **FAST_ENV,
+    }
+
+
+@pytest.fixture
+def orders(moto_endpoint: str, kinesalite_endpoint: str) -> Iterator[tuple[Any, Any]]:
+    """The tables of app "orders" in eu-west-1 on moto and stream "orders-stream" on kinesalite, removed after."""
+    ddb = aws.client("dynamodb", AwsConfig(region=REGION, endpoint_url=moto_endpoint))
+    kinesis = aws.client("kinesis", AwsConfig(region=REGION, endpoint_url=kinesalite_endpoint))
+    ensure_tables(APP, ddb)
+    create_stream(kinesis, STREAM, 2)
+    try:
+        yield ddb, kinesis
+    finally:
+        for spec in all_specs():
+            with contextlib.suppress(Exception):
+                ddb.delete_table(TableName=spec.table_name(APP))
+        with contextlib.suppress(Exception):
+            kinesis.delete_stream(StreamName=STREAM, EnforceConsumerDeletion=True)
+
+
+def test_the_readme_snippet_runs_as_written_with_only_environment_variables(
+    orders: tuple[Any, Any], moto_endpoint: str, kinesalite_endpoint: str, tmp_path: Path
+) -> None:
+    ddb, kinesis = orders
+    # GIVEN the tables and the stream in eu-west-1 only (the snippet's default region would find nothing)
+    us_east = aws.client("dynamodb", AwsConfig(region="us-east-1", endpoint_url=moto_endpoint))
+    assert APP not in us_east.list_tables()["TableNames"]
+    # AND 20 records with known partition keys and sizes
+    expected = {f"readme-{n:03d} {10 + n}" for n in range(20)}
+    kinesis.put_records(
+        StreamName=STREAM,
+        Records=[{"Data": b"x" * (10 + n), "PartitionKey": f"readme-{n:03d}"} for n in range(20)],
+    )
+    # WHEN the README's snippet runs, verbatim, in its own process with only those variables
+    output = tmp_path / "snippet.log"
+    with output.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-c", readme_snippet()],
+            cwd=tmp_path,
+            env=snippet_env(moto_endpoint, kinesalite_endpoint),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        # THEN it prints one line per record, as its handler says ("<partition key> <size>")
+        deadline = time.monotonic() + 60
+        seen: set[str] = set()
+        while time.monotonic() < deadline and not expected <= seen and process.poll() is None:
+            time.sleep(0.2)
+            seen = set(output.read_text(encoding="utf-8", errors="replace").splitlines())
+        text = output.read_text(encoding="utf-8", errors="replace")
+        assert expected <= seen, f"missing {sorted(expected - seen)[:5]}; output:\n{text[-3000:]}"
+        # AND the snippet's embedded leader made the two leases in eu-west-1's lease table
+        leases = ddb.scan(TableName=APP)["Items"]
+        assert len(leases) == 2
+        # WHEN it is sent SIGTERM (as docker stop, ECS or Kubernetes would)
+        process.send_signal(signal.SIGTERM)
+        # THEN it shuts down gracefully and exits 0
+        assert process.wait(timeout=30) == 0, text[-3000:]
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
