@@ -1,5 +1,5 @@
 """Worker-side CloudWatch metrics: records and bytes processed, millis behind latest, leases held, renewal and
-checkpoint failures, CPU (DESIGN.md §8; names in :mod:`worker_lib.telemetry.names`).
+checkpoint failures, CPU (docs/deploy.md for the dashboard; names in :mod:`worker_lib.telemetry.names`).
 
 Three publishers behind one protocol, chosen by ``SHARDLEASE_METRICS`` (``off`` by default, and in tests):
 
