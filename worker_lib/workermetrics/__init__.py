@@ -1,1 +1,2 @@
-"""See DESIGN.md §1 for what lives here."""
+"""The leader's load input: CPU providers, per-lease throughput, the reporter and the WorkerMetricStats store
+(docs/kcl-compat.md, "Worker-metrics table"; docs/worker.md)."""
