@@ -107,14 +107,15 @@ def run_fleet_demo(
         finally:
             # Also the way out of a signal (worker_lib/cli/demo.py turns SIGTERM and SIGHUP into an exception):
             # every child this demo started is stopped here, quickly, before the emulators they talk to.
-            decisions.removeHandler(capture)
-            decisions.propagate = True
             if producer is not None:
                 producer.stop()
             if fleet is not None:
                 fleet.stop_all(graceful=False)
             if schedule is not None:
                 schedule.stop(timeout_s=3.0)
+            # only now: a leader invocation still running must not print its decisions as raw log lines
+            decisions.removeHandler(capture)
+            decisions.propagate = True
             kinesalite.stop()
             moto.stop()
             say(f"stopped emulators (pids {moto.pid}, {kinesalite.pid}) and every worker process")
