@@ -15,10 +15,11 @@ CMK_APP = "payments.consumer"
 
 
 def run_isolated(python: Path, code: str, *, path: list[Path], env: dict[str, str] | None = None) -> str:
-    """Run ``code`` with ``python -I`` (no PYTHONPATH, no user site) and ``path`` prepended to ``sys.path``."""
+    """Run ``code`` with ``python -I -B`` (no PYTHONPATH, no user site, no .pyc written into ``path``) and ``path``
+    prepended to ``sys.path``."""
     prelude = f"import sys; sys.path[:0] = {[str(p) for p in path]!r}\n"
     result = subprocess.run(
-        [str(python), "-I", "-c", prelude + code],
+        [str(python), "-I", "-B", "-c", prelude + code],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,4 +1,4 @@
-"""The CloudWatch dashboard and alarms of one shardlease application (DESIGN.md §8).
+"""The CloudWatch dashboard and alarms of one shardlease application (docs/deploy.md, section 4).
 
 Metric names, dimensions and the namespace come from :mod:`worker_lib.telemetry.names`, the module the leader and the
 workers publish with. Per-worker graphs use ``SEARCH`` expressions over ``{Application, WorkerId}``, so workers
