@@ -20,6 +20,7 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name
+from worker_lib.testing.commands import leader_command, worker_command
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards
 
@@ -248,46 +249,16 @@ class Fleet:
     def start_worker(self) -> Proc:
         self._worker_seq += 1
         wid = f"w{self._worker_seq}"
-        argv = [
-            sys.executable,
-            "-m",
-            "worker_lib.cli",
-            "--log-level",
-            "INFO",
-            "worker",
-            "--app",
-            self.app,
-            "--stream",
-            self.stream,
-            "--processor",
-            SPEC,
-            "--worker-id",
-            wid,
-            "--initial-position",
-            "TRIM_HORIZON",
-        ]
+        argv = worker_command(
+            app=self.app, stream=self.stream, processor=SPEC, worker_id=wid, initial_position="TRIM_HORIZON"
+        )
         return self._spawn("worker", wid, argv, {**self.env, WORKER_ID_ENV: wid})
 
     def start_leader(self) -> Proc:
         self._leader_seq += 1
         if self.spec.host == "cli":
             name = f"leader-{self._leader_seq}"
-            argv = [
-                sys.executable,
-                "-m",
-                "worker_lib.cli",
-                "--log-level",
-                "INFO",
-                "leader",
-                "--app",
-                self.app,
-                "--stream",
-                self.stream,
-                "--initial-position",
-                "TRIM_HORIZON",
-                "--worker-id",
-                name,
-            ]
+            argv = leader_command(app=self.app, stream=self.stream, leader_id=name, initial_position="TRIM_HORIZON")
             env = dict(self.env)
         else:
             name = f"lambda-{self._leader_seq}"

@@ -6,9 +6,10 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from worker_lib.testing.commands import shardlease_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ class ProcessGroup:
         full_env = {**os.environ, **FAST_ENV, **env, "PYTHONPATH": str(REPO)}
         log = (self.log_dir / f"{name}.log").open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "worker_lib.cli", "--log-level", "INFO", *args],
+            shardlease_command(*args),
             cwd=REPO,
             env=full_env,
             stdout=log,

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 from worker_lib.core.clock import Clock
 from worker_lib.core.errors import ShardleaseError
+from worker_lib.testing.commands import worker_command
 from worker_lib.testing.emulators import Emulator
 from worker_lib.tools.demo.processor import JOURNAL_ENV, WORK_ENV
 
@@ -136,22 +136,12 @@ class Fleet:
         name = f"demo-w{len(self.workers) + 1}"
         log_file = (self.workdir / f"{name}.log").open("wb")
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "worker_lib.cli",
-                "--log-level",
-                "INFO",
-                "worker",
-                "--app",
-                self.app,
-                "--stream",
-                self.stream,
-                "--processor",
-                "worker_lib.tools.demo.processor:DemoProcessor",
-                "--worker-id",
-                name,
-            ],
+            worker_command(
+                app=self.app,
+                stream=self.stream,
+                processor="worker_lib.tools.demo.processor:DemoProcessor",
+                worker_id=name,
+            ),
             env={**os.environ, **self.env},
             stdout=log_file,
             stderr=subprocess.STDOUT,
