@@ -1,0 +1,49 @@
+"""``/proc/stat``: host CPU on EC2 and plain Linux (docs/kcl-compat.md, "CPU providers")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.workermetrics.cpu.base import (
+    DEFAULT_PROC_STAT,
+    CpuMetricBase,
+)
+
+
+class ProcStatCpu(CpuMetricBase):
+    """Host CPU from the first (``cpu``) line of ``/proc/stat``.
+
+    KCL's formula: busy = user + nice + system; total = busy + idle + iowait; value = (Δtotal − Δidle) / Δtotal.
+    Only the first five fields are used (iowait counts as busy, as in KCL). 0 on the first call.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = DEFAULT_PROC_STAT,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        operating_range_max: float = 100.0,
+    ) -> None:
+        super().__init__(clock=clock, operating_range_max=operating_range_max)
+        self._path = Path(path)
+        self._previous: tuple[int, int] | None = None  # (total, idle)
+
+    def _read(self) -> float:
+        with self._path.open(encoding="ascii") as f:
+            first = f.readline().split()
+        if not first or first[0] != "cpu" or len(first) < 6:
+            raise ValueError(f"{self._path}: first line is not an aggregate 'cpu' line")
+        user, nice, system, idle, iowait = (int(v) for v in first[1:6])
+        total = user + nice + system + idle + iowait
+        previous, self._previous = self._previous, (total, idle)
+        if previous is None:
+            return 0.0
+        d_total, d_idle = total - previous[0], idle - previous[1]
+        if d_total <= 0:
+            return 0.0
+        return (d_total - d_idle) / d_total * 100.0
+
+    def __repr__(self) -> str:
+        return f"ProcStatCpu({str(self._path)!r})"
