@@ -7,7 +7,7 @@ interchangeable:
   observation, lock validity, renewal deadlines). Only comparable within one process.
 * ``wall()`` — seconds since the Unix epoch; used only where a value is *stored* for other hosts to read
   (``lut`` in worker metrics, the leader lock's expiry), and so relies on hosts' clocks agreeing to within a
-  bound (see docs/design.md, "Clock assumptions").
+  bound (see docs/leader-lock.md, "Clock assumptions").
 
 ``time.time()`` and ``time.monotonic()`` are called nowhere else in the package.
 """

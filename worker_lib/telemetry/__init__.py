@@ -1,1 +1,2 @@
-"""See docs/design.md for what lives here."""
+"""CloudWatch metric names (shared by the publishers and the CDK dashboard) and the PutMetricData publisher
+(docs/deploy.md)."""
