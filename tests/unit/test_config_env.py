@@ -1,4 +1,4 @@
-"""Configuration read from the environment: the per-process CPU metric choice and shard-sync flags."""
+"""Configuration read from the environment: CPU metric choice, shard-sync flags, booleans, regions, worker defaults."""
 
 from __future__ import annotations
 
@@ -160,3 +160,55 @@ def test_spark_options_default_to_the_environment_and_override_it() -> None:
     # THEN the environment fills what the options leave out, and an option wins
     assert (implicit.aws.region, implicit.aws.endpoint_for("dynamodb")) == ("eu-west-1", "http://127.0.0.1:5000")
     assert explicit.aws.region == "us-west-2"
+
+
+@pytest.mark.parametrize("region", ["mars 1", "eu_west_1!", "-eu-west-1"])
+def test_a_bad_region_is_one_config_error_wherever_it_comes_from(region: str) -> None:
+    # GIVEN a region botocore would reject with its own InvalidRegionError
+    from worker_lib.core.config import AwsConfig
+    from worker_lib.worker import WorkerConfig
+
+    # WHEN it is given directly, through AWS_REGION, or to a worker that reads the environment
+    # THEN each is one ConfigError naming the value, before any client exists
+    with pytest.raises(ConfigError, match="invalid region"):
+        AwsConfig(region=region)
+    with pytest.raises(ConfigError, match="invalid region"):
+        AwsConfig.from_env({"AWS_REGION": region})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_REGION", region)
+        with pytest.raises(ConfigError, match="invalid region"):
+            WorkerConfig(app="orders", stream="orders-stream")
+
+
+def test_the_cli_leader_takes_shard_sync_settings_from_the_environment_and_flags_replace_the_position() -> None:
+    # GIVEN shard-sync variables in the environment
+    import argparse
+
+    from worker_lib.cli.main import _shard_sync_config
+    from worker_lib.core.config import InitialPosition
+
+    env = {
+        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "30000",
+        "SHARDLEASE_LEASE_CLEANUP": "off",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        # WHEN the command line gives no position THEN every setting is the environment's
+        from_env = _shard_sync_config(argparse.Namespace(initial_position=None, timestamp=None))
+        # WHEN it gives one THEN only the position changes
+        flagged = _shard_sync_config(
+            argparse.Namespace(initial_position="AT_TIMESTAMP", timestamp="2026-01-31T12:00:00Z")
+        )
+    assert (from_env.initial_position, from_env.interval_ms, from_env.cleanup_enabled) == (
+        InitialPosition.TRIM_HORIZON,
+        30_000,
+        False,
+    )
+    assert (flagged.initial_position, flagged.interval_ms, flagged.cleanup_enabled) == (
+        InitialPosition.AT_TIMESTAMP,
+        30_000,
+        False,
+    )
+    assert flagged.initial_timestamp is not None

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -47,9 +46,9 @@ def _add_app(parser: argparse.ArgumentParser, *, stream: bool) -> None:
 def _add_position(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--initial-position",
-        default="LATEST",
+        default=None,
         metavar="LATEST|TRIM_HORIZON|AT_TIMESTAMP",
-        help="where leases of newly discovered shards start (default LATEST)",
+        help="where leases of newly discovered shards start (default: SHARDLEASE_INITIAL_POSITION, else LATEST)",
     )
     parser.add_argument("--timestamp", metavar="ISO", help="with AT_TIMESTAMP: ISO-8601 time to start from")
 
@@ -87,7 +86,6 @@ def _positive_float(text: str) -> float:
 
 
 # botocore's own rule for region names; checked here so that a typo is a usage error, not a crash in botocore
-_REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,11 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _aws_config(args: argparse.Namespace) -> Any:
     from worker_lib.core.config import AwsConfig
 
-    config = AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
-    if not _REGION.match(config.region):
-        source = "--region" if args.region else "AWS_REGION"
-        raise ConfigError(f"{source}: invalid region {config.region!r}: expected a name such as eu-west-1")
-    return config
+    return AwsConfig.from_env(endpoint_url=args.endpoint_url, region=args.region)
 
 
 def _cmd_create_tables(args: argparse.Namespace) -> int:
@@ -211,12 +205,18 @@ def _cmd_create_tables(args: argparse.Namespace) -> int:
 
 
 def _shard_sync_config(args: argparse.Namespace) -> Any:
+    """The environment's shard-sync settings (docs/api.md), with the position flags in their place when given."""
+    from dataclasses import replace
+
     from worker_lib.core.config import InitialPosition, parse_timestamp
     from worker_lib.shardsync.config import ShardSyncConfig
 
-    position = InitialPosition.parse(args.initial_position)
+    config = ShardSyncConfig.from_env()
+    if args.initial_position is None and args.timestamp is None:
+        return config
+    position = InitialPosition.parse(args.initial_position) if args.initial_position else config.initial_position
     timestamp = parse_timestamp(args.timestamp) if args.timestamp else None
-    return ShardSyncConfig(initial_position=position, initial_timestamp=timestamp)
+    return replace(config, initial_position=position, initial_timestamp=timestamp)
 
 
 def _cmd_leader(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ from worker_lib.core.env import env_int, environ
 from worker_lib.core.errors import ConfigError
 
 _APP_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,200}$")
+# What botocore accepts as a region name (it raises InvalidRegionError, a traceback to a user, for anything else).
+_REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
 
 
 class InitialPosition(enum.Enum):
@@ -78,8 +80,10 @@ class AwsConfig:
     max_pool_connections: int = 32
 
     def __post_init__(self) -> None:
-        if not self.region:
-            raise ConfigError("region must not be empty")
+        if not _REGION.match(self.region):
+            raise ConfigError(
+                f"invalid region {self.region!r}: expected a name such as eu-west-1 (AWS_REGION, --region)"
+            )
         for url in (self.endpoint_url, *self.service_endpoints.values()):
             if url is not None and not re.match(r"^https?://[^\s/]+", url):
                 raise ConfigError(f"invalid endpoint URL {url!r}: expected http(s)://host:port")

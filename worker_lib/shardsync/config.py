@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from worker_lib.core.config import InitialPosition, parse_timestamp
-from worker_lib.core.env import env_bool, env_int, environ
+from worker_lib.core.env import env_bool, env_int, env_str, environ
 from worker_lib.core.errors import ConfigError
 
 
@@ -41,8 +41,8 @@ class ShardSyncConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ShardSyncConfig:
         e = environ(env)
-        position = InitialPosition.parse(e.get("SHARDLEASE_INITIAL_POSITION", "LATEST"))
-        raw_ts = e.get("SHARDLEASE_INITIAL_TIMESTAMP")
+        position = InitialPosition.parse(env_str(e, "SHARDLEASE_INITIAL_POSITION", "LATEST"))
+        raw_ts = env_str(e, "SHARDLEASE_INITIAL_TIMESTAMP")
         return cls(
             initial_position=position,
             initial_timestamp=parse_timestamp(raw_ts) if raw_ts else None,
