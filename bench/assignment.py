@@ -14,9 +14,9 @@ converge within ±10 % (relative to the reference where the raw band is infeasib
 the minimum (worker_lib.tools.simulator.measures.min_moves_lower_bound, from the post-initial-assignment state — or
 the state just before the event — to the final balance); the median and max time of one decide() call.
 
-Targets (issue 3): ours reaches max/mean ≤ 1.10 (≤ 1.10 × the reference when the raw figure is infeasible) on the
-Zipf fleet within 3 balancing cycles with ≤ 1.5× the minimum moves; one decision for 10,000 leases × 1,000
-workers takes < 1 s.
+Targets (docs/benchmarks.md, "Targets"): ours reaches max/mean ≤ 1.10 (≤ 1.10 × the reference when the raw figure
+is infeasible) on the Zipf fleet within 3 balancing cycles with ≤ 1.5× the minimum moves; one decision for
+10,000 leases × 1,000 workers takes < 1 s.
 """
 
 from __future__ import annotations

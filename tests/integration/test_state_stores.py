@@ -147,7 +147,8 @@ def test_a_kcl_migration_item_reads_as_plain_values(ddb: Any, app_name: str) -> 
 
 
 def test_two_leaders_publishing_the_cap_never_interleave_stale_values(ddb: Any, app_name: str) -> None:
-    # GIVEN two leaders (an old one not yet aware it lost the lock, and the new one) publishing seed 004's cap
+    # GIVEN two leaders (an old one not yet aware it lost the lock, and the new one) publishing the dynamic lease cap
+    # (docs/assignment.md)
     old, new = (LeaseCapRecorder(CoordinatorStateStore(app_name, client=ddb)) for _ in range(2))
     old.record(10, shards=30, workers=3)
     new.record(20, shards=60, workers=3)

@@ -99,7 +99,7 @@ def _read_to_end(kinesis: Any, stream: str, shard_id: str, after: Checkpoint | N
 
 
 def _consume(store: DynamoDBLeaseStore, kinesis: Any, stream: str, owner: str, say: Printer) -> int:
-    """A minimal consumer standing in for the worker (issue 4): take each lease, read, checkpoint (fenced)."""
+    """A minimal consumer standing in for the worker: take each lease, read, checkpoint (fenced)."""
     total = 0
     for lease in sorted(store.list_leases(), key=lambda item: item.lease_key):
         if lease.is_finished:
