@@ -16,7 +16,10 @@ SOURCE_NAME = "shardlease"
 
 
 def register(spark: Any) -> None:
-    """Register the ``shardlease`` source with a SparkSession."""
+    """Register the ``shardlease`` source with a SparkSession (one line naming the ``spark`` extra without pyspark)."""
+    from worker_lib.core.extras import require
+
+    require("pyspark.sql.datasource", extra="spark", what="the Spark source")
     from worker_lib.spark.source import ShardleaseDataSource
 
     spark.dataSource.register(ShardleaseDataSource)
