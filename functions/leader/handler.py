@@ -6,6 +6,6 @@ keeps ``functions.leader.handler.handler`` working for scripts and tests that lo
 
 from __future__ import annotations
 
-from worker_lib.leader.lambda_handler import _clients, handler, observer
+from worker_lib.leader.lambda_handler import handler, observer, warm_clients
 
-__all__ = ["_clients", "handler", "observer"]
+__all__ = ["handler", "observer", "warm_clients"]

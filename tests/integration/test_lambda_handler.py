@@ -174,17 +174,17 @@ def test_given_warm_invocations_then_clients_are_created_once_and_reused(
     deployment: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN a cold container: no clients yet
-    monkeypatch.setattr(lambda_handler._clients, "current", None)
+    monkeypatch.setattr(lambda_handler.warm_clients, "current", None)
     # WHEN invoked twice in the same "container"
     leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
-    first = lambda_handler._clients.current
+    first = lambda_handler.warm_clients.current
     leader_handler.handler(SCHEDULED_EVENT, FakeContext(1_200))
     # THEN the second invocation reused the first one's boto3 clients
     assert first is not None
-    assert lambda_handler._clients.current is first
+    assert lambda_handler.warm_clients.current is first
     # AND functions/leader/handler.py is the packaged handler, not a copy
     assert leader_handler.handler is lambda_handler.handler
-    assert leader_handler._clients is lambda_handler._clients
+    assert leader_handler.warm_clients is lambda_handler.warm_clients
 
 
 def test_given_no_application_in_the_environment_then_the_handler_fails_with_one_clear_error(

@@ -370,7 +370,7 @@ def lease_write_kind(body: bytes | str | None, lease_table: str) -> str:
     return "other"
 
 
-class _Raw:
+class RawBody:
     def __init__(self, body: bytes) -> None:
         self._body = body
 
@@ -427,7 +427,7 @@ def dynamodb_fault(client: Any, fault: Fault, lease_table: str) -> Iterator[Faul
         body = json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": f"injected {code}"})
         headers = HTTPHeaders()
         headers["Content-Type"] = "application/x-amz-json-1.0"
-        return AWSResponse(request.url, status, headers, _Raw(body.encode()))
+        return AWSResponse(request.url, status, headers, RawBody(body.encode()))
 
     def needs_retry(response: Any, caught_exception: Any, request_dict: Any, attempts: int, **_: Any) -> float | None:
         if fault.kind != "lost-reply" or attempts > 1 or not fault.wanted() or caught_exception is not None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
-from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, _Raw, read_lines, wait_for
+from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, RawBody, read_lines, wait_for
 from tests.support.processes import ProcessGroup
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
@@ -336,7 +336,7 @@ def throttle_worker_rows_scans(client: Any, table: str, *, fast_only: bool) -> I
         body = json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": f"injected {code}"})
         headers = HTTPHeaders()
         headers["Content-Type"] = "application/x-amz-json-1.0"
-        return AWSResponse(request.url, 400, headers, _Raw(body.encode()))
+        return AWSResponse(request.url, 400, headers, RawBody(body.encode()))
 
     uid = f"handover-throttle-{id(throttle)}"
     client.meta.events.register_first("before-parameter-build.dynamodb.Scan", before_call, unique_id=uid + "-call")

@@ -41,12 +41,12 @@ class LambdaContext(Protocol):
     def get_remaining_time_in_millis(self) -> int: ...
 
 
-_clients = ClientCache()  # module state on purpose: it outlives the invocation in a warm container
+warm_clients = ClientCache()  # module state on purpose: it outlives the invocation in a warm container
 observer = make_observer()
 
 
 def invoke(
-    context: LambdaContext, *, clients: ClientCache = _clients, stop: threading.Event | None = None
+    context: LambdaContext, *, clients: ClientCache = warm_clients, stop: threading.Event | None = None
 ) -> dict[str, Any]:
     """One invocation; ``clients`` and ``stop`` are seams for benchmarks (the handler uses the container's)."""
     env = os.environ

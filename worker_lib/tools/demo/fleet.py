@@ -78,7 +78,7 @@ class DemoState:
     hot_range: tuple[int, int] = (0, 0)
 
 
-class _DecisionCapture(logging.Handler):
+class DecisionCapture(logging.Handler):
     def __init__(self, state: DemoState) -> None:
         super().__init__(level=logging.INFO)
         self.state = state

@@ -28,7 +28,7 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.emulators import start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.tools.demo.fleet import DemoState, Fleet, LeaderSchedule, _DecisionCapture
+from worker_lib.tools.demo.fleet import DecisionCapture, DemoState, Fleet, LeaderSchedule
 from worker_lib.tools.demo.output import DemoOutput
 from worker_lib.tools.demo.producer import Producer
 from worker_lib.tools.demo.report import build_report, read_journals
@@ -53,7 +53,7 @@ def run_fleet_demo(
     app = f"demo-{os.getpid()}-{int(clock.wall()) % 100000}"
     stream = f"{app}-stream"
     state = DemoState()
-    capture = _DecisionCapture(state)
+    capture = DecisionCapture(state)
     decisions = logging.getLogger("shardlease.leader.decisions")
     decisions.addHandler(capture)
     decisions.setLevel(logging.INFO)
