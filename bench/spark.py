@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def say(text: str) -> None:
     sys.stdout.write(text + "\n")

@@ -77,13 +77,14 @@ def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) ->
 
 def local_setup(args: argparse.Namespace, events: int) -> tuple[Any, int]:
     """Start moto, create tables + stream, create and assign leases (the leader's job), produce events."""
+    # worker_lib.core/.leases/.tables are internal: used here only to stand in for the leader (create and assign the
+    # leases) in a local run; the rest is public API.
+    from worker_lib import AwsConfig
     from worker_lib.core import aws
-    from worker_lib.core.config import AwsConfig
     from worker_lib.core.models import TRIM_HORIZON, Lease
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
     from worker_lib.tables.admin import ensure_tables
-    from worker_lib.testing.emulators import start_moto
-    from worker_lib.testing.streams import create_stream
+    from worker_lib.testing import create_stream, start_moto
 
     emulator = start_moto()
     args.endpoint_url = emulator.endpoint_url
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"output: {args.output}  ({result.select('batch_id').distinct().count()} micro-batches, {elapsed:.1f} s)")
         for row in totals.orderBy("kind").collect():
             say(f"  {row.kind:<8} events={row.events:>6}  amount={row.amount:>12.2f}")
-        total = result.agg(F.sum("events")).first()[0]
+        first = result.agg(F.sum("events")).first()
+        total = first[0] if first is not None else 0
         say(f"events aggregated: {total}" + (f" of {produced} produced (+1 malformed, dropped)" if args.local else ""))
         return 0 if not args.local or total == produced else 1
     finally:

@@ -200,6 +200,8 @@ def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         ),
         (["status", "--app", "app-x", "--interval", "inf", "--watch"], {}, 2, "'inf' is not a finite number"),
         (["demo", "--workers", "1000"], {}, 2, "argument --workers: 1000 is out of range 1..16"),
+        (["simulate", "--workers", "20000"], {}, 2, "argument --workers: 20000 is out of range 1..2000"),
+        (["simulate", "--cycles", "100000"], {}, 2, "argument --cycles: 100000 is out of range 1..200"),
         (["demo", "--workers", "0"], {}, 2, "argument --workers: 0 must be at least 1"),
         (["demo", "--shards", "65"], {}, 2, "argument --shards: 65 is out of range 3..64"),
         (["demo", "--shards", "2"], {}, 2, "argument --shards: 2 is out of range 3..64"),

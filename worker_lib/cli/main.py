@@ -63,6 +63,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
+SIMULATE_MAX_WORKERS, SIMULATE_MAX_SHARDS, SIMULATE_MAX_CYCLES = 2_000, 20_000, 200
+
+
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = _positive_int(text)
@@ -162,13 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_cmd_status)
 
     sim = sub.add_parser("simulate", help="offline fleet running the real deciders cycle by cycle")
-    sim.add_argument("--workers", type=_positive_int, default=8, metavar="N")
-    sim.add_argument("--shards", type=_positive_int, default=64, metavar="N")
+    # Bounds keep a run within minutes on a laptop (the 10 000-lease fleet of docs/benchmarks.md: ~0.3 s a cycle).
+    sim.add_argument("--workers", type=_bounded_int(1, SIMULATE_MAX_WORKERS), default=8, metavar="N")
+    sim.add_argument("--shards", type=_bounded_int(1, SIMULATE_MAX_SHARDS), default=64, metavar="N")
     sim.add_argument("--skew", default="zipf:1.2", metavar="uniform|zipf[:S]|hot[:K[:F]]")
     sim.add_argument(
         "--strategy", default="variance", choices=["variance", "variance-kcl", "count", "count-kcl", "kcl2"]
     )
-    sim.add_argument("--cycles", type=_positive_int, default=12, metavar="N")
+    sim.add_argument("--cycles", type=_bounded_int(1, SIMULATE_MAX_CYCLES), default=12, metavar="N")
     sim.add_argument("--seed", type=int, default=1)
     sim.add_argument("--plot", metavar="FILE.png", help="draw per-worker load over cycles")
     sim.add_argument("--join", action="append", default=[], metavar="CYCLE[:N]", help="N workers join")

@@ -7,6 +7,7 @@ The public surface, imported lazily (nothing here starts or imports moto until u
 * :class:`LocalEmulators`: moto (DynamoDB, CloudWatch) and kinesalite (Kinesis) on loopback, as a context
   manager, with ``env()`` for ``from_env`` components and ``client(service)`` for the test's own calls.
 * :func:`start_moto`, :func:`start_kinesalite`, :func:`start_dynalite`: one emulator each, as a context manager.
+* :data:`FAST_TIMINGS`: the ``SHARDLEASE_*`` settings that run the protocol about five times faster than KCL's.
 * Stream helpers: :func:`create_stream`, :func:`put_records`, :func:`list_all_shards`, :func:`split_shard`,
   :func:`merge_shards`, :func:`wait_active`.
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         split_shard,
         wait_active,
     )
+    from worker_lib.testing.timings import FAST_TIMINGS
 
 _EXPORTS = {
     "Emulator": "worker_lib.testing.emulators",
@@ -38,6 +40,7 @@ _EXPORTS = {
     "start_kinesalite": "worker_lib.testing.emulators",
     "start_dynalite": "worker_lib.testing.emulators",
     "LocalEmulators": "worker_lib.testing.local",
+    "FAST_TIMINGS": "worker_lib.testing.timings",
     "create_stream": "worker_lib.testing.streams",
     "list_all_shards": "worker_lib.testing.streams",
     "merge_shards": "worker_lib.testing.streams",
@@ -47,6 +50,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "FAST_TIMINGS",
     "Emulator",
     "EmulatorError",
     "LocalEmulators",

@@ -22,6 +22,7 @@ from worker_lib.core.clock import Clock
 from worker_lib.core.errors import ShardleaseError
 from worker_lib.testing.commands import worker_command
 from worker_lib.testing.emulators import Emulator
+from worker_lib.testing.timings import FAST_TIMINGS
 from worker_lib.tools.demo.processor import JOURNAL_ENV, WORK_ENV
 
 log = logging.getLogger("shardlease.demo")
@@ -30,24 +31,9 @@ HASH_SPACE = 2**128
 
 # Demo timings: everything ~5x faster than production defaults so that a failover is visible in seconds.
 DEMO_ENV = {
-    "SHARDLEASE_FAILOVER_TIME_MS": "3000",
-    "SHARDLEASE_DISCOVERY_INTERVAL_MS": "500",
-    "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS": "200",
-    "SHARDLEASE_PARENT_POLL_INTERVAL_MS": "500",
-    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1500",
-    "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "500",
-    # the leader's activity window is 2 × this: generous, because a 2-core laptop running emulators, a producer
-    # and several workers delays reports by seconds; a dead worker is still noticed within 6 s
-    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "3",
-    "SHARDLEASE_CPU_METRIC": "process",
-    "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "2000",
-    "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS": "1500",
-    "SHARDLEASE_LEADER_LOCK_DURATION_MS": "6000",
-    "SHARDLEASE_LEADER_HEARTBEAT_MS": "2000",
-    "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "4000",
-    "SHARDLEASE_BALANCING_FREQUENCY": "2",
-    "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS": "5000",
-    "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+    **FAST_TIMINGS,
+    "SHARDLEASE_CPU_METRIC": "process",  # several workers on one host: each reports its own share
+    "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",  # the producer starts before the leases exist
     "SHARDLEASE_AWS_MAX_ATTEMPTS": "3",
 }
 
