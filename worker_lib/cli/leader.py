@@ -1,7 +1,7 @@
 """``shardlease leader``: the leader in the foreground, one line per cycle on stdout.
 
-The leader is built by :func:`worker_lib.leader.factory.build_leader` like in every other host; this module only
-adds what a terminal needs — a preflight that fails with one clear line, the cycle lines, SIGTERM handling.
+The leader is built by :func:`worker_lib.leader.factory.build_leader_from_env` like in every other host; this module
+only adds what a terminal needs — a preflight that fails with one clear line, the cycle lines, SIGTERM handling.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ import signal
 import sys
 import threading
 
-from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core.config import AwsConfig
-from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
-from worker_lib.leader.factory import build_leader, preflight
+from worker_lib.leader.factory import build_leader_from_env, preflight
 from worker_lib.leader.leader import CycleReport
-from worker_lib.leases.config import LeaseConfig
 from worker_lib.shardsync.config import ShardSyncConfig
 
 
@@ -53,17 +50,7 @@ def run_leader_cli(
     owner: str | None,
     as_json: bool,
 ) -> int:
-    parts = build_leader(
-        app=app,
-        stream=stream,
-        aws_config=aws_config,
-        shard_sync=shard_sync,
-        owner=owner,
-        leader_config=LeaderConfig.from_env(),
-        lock_config=LeaderLockConfig.from_env(),
-        assignment=AssignmentConfig.from_env(),
-        lease_config=LeaseConfig.from_env(),
-    )
+    parts = build_leader_from_env(app=app, stream=stream, aws_config=aws_config, shard_sync=shard_sync, owner=owner)
     preflight(parts, app=app, stream=stream)
 
     def emit(report: CycleReport) -> None:

@@ -184,21 +184,28 @@ def build_leader(
 def build_leader_from_env(
     env: Mapping[str, str] | None = None,
     *,
+    app: str | None = None,
+    stream: str | None = None,
+    aws_config: AwsConfig | None = None,
+    shard_sync: ShardSyncConfig | None = None,
     owner: str | None = None,
     boto3_session: boto3.Session | None = None,
     dynamodb: Any = None,
     kinesis: Any = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> LeaderParts:
-    """The leader as the Lambda handler and the embedded host build it: everything from ``SHARDLEASE_*``
-    (``SHARDLEASE_LEADER_ID`` names the lock owner unless ``owner`` is given)."""
+    """The leader as every host builds it: everything from ``SHARDLEASE_*`` except what the host gives
+    (``shardlease leader`` gives app, stream, AWS and shard-sync settings from its flags; ``SHARDLEASE_LEADER_ID``
+    names the lock owner unless ``owner`` is given)."""
     e = environ(env)
-    app, stream = app_and_stream(e)
+    if app is None or stream is None:
+        env_app, env_stream = app_and_stream(e)
+        app, stream = app or env_app, stream or env_stream
     return build_leader(
         app=app,
         stream=stream,
-        aws_config=AwsConfig.from_env(e),
-        shard_sync=ShardSyncConfig.from_env(e),
+        aws_config=aws_config or AwsConfig.from_env(e),
+        shard_sync=shard_sync or ShardSyncConfig.from_env(e),
         owner=owner or e.get("SHARDLEASE_LEADER_ID") or None,
         leader_config=LeaderConfig.from_env(e),
         lock_config=LeaderLockConfig.from_env(e),
