@@ -9,9 +9,10 @@ import pytest
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
+from worker_lib.core.errors import TableSchemaError
 from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
-from worker_lib.leader.factory import build_leader
+from worker_lib.leader.factory import build_leader, preflight
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables
@@ -101,3 +102,19 @@ def test_scenario_14_three_failed_cycles_release_leadership_once(env: dict[str, 
     # THEN leadership was held for two failed cycles and released after the third, once
     assert [r.released for r in reports] == [False, False, True]
     assert observer.current_leader() is None and observer.try_acquire()
+
+
+def test_the_leader_start_check_refuses_a_table_with_other_keys(env: dict[str, Any]) -> None:
+    # GIVEN the CoordinatorState table replaced by one keyed on another attribute
+    ddb, table = env["ddb"], f"{env['app']}-CoordinatorState"
+    ddb.delete_table(TableName=table)
+    ddb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    parts = leader_for(env, ManualClock())
+    # WHEN a host checks before leading THEN one line names the table and the key the lock needs
+    with pytest.raises(TableSchemaError, match=rf"^table {table} exists with key .* needs hash key 'key' only$"):
+        preflight(parts, app=env["app"], stream=env["stream"])

@@ -20,7 +20,7 @@ from tests.support.recording import (
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError, TableMissingError
+from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError, TableMissingError, TableSchemaError
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -357,3 +357,25 @@ def test_an_embedded_leader_needs_the_coordinator_table_at_start(
     # WHEN it starts THEN the missing leader table is named before anything runs
     with pytest.raises(TableMissingError, match="CoordinatorState"):
         worker.preflight()
+
+
+def test_a_table_with_other_keys_at_start_is_one_schema_error(
+    moto_clients: tuple[Any, Any], app_name: str, moto_aws: AwsConfig
+) -> None:
+    # GIVEN the worker-metrics table replaced by one with another key (made by hand or another tool)
+    ddb, kinesis = moto_clients
+    metrics_table = f"{app_name}-WorkerMetricStats"
+    ddb.delete_table(TableName=metrics_table)
+    ddb.create_table(
+        TableName=metrics_table,
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    create_stream(kinesis, f"{app_name}-s", 1)
+    worker = _blank_worker(app_name, f"{app_name}-s", moto_aws, ManualClock())
+    # WHEN it starts THEN one line names the table and the key it needs, before anything is written
+    with pytest.raises(
+        TableSchemaError, match=rf"^table {metrics_table} exists with key .* needs hash key 'wid' only$"
+    ):
+        worker.run(install_signal_handlers=False)

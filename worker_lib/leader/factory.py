@@ -35,6 +35,7 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.shardsync.syncer import ShardSyncer
+from worker_lib.tables.admin import check_schema
 from worker_lib.tables.schema import all_specs
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
@@ -224,6 +225,7 @@ def preflight(parts: LeaderParts, *, app: str, stream: str) -> None:
     for spec in all_specs():
         name = spec.table_name(app)
         with aws.translated("dynamodb DescribeTable", name):
-            parts.dynamodb.describe_table(TableName=name)
+            description = parts.dynamodb.describe_table(TableName=name)
+        check_schema(spec, app, description.get("Table", {}))
     with aws.translated("kinesis DescribeStreamSummary", stream):
         parts.kinesis.describe_stream_summary(StreamName=stream)

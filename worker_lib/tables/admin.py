@@ -13,7 +13,9 @@ from worker_lib.tables.schema import BillingMode, TableSpec, all_specs
 log = logging.getLogger(__name__)
 
 
-def _check_schema(spec: TableSpec, app: str, description: dict[str, Any]) -> None:
+def check_schema(spec: TableSpec, app: str, description: dict[str, Any]) -> None:
+    """Raise :class:`TableSchemaError` (one line) unless ``description`` (DescribeTable's ``Table``) has our keys and
+    indexes. Used by ``create-tables`` for a table that exists and by every host's start check."""
     name = spec.table_name(app)
     keys = {k["AttributeName"]: k["KeyType"] for k in description.get("KeySchema", [])}
     if keys != {spec.hash_key: "HASH"}:
@@ -67,7 +69,7 @@ def ensure_table(
         description = _describe(ddb, name)
         if description is None:
             raise DependencyError(f"table {name} was created but cannot be described")
-    _check_schema(spec, app, description)
+    check_schema(spec, app, description)
     deadline = clock.monotonic() + timeout_s
     while not _is_active(description):
         if clock.monotonic() > deadline:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import boto3
 
@@ -38,7 +38,13 @@ from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
 from worker_lib.processing.processor import KinesisRecord, ProcessorFactory
-from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name, worker_metrics_table_name
+from worker_lib.tables.admin import check_schema
+from worker_lib.tables.schema import (
+    all_specs,
+    coordinator_state_table_name,
+    lease_table_name,
+    worker_metrics_table_name,
+)
 from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make_publisher
 from worker_lib.worker.coordinator import LeaseCoordinator, ThroughputTracker
 from worker_lib.worker.signals import install_shutdown_handlers
@@ -49,6 +55,8 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
 
 log = logging.getLogger("shardlease.worker")
+
+_T = TypeVar("_T")
 
 KCL_DISCOVERY_INTERVAL_MS = 9_975
 """KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
@@ -289,8 +297,11 @@ class Worker:
             tables.append(coordinator_state_table_name(self.config.app))
         deadline = self._clock.monotonic() + self.config.startup_timeout_ms / 1000
         describe = self._probe_dynamodb.describe_table
+        specs = {spec.table_name(self.config.app): spec for spec in all_specs()}
         for table in tables:
-            self._probe("dynamodb DescribeTable", table, functools.partial(describe, TableName=table), deadline)
+            reply = self._probe("dynamodb DescribeTable", table, functools.partial(describe, TableName=table), deadline)
+            # A table created by hand or by another tool with other keys fails here, not at the first write.
+            check_schema(specs[table], self.config.app, reply.get("Table", {}))
         stream = self.config.stream
         self._probe(
             "kinesis DescribeStreamSummary",
@@ -300,13 +311,12 @@ class Worker:
         )
         self._preflight_done = True
 
-    def _probe(self, operation: str, resource: str, call: Callable[[], object], deadline: float) -> None:
+    def _probe(self, operation: str, resource: str, call: Callable[[], _T], deadline: float) -> _T:
         delay = 0.5
         while True:
             try:
                 with aws.translated(operation, resource):
-                    call()
-                return
+                    return call()
             except (EndpointUnreachableError, ThrottledError) as exc:
                 if self._clock.monotonic() + delay >= deadline:
                     waited = self.config.startup_timeout_ms / 1000
