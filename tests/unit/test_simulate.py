@@ -262,3 +262,16 @@ def test_event_parsing() -> None:
     assert parse_event("kill", "3") == Event(cycle=3, kind="kill", count=1)
     with pytest.raises(ConfigError):
         parse_event("merge", "3")
+
+
+def test_the_command_line_offers_exactly_the_simulators_strategies() -> None:
+    # GIVEN the simulator's strategy names and the CLI (which spells them out to start fast)
+    import argparse
+
+    from worker_lib.cli.main import build_parser
+    from worker_lib.tools.simulator.model import STRATEGIES
+
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    strategy = next(a for a in subcommands.choices["simulate"]._actions if a.dest == "strategy")
+    # THEN both name the same strategies
+    assert tuple(strategy.choices or ()) == STRATEGIES

@@ -8,7 +8,6 @@ Exit codes: 0 success, 1 an operational error, 2 bad arguments, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -86,9 +85,6 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
     return value
-
-
-# botocore's own rule for region names; checked here so that a typo is a usage error, not a crash in botocore
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--workers", type=_bounded_int(1, SIMULATE_MAX_WORKERS), default=8, metavar="N")
     sim.add_argument("--shards", type=_bounded_int(1, SIMULATE_MAX_SHARDS), default=64, metavar="N")
     sim.add_argument("--skew", default="zipf:1.2", metavar="uniform|zipf[:S]|hot[:K[:F]]")
+    # The simulator's STRATEGIES, spelled out: importing the simulator here would slow every command's start.
     sim.add_argument(
         "--strategy", default="variance", choices=["variance", "variance-kcl", "count", "count-kcl", "kcl2"]
     )
@@ -251,9 +248,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         initial_position=shard_sync.initial_position,
         initial_timestamp=shard_sync.initial_timestamp,
     )
-    worker = Worker(config, factory, aws_config=aws_config)
-    worker.preflight()
-    worker.run()
+    Worker(config, factory, aws_config=aws_config).run()  # run() checks tables and stream first (one line if not)
     return EXIT_OK
 
 
@@ -338,17 +333,3 @@ def _drop_stdout() -> None:
     (the recipe of Python's documentation for SIGPIPE). The exit code says it; no line on stderr, as ``cat``."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, set | frozenset):
-        return sorted(value)
-    return str(value)
-
-
-def dumps(value: object) -> str:
-    return json.dumps(value, default=_json_default, sort_keys=True)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,7 +8,9 @@ Frozen keyword-only dataclasses; the environment is read only in ``from_env()`` 
 from __future__ import annotations
 
 import enum
+import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -45,6 +47,11 @@ def validate_app_name(app: str) -> str:
             f"invalid application name {app!r}: use 3-200 characters of letters, digits, '_', '-' and '.'"
         )
     return app
+
+
+def default_owner() -> str:
+    """``host:pid``: this process's name in lease and lock items when none is configured (unique, readable)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def parse_timestamp(value: str) -> datetime:

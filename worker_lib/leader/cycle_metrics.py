@@ -8,7 +8,7 @@ log lines) is the host's business. Units are CloudWatch unit names, which Powert
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,9 +81,10 @@ def worker_metrics(report: CycleReport) -> list[MetricValue]:
     return out
 
 
-def _json_safe(value: Mapping[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(json.dumps(value, default=str))
-    return result
+def report_fields(report: CycleReport) -> dict[str, Any]:
+    """A cycle report as JSON-able fields (what a log line or a Lambda's return value carries)."""
+    fields: dict[str, Any] = json.loads(json.dumps(report.to_dict(), default=str))
+    return fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +116,7 @@ class RunOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (a Lambda's return value); ``cycles`` holds each cycle's :meth:`CycleReport.to_dict`."""
-        return {**self.headline(), "cycles": [_json_safe(report.to_dict()) for report in self.cycles]}
+        return {**self.headline(), "cycles": [report_fields(report) for report in self.cycles]}
 
 
 def run_outcome(reports: Sequence[CycleReport], *, owner: str) -> RunOutcome:

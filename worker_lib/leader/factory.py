@@ -9,8 +9,6 @@ AWS settings default to :meth:`AwsConfig.from_env`; :func:`build_leader_from_env
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ import boto3
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig, validate_app_name
+from worker_lib.core.config import AwsConfig, default_owner, validate_app_name
 from worker_lib.core.env import environ
 from worker_lib.core.errors import ConfigError
 from worker_lib.leader.assigner import LeaseAssigner
@@ -38,11 +36,6 @@ from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.admin import check_schema
 from worker_lib.tables.schema import all_specs
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
-
-
-def default_owner() -> str:
-    """host:pid — unique per process, readable in the lock item and in logs."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True, kw_only=True)

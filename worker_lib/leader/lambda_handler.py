@@ -56,8 +56,16 @@ def invoke(
     # The deadline is taken first, so that building the leader counts against the invocation's time.
     started = SYSTEM_CLOCK.monotonic()
     deadline = started + context.get_remaining_time_in_millis() / 1000
-    warm = clients.get(AwsConfig.from_env(env))
-    parts = build_leader_from_env(env, owner=owner, dynamodb=warm.dynamodb, kinesis=warm.kinesis)
+    warm = clients.get(AwsConfig.from_env(env))  # the settings are read once; the leader reuses them and the clients
+    parts = build_leader_from_env(
+        env,
+        app=app,
+        stream=stream,
+        aws_config=warm.aws_config,
+        owner=owner,
+        dynamodb=warm.dynamodb,
+        kinesis=warm.kinesis,
+    )
     term_end = started + (parts.config.term_ms + parts.config.deadline_margin_ms) / 1000
     reports = parts.leader.run(
         deadline_monotonic=min(deadline, term_end), on_cycle=report.cycle, exit_when_held=True, stop=stop

@@ -12,13 +12,12 @@ Environment: ``POWERTOOLS_METRICS_NAMESPACE`` (default :data:`~worker_lib.teleme
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar, cast
 
 from worker_lib.core.env import env_bool
-from worker_lib.leader.cycle_metrics import RunOutcome, cycle_metrics, worker_metrics
+from worker_lib.leader.cycle_metrics import RunOutcome, cycle_metrics, report_fields, worker_metrics
 from worker_lib.leader.leader import CycleReport
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, LEADER_SERVICE, WORKER_DIMENSION
 
@@ -43,17 +42,12 @@ class Observer(Protocol):
     def begin(self, env: Mapping[str, str], *, app: str, stream: str, owner: str) -> InvocationLog: ...
 
 
-def _cycle_fields(report: CycleReport) -> dict[str, Any]:
-    fields: dict[str, Any] = json.loads(json.dumps(report.to_dict(), default=str))
-    return fields
-
-
 class _LoggingInvocation:
     def __init__(self, extra: Mapping[str, str]) -> None:
         self._extra = dict(extra)
 
     def cycle(self, report: CycleReport) -> None:
-        log.info("leader cycle", extra={**self._extra, "cycle": _cycle_fields(report)})
+        log.info("leader cycle", extra={**self._extra, "cycle": report_fields(report)})
 
     def end(self, outcome: RunOutcome) -> None:
         log.info("leader invocation done", extra={**self._extra, **outcome.headline()})
@@ -85,7 +79,7 @@ class _PowertoolsInvocation:
     def cycle(self, report: CycleReport) -> None:
         from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
-        self._observer.logger.info("leader cycle", extra={"cycle": _cycle_fields(report)})
+        self._observer.logger.info("leader cycle", extra={"cycle": report_fields(report)})
         metrics = self._metrics
         if metrics.dimension_set.get(APPLICATION_DIMENSION) != self._app:  # a flush clears it; re-adding warns
             metrics.add_dimension(name=APPLICATION_DIMENSION, value=self._app)

@@ -72,14 +72,6 @@ class Emulator:
         self.stop()
 
 
-def find_node_module(name: str) -> Path:
-    """The directory of the Node package ``name`` (installing kinesalite into the user cache on first use)."""
-    try:
-        return node.locate(name).path
-    except node.NodePackageError as exc:
-        raise EmulatorError(str(exc)) from exc
-
-
 def _last_line(log_path: Path | None) -> str:
     if log_path is None or not log_path.is_file():
         return ""

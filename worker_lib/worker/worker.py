@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +28,7 @@ import boto3
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, validate_app_name
+from worker_lib.core.config import AwsConfig, InitialPosition, default_owner, parse_timestamp, validate_app_name
 from worker_lib.core.env import env_int, env_str, environ
 from worker_lib.core.errors import ConfigError, EndpointUnreachableError, ThrottledError
 from worker_lib.leases.config import LeaseConfig
@@ -66,7 +65,7 @@ DISCOVERY_SAFETY_NET_MS = 60_000
 
 
 def _worker_id(env: Mapping[str, str]) -> str:
-    return env_str(env, "SHARDLEASE_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    return env_str(env, "SHARDLEASE_WORKER_ID") or default_owner()
 
 
 def _initial_timestamp(env: Mapping[str, str]) -> datetime | None:
@@ -147,7 +146,7 @@ class WorkerConfig:
         if not self.stream:
             raise ConfigError("a worker needs a stream name")
         if not self.worker_id:
-            object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}")
+            object.__setattr__(self, "worker_id", default_owner())
         if self.discovery_interval_ms is not None and self.discovery_interval_ms < 100:
             raise ConfigError("discovery_interval_ms must be at least 100")
         if self.shutdown_timeout_ms < 0:

@@ -161,17 +161,9 @@ class WorkerMetricsStore:
             with aws.translated("dynamodb Scan", self.table_name):
                 response = self._client.scan(**kwargs)
             for item in response.get("Items", []):
-                if is_foreign(item):
-                    continue
-                try:
-                    out.append(from_item(item))
-                except CorruptItemError as exc:
-                    log.warning(
-                        "skipping corrupt worker-metrics item table=%s wid=%s: %s",
-                        self.table_name,
-                        key_of(item),
-                        exc.reason,
-                    )
+                stats = self._parse(item, key_of(item))
+                if stats is not None:
+                    out.append(stats)
             last = response.get("LastEvaluatedKey")
             if not last:
                 return out

@@ -24,8 +24,9 @@ from worker_lib.leader.factory import LeaderParts, build_leader
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
-from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.testing.emulators import Emulator
+from worker_lib.testing.local import LocalEmulators
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, put_records, split_shard
 from worker_lib.tools.demo import (
     DURATION_MAX_S,
     DURATION_MIN_DEFAULT_S,
@@ -44,20 +45,16 @@ Printer = Callable[[str], None]
 
 @contextlib.contextmanager
 def _emulators(say: Printer) -> Iterator[tuple[Emulator, Emulator]]:
-    moto = start_moto()
-    try:
-        kinesalite = start_kinesalite()
-    except BaseException:
-        moto.stop()
-        raise
+    local = LocalEmulators().start()
+    assert local.moto is not None and local.kinesalite is not None
+    moto, kinesalite = local.moto, local.kinesalite
     try:  # a say() that fails (stdout closed) must still stop both emulators
         say(f"emulators: moto (DynamoDB) pid {moto.pid} at {moto.endpoint_url}; ")
         say(f"           kinesalite (Kinesis) pid {kinesalite.pid} at {kinesalite.endpoint_url}")
         say(f"           kinesalite from {kinesalite.source}; {moto.source}")
         yield moto, kinesalite
     finally:
-        kinesalite.stop()
-        moto.stop()
+        local.stop()
         say(f"emulators stopped (pids {moto.pid}, {kinesalite.pid})")
 
 
@@ -180,17 +177,7 @@ def _leader(app: str, stream: str, ddb: Any, kinesis: Any, clock: Clock) -> Lead
 
 
 def _produce(kinesis: Any, stream: str, count: int) -> int:
-    batch: list[dict[str, Any]] = []
-    for i in range(count):
-        batch.append({"Data": f"demo record {i}".encode(), "PartitionKey": f"pk-{i}"})
-        if len(batch) == 100:
-            with aws.translated("kinesis PutRecords", stream):
-                kinesis.put_records(StreamName=stream, Records=batch)
-            batch = []
-    if batch:
-        with aws.translated("kinesis PutRecords", stream):
-            kinesis.put_records(StreamName=stream, Records=batch)
-    return count
+    return len(put_records(kinesis, stream, (f"demo record {i}".encode() for i in range(count))))
 
 
 def _sync_line(result: Any) -> str:

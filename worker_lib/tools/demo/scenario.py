@@ -26,7 +26,7 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ShardleaseError
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.testing.emulators import start_kinesalite, start_moto
+from worker_lib.testing.local import LocalEmulators
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.tools.demo.fleet import DecisionCapture, DemoState, Fleet, LeaderSchedule
 from worker_lib.tools.demo.output import DemoOutput
@@ -59,12 +59,9 @@ def run_fleet_demo(
     decisions.setLevel(logging.INFO)
     decisions.propagate = False  # shown in the live view, not as raw log lines
     with _workdir() as workdir:
-        moto = start_moto(log_path=workdir / "moto.log")
-        try:
-            kinesalite = start_kinesalite(log_path=workdir / "kinesalite.log")
-        except BaseException:
-            moto.stop()
-            raise
+        local = LocalEmulators(log_dir=workdir).start()
+        assert local.moto is not None and local.kinesalite is not None
+        moto, kinesalite = local.moto, local.kinesalite
         fleet: Fleet | None = None
         schedule: LeaderSchedule | None = None
         producer: Producer | None = None
@@ -116,8 +113,7 @@ def run_fleet_demo(
             # only now: a leader invocation still running must not print its decisions as raw log lines
             decisions.removeHandler(capture)
             decisions.propagate = True
-            kinesalite.stop()
-            moto.stop()
+            local.stop()
             say(f"stopped emulators (pids {moto.pid}, {kinesalite.pid}) and every worker process")
 
 
