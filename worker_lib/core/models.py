@@ -169,6 +169,8 @@ class WorkerMetricStats:
     heartbeat: the worker's liveness attributes (ours, docs/failover.md); ``None`` for a worker that does not
       heartbeat (a KCL worker, or ``SHARDLEASE_HEARTBEAT_INTERVAL_MS=0``).
     assignment_version / assigned_keys: the leader's notice of new leases for this worker (ours).
+    handoff_requests: in ``worker`` liveness mode, the graceful hand-offs the leader asked this worker for, as
+      ``"<timeout ms>:<lease key>"`` (ours; kept until the worker no longer holds the lease, docs/liveness-modes.md).
     """
 
     worker_id: str
@@ -179,6 +181,7 @@ class WorkerMetricStats:
     heartbeat: WorkerHeartbeat | None = None
     assignment_version: int = 0
     assigned_keys: tuple[str, ...] = ()
+    handoff_requests: tuple[str, ...] = ()
 
     @property
     def state(self) -> WorkerState:

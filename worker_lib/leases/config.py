@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from worker_lib.core.env import env_int, environ
 from worker_lib.core.errors import ConfigError
+from worker_lib.leases.mode import AUTO, LivenessMode, parse_setting
+
+LEASE_MODE_HEARTBEAT_MS = 1_000
+WORKER_MODE_HEARTBEAT_MS = 2_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,7 +23,17 @@ class LeaseConfig:
     heartbeat_interval_ms: the worker heartbeat (docs/failover.md): one write per worker per interval that lets
       the leader see a departed or dead worker within about a second and brings back its notices of new leases
       (default 1000, or a third of the failover time if that is shorter; ``SHARDLEASE_HEARTBEAT_INTERVAL_MS``;
-      0 = off: KCL's pace, liveness judged per lease only). Between 100 and a third of the failover time.
+      0 = off: KCL's pace, liveness judged per lease only). Between 100 and a third of the failover time. Left
+      at its default it follows the liveness mode: 1000 ms in ``lease`` mode, 2000 ms in ``worker`` mode (where the
+      heartbeat is the only liveness write; docs/liveness-modes.md), each capped at a third of the failover time.
+    liveness_mode: ``lease`` (default; every lease renewed, KCL-compatible), ``worker`` (one heartbeat per worker,
+      leases written only on change) or ``auto`` (follow the mode stored for the application); a process refuses
+      to start when an explicit setting disagrees with the stored mode (``SHARDLEASE_LIVENESS_MODE``).
+    mode_check_interval_ms: how often a worker re-reads the stored mode, to follow a switch (60 000;
+      ``SHARDLEASE_LIVENESS_MODE_CHECK_MS``).
+    throughput_update_interval_ms: in ``worker`` mode, how often a lease's ``throughputKBps`` may be rewritten —
+      only when it changed by more than a fifth (and 1 KBps) since the value stored (60 000;
+      ``SHARDLEASE_THROUGHPUT_UPDATE_INTERVAL_MS``). In ``lease`` mode it rides on every renewal, as in KCL.
     """
 
     failover_time_ms: int = 10_000
@@ -27,14 +41,26 @@ class LeaseConfig:
     max_leases_for_worker: int | None = None
     graceful_handoff_timeout_ms: int = 30_000
     graceful_handoff_enabled: bool = True
-    heartbeat_interval_ms: int = -1  # -1: the default, min(1000, failover / 3)
+    heartbeat_interval_ms: int = -1  # -1: by mode, min(1000 | 2000, failover / 3)
+    liveness_mode: str = LivenessMode.LEASE.value
+    mode_check_interval_ms: int = 60_000
+    throughput_update_interval_ms: int = 60_000
 
     def __post_init__(self) -> None:
         if self.failover_time_ms < 1_000:
             raise ConfigError(f"failover_time_ms={self.failover_time_ms} is too short (minimum 1000)")
-        if self.heartbeat_interval_ms == -1:
-            object.__setattr__(self, "heartbeat_interval_ms", min(1_000, self.failover_time_ms // 3))
-        if self.heartbeat_interval_ms != 0 and not 100 <= self.heartbeat_interval_ms <= self.failover_time_ms // 3:
+        object.__setattr__(self, "liveness_mode", parse_setting(self.liveness_mode))
+        if self.heartbeat_interval_ms == 0 and self.liveness_mode != LivenessMode.LEASE.value:
+            raise ConfigError(
+                f"liveness mode {self.liveness_mode!r} needs the worker heartbeat: heartbeat_interval_ms must not be 0"
+            )
+        if self.mode_check_interval_ms < 1_000:
+            raise ConfigError("mode_check_interval_ms must be at least 1000")
+        if self.throughput_update_interval_ms < 1_000:
+            raise ConfigError("throughput_update_interval_ms must be at least 1000")
+        if self.heartbeat_interval_ms != -1 and (
+            self.heartbeat_interval_ms != 0 and not 100 <= self.heartbeat_interval_ms <= self.failover_time_ms // 3
+        ):
             raise ConfigError(
                 f"heartbeat_interval_ms={self.heartbeat_interval_ms} must be 0 (off) or between 100 and a third of "
                 f"failover_time_ms ({self.failover_time_ms // 3})"
@@ -45,6 +71,18 @@ class LeaseConfig:
             raise ConfigError("max_leases_for_worker must be at least 1")
         if self.graceful_handoff_timeout_ms < 0:
             raise ConfigError("graceful_handoff_timeout_ms must not be negative")
+
+    def heartbeat_interval_for(self, mode: LivenessMode) -> int:
+        """The beat interval in ``mode``: the configured one, or by default 1 s (``lease``) / 2 s (``worker``),
+        at most a third of the failover time."""
+        if self.heartbeat_interval_ms != -1:
+            return self.heartbeat_interval_ms
+        default = WORKER_MODE_HEARTBEAT_MS if mode is LivenessMode.WORKER else LEASE_MODE_HEARTBEAT_MS
+        return min(default, self.failover_time_ms // 3)
+
+    @property
+    def follows_stored_mode(self) -> bool:
+        return self.liveness_mode == AUTO
 
     @property
     def renewer_interval_ms(self) -> int:
@@ -65,8 +103,11 @@ class LeaseConfig:
             max_leases_for_worker=cap or None,
             graceful_handoff_timeout_ms=env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
             heartbeat_interval_ms=env_int(e, "SHARDLEASE_HEARTBEAT_INTERVAL_MS", -1),
+            liveness_mode=e.get("SHARDLEASE_LIVENESS_MODE") or LivenessMode.LEASE.value,
+            mode_check_interval_ms=env_int(e, "SHARDLEASE_LIVENESS_MODE_CHECK_MS", 60_000),
+            throughput_update_interval_ms=env_int(e, "SHARDLEASE_THROUGHPUT_UPDATE_INTERVAL_MS", 60_000),
         )
 
     @property
     def heartbeat_enabled(self) -> bool:
-        return self.heartbeat_interval_ms > 0
+        return self.heartbeat_interval_ms != 0

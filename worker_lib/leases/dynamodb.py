@@ -284,6 +284,18 @@ class DynamoDBLeaseStore:
             update.set(A.THROUGHPUT_KBPS, number(throughput_kbps))
         return self._update(lease.lease_key, update, operation="renew")
 
+    def update_throughput(self, lease: Lease, owner: str, throughput_kbps: float) -> Lease | None:
+        """``worker`` liveness mode: write ``throughputKBps`` alone, conditioned on the counter and on ``owner``
+        processing the shard, *without* moving the counter — it is not a renewal, and the leader's writes
+        (conditioned on the counter) are not disturbed by it. ``None`` if the condition failed."""
+        update = _Update().require_equal(A.LEASE_COUNTER, number(lease.lease_counter))
+        if lease.checkpoint_owner == owner:
+            update.require_equal(A.CHECKPOINT_OWNER, {"S": owner})
+        else:
+            update.require_equal(A.LEASE_OWNER, {"S": owner}).require_absent(A.CHECKPOINT_OWNER)
+        update.set(A.THROUGHPUT_KBPS, number(throughput_kbps))
+        return self._update(lease.lease_key, update, operation="update throughput")
+
     def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
         update = self._fenced_by_processing_owner(lease, owner)
         update.set(A.CHECKPOINT, {"S": checkpoint.sequence})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
@@ -33,12 +33,22 @@ NoticeCallback = Callable[[tuple[str, ...] | None], None]
 
 class HeartbeatSink(Protocol):
     def heartbeat(
-        self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
+        self,
+        worker_id: str,
+        *,
+        interval_ms: int,
+        state: WorkerState,
+        events: int,
+        done_requests: Collection[str] = (),
     ) -> WorkerMetricStats | None: ...
 
 
 class HeartbeatFence(Protocol):
     def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> None: ...
+
+    def handoff_requests(self, elements: Collection[str], sent_at: float) -> Collection[str]:
+        """The leader's hand-off requests on our item (``worker`` liveness mode), seen by a beat sent at
+        ``sent_at``; returns the elements we are done with (removed by the next beat)."""
 
 
 class HeartbeatLoop:
@@ -69,6 +79,7 @@ class HeartbeatLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen_version: int | None = None
+        self._done_requests: set[str] = set()
         self._failing = False
         self.state = WorkerState.ACTIVE
         self.events = 0
@@ -81,13 +92,31 @@ class HeartbeatLoop:
 
     # --- one beat ---------------------------------------------------------------------------------------------
 
+    @property
+    def interval_ms(self) -> int:
+        return self._interval_ms
+
+    def set_interval_ms(self, interval_ms: int) -> None:
+        """Beat at another interval from the next beat on (the liveness mode changed)."""
+        if interval_ms <= 0:
+            raise ValueError("interval_ms must be positive")
+        if interval_ms != self._interval_ms:
+            log.info("heartbeat of %s now every %d ms", self.worker_id, interval_ms)
+        self._interval_ms = interval_ms
+        self._interval_s = interval_ms / 1000
+
     def beat(self) -> bool:
         """Write one heartbeat; True on success. Infrastructure failures are logged (once per run of failures)."""
         with self._beat_lock:
             sent = self._clock.monotonic()
+            done = frozenset(self._done_requests)
             try:
                 row = self._sink.heartbeat(
-                    self.worker_id, interval_ms=self._interval_ms, state=self.state, events=self.events
+                    self.worker_id,
+                    interval_ms=self._interval_ms,
+                    state=self.state,
+                    events=self.events,
+                    done_requests=done,
                 )
             except DependencyError as exc:
                 self.failures += 1
@@ -101,8 +130,13 @@ class HeartbeatLoop:
             self._failing = False
             self.beats += 1
             self.established.set()
+            self._done_requests -= done
             if row is not None:
                 self._notice(row)
+                # The reply is the item *before* this beat: what we removed in it is still listed there.
+                requests = [element for element in row.handoff_requests if element not in done]
+                if requests:
+                    self._requests(requests, sent)
             elif self._seen_version is None:
                 self._seen_version = 0  # the item did not exist before this beat: no notice yet
             return True
@@ -118,6 +152,12 @@ class HeartbeatLoop:
             self._on_notice(keys)
         except Exception:
             log.exception("handling the assignment notice for %s failed", self.worker_id)
+
+    def _requests(self, elements: list[str], sent: float) -> None:
+        try:
+            self._done_requests.update(self._fence.handoff_requests(elements, sent))
+        except Exception:
+            log.exception("handling the hand-off requests for %s failed", self.worker_id)
 
     # --- state changes ------------------------------------------------------------------------------------------
 

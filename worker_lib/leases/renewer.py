@@ -13,13 +13,18 @@ without trusting wall clocks (docs/worker.md).
 With a worker heartbeat (docs/failover.md) a second, worker-wide bound applies: every lease is valid only until
 ``last heartbeat sent + failover − epsilon`` as well, and a heartbeat whose reply arrives after that moment drops
 every lease held (the leader may already have moved them). :meth:`LeaseHolder.heartbeat_succeeded` keeps it.
+
+In ``worker`` liveness mode (docs/liveness-modes.md) nothing is renewed (:attr:`LeaseHolder.renewing` is off): the
+heartbeat fence alone bounds every lease, the leader asks for graceful hand-offs through the worker's own item
+(:meth:`LeaseHolder.handoff_requests`, which also bounds the old owner by the hand-off timeout), and throughput is
+written only when it changed (:meth:`LeaseHolder.refresh_throughput`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -27,6 +32,7 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Checkpoint, Lease
 from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.mode import parse_handoff_request
 from worker_lib.leases.store import LeaseStore
 
 log = logging.getLogger("shardlease.worker.leases")
@@ -43,6 +49,7 @@ class HeldLease:
     lock: threading.Lock = field(default_factory=threading.Lock)
     lost: bool = False
     handoff_requested: bool = False  # the leader moved leaseOwner away; we are still checkpointOwner
+    handoff_until: float | None = None  # worker mode: the leader may force the hand-off after this (monotonic)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +84,8 @@ class LeaseHolder:
         self.on_release = on_release
         self._held: dict[str, HeldLease] = {}
         self._heartbeat_until: float | None = None  # None: no heartbeat fence (heartbeats off or not yet sent)
+        self._renewing = True  # False in worker liveness mode: the heartbeat fence alone bounds every lease
+        self._requests_seen: set[str] = set()
         self._guard = threading.Lock()
         self._max_parallel = max(1, max_parallel_renewals)
         self._pool: ThreadPoolExecutor | None = None
@@ -104,13 +113,125 @@ class LeaseHolder:
         return entry.lease if entry is not None else None
 
     def is_valid(self, lease_key: str) -> bool:
-        """Whether this worker may still process the shard (not lost, renewed recently enough, heartbeat fresh)."""
+        """Whether this worker may still process the shard (not lost, renewed recently enough — in ``lease`` mode —,
+        heartbeat fresh, and a requested hand-off not overdue)."""
         entry = self._entry(lease_key)
         if entry is None or entry.lost:
             return False
         now = self._clock.monotonic()
         fence = self._heartbeat_until
-        return now < entry.sent_at + self.validity_s and (fence is None or now < fence)
+        if self._renewing and now >= entry.sent_at + self.validity_s:
+            return False
+        if entry.handoff_until is not None and now >= entry.handoff_until:
+            return False
+        if fence is None:
+            return self._renewing  # without renewals only the heartbeat vouches for a lease
+        return now < fence
+
+    # --- liveness mode (docs/liveness-modes.md) ---------------------------------------------------------------
+
+    @property
+    def renewing(self) -> bool:
+        return self._renewing
+
+    def set_renewing(self, renewing: bool) -> None:
+        """Start (``lease`` mode) or stop (``worker`` mode) judging each lease by its own renewals.
+
+        Stopping needs no care: the heartbeat fence keeps bounding every lease. When renewals start again, each
+        lease's own clock starts now, before its first renewal: safe because during a switch back to ``lease`` the
+        leader keeps judging this worker's leases by its heartbeat until it has seen every one of their counters
+        move (:func:`~worker_lib.leases.mode.switched_to_lease_everywhere`), and the caller renews at once."""
+        with self._guard:
+            if renewing and not self._renewing:
+                now = self._clock.monotonic()
+                for entry in self._held.values():
+                    entry.sent_at = max(entry.sent_at, now)
+            self._renewing = renewing
+
+    def handoff_requests(self, elements: Collection[str], sent_at: float) -> set[str]:
+        """The leader's graceful hand-off requests (``worker`` mode), seen on our item by a heartbeat sent at
+        ``sent_at``. For each lease we hold that is now being handed over (``checkpointOwner`` = us), the consumer
+        is told as a renewal would tell it, and the lease stays valid at most until ``sent_at`` + the request's
+        timeout: the leader forces the hand-off only after the timeout *plus* the failover time from its request
+        (docs/liveness-modes.md). Returns the elements we are done with (not held, stale or foreign)."""
+        done: set[str] = set()
+        for element in elements:
+            parsed = parse_handoff_request(element)
+            if parsed is None:
+                done.add(element)
+                continue
+            lease_key, timeout_ms = parsed
+            entry = self._entry(lease_key)
+            if entry is None or entry.lost:
+                done.add(element)
+                continue
+            if element in self._requests_seen:
+                continue
+            try:
+                current = self._store.get_lease(lease_key)
+            except DependencyError as exc:
+                log.warning("could not read lease=%s for a hand-off request: %s", lease_key, exc)
+                continue  # the request stays on our item: the next beat brings it back
+            outcome = self._apply_request(entry, current, until=sent_at + timeout_ms / 1000 - self.epsilon_s)
+            if outcome == "lost":
+                self._mark_lost(lease_key, "taken over while a hand-off was requested")
+            if outcome in ("lost", "stale"):
+                done.add(element)
+            elif outcome == "handoff":
+                self._requests_seen.add(element)
+        self._requests_seen &= set(elements)
+        return done
+
+    def _apply_request(self, entry: HeldLease, current: Lease | None, *, until: float) -> str:
+        me = self.worker_id
+        with entry.lock:
+            if current is None or current.actual_owner != me:
+                return "lost"
+            if current.checkpoint_owner != me:
+                return "stale"  # we own it outright: the hand-off was cancelled or is not written yet
+            if current.lease_counter == entry.lease.lease_counter:
+                entry.lease = current
+            # else a write of ours raced the read: the consumer's next checkpoint finds the hand-off itself
+            if not entry.handoff_requested:
+                log.info(
+                    "graceful handoff requested lease=%s from=%s to=%s", current.lease_key, me, current.lease_owner
+                )
+            entry.handoff_requested = True
+            entry.handoff_until = until if entry.handoff_until is None else min(entry.handoff_until, until)
+            return "handoff"
+
+    @property
+    def epsilon_s(self) -> float:
+        return self._config.epsilon_ms / 1000
+
+    def refresh_throughput(self, *, min_change: float = 0.2, min_kbps: float = 1.0) -> int:
+        """``worker`` mode: write each held lease's throughput if it moved by more than ``min_change`` (relative)
+        and ``min_kbps`` since the value stored, without moving its counter. Returns the number written."""
+        if self._throughput is None:
+            return 0
+        written = 0
+        for lease_key in self.held_keys():
+            entry = self._entry(lease_key)
+            if entry is None:
+                continue
+            value = self._throughput(lease_key)
+            stored = entry.lease.throughput_kbps
+            if value is None or (
+                stored is not None and abs(value - stored) <= max(min_kbps, min_change * max(stored, value))
+            ):
+                continue
+            with entry.lock:
+                if entry.lost:
+                    continue
+                try:
+                    updated = self._store.update_throughput(entry.lease, self.worker_id, round(value, 3))
+                except DependencyError as exc:
+                    log.warning("throughput update failed lease=%s: %s", lease_key, exc)
+                    continue
+                if updated is not None:  # a failed condition is left to the checkpoint / hand-off paths
+                    entry.lease = updated
+                    written += 1
+        return written
 
     # --- the heartbeat fence (docs/failover.md) ---------------------------------------------------------------
 

@@ -53,6 +53,8 @@ class LeaseStore(Protocol):
     def renew_lease(self, lease: Lease, owner: str, *, throughput_kbps: float | None = None) -> Lease | None:
         """Owner's heartbeat: counter c → c+1 (and throughput). Handles lost replies and handoffs (docs/design.md)."""
 
+    def update_throughput(self, lease: Lease, owner: str, throughput_kbps: float) -> Lease | None: ...
+
     def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
         """Fenced checkpoint by the processing owner: counter must still be ``lease.lease_counter``."""
 

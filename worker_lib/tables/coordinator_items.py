@@ -7,6 +7,8 @@ Three writers share the table, each with its own items, all keyed by ``key`` (S)
   ``lastUpdatedMillis`` and ``releaseAtMillis`` (docs/leader-lock.md);
 * the leader's state store (:mod:`worker_lib.leader.state_store`): items of plain values — ``MaxLeasesPerWorker``
   (the published lease cap) and ``LeaseExpiryObservations`` (docs/failover.md);
+* the liveness mode (:mod:`worker_lib.leases.mode_store`): ``LivenessMode`` with ``mode`` and, during a switch,
+  ``target`` (docs/liveness-modes.md), recorded by the first leader and changed by ``shardlease liveness``;
 * the Spark source (:mod:`worker_lib.spark.batches`): one item per shard per micro-batch, recording where its read
   ended (docs/spark.md).
 
@@ -33,6 +35,7 @@ Item = dict[str, Any]
 LOCK_KEY = "Leader"
 LEASE_CAP_KEY = "MaxLeasesPerWorker"
 EXPIRY_OBSERVATIONS_KEY = "LeaseExpiryObservations"
+LIVENESS_MODE_KEY = "LivenessMode"
 
 
 def key_of(item_key: str) -> Item:
@@ -189,6 +192,13 @@ class LeaseCapAttr:
 class ExpiryObservationsAttr:
     OBSERVATIONS = "obs"  # zlib-compressed JSON
     COUNT = "count"
+
+
+class LivenessModeAttr:
+    MODE = "mode"  # "lease" | "worker"
+    TARGET = "target"  # absent unless a switch is under way
+    UPDATED = "updatedAtMillis"
+    UPDATED_BY = "updatedBy"
 
 
 _SERIALIZER = TypeSerializer()

@@ -56,6 +56,7 @@ class WorkerMetricsAttr:
     EVENT_COUNTER = "evc"
     ASSIGNMENT_VERSION = "asv"
     ASSIGNED_KEYS = "asl"
+    HANDOFF_REQUESTS = "hrq"
 
 
 WORKER_METRICS_ENTITY_TYPE = "WORKER_METRIC_STATS"

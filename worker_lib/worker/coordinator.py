@@ -1,10 +1,12 @@
 """Lease coordination inside a worker: which leases it holds and the consumers that process them.
 
-One coordinator thread renews held leases every renewer interval (failover / 3 − ε) and discovers newly assigned
-ones — at once when the heartbeat brings the leader's notice, else every discovery interval; one consumer thread
-per lease reads and processes its shard; a heartbeat thread tells the leader every second that this worker is
-alive (and fences it when it cannot, docs/failover.md). :class:`~worker_lib.worker.worker.Worker` composes it with
-the metrics reporter, the embedded leader and the process lifecycle.
+One coordinator thread renews held leases every renewer interval (failover / 3 − ε) in ``lease`` liveness mode (in
+``worker`` mode the heartbeat alone keeps them and throughput is written only when it changed; it follows the stored
+mode, docs/liveness-modes.md), and discovers newly assigned ones — at once when the heartbeat brings the leader's
+notice, else every discovery interval; one consumer thread per lease reads and processes its shard; a heartbeat
+thread tells the leader every beat that this worker is alive (and fences it when it cannot, docs/failover.md).
+:class:`~worker_lib.worker.worker.Worker` composes it with the metrics reporter, the embedded leader and the process
+lifecycle.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from worker_lib.core.clock import Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import ShardInfo, WorkerState
 from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode
+from worker_lib.leases.mode_store import LivenessModeSource, ModeFollower
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
@@ -74,6 +78,7 @@ class LeaseCoordinator:
         on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None,
         stop: threading.Event,
         clock: Clock,
+        modes: LivenessModeSource | None = None,
     ) -> None:
         self.config = config
         self.worker_id = config.worker_id
@@ -99,11 +104,18 @@ class LeaseCoordinator:
             self._heartbeat = HeartbeatLoop(
                 worker_metrics,
                 self.worker_id,
-                interval_ms=config.lease.heartbeat_interval_ms,
+                interval_ms=config.lease.heartbeat_interval_for(LivenessMode.LEASE),
                 fence=self._holder,
                 on_notice=self._on_notice,
                 clock=clock,
             )
+        self._modes = ModeFollower(
+            modes,
+            setting=config.lease.liveness_mode,
+            check_interval_s=config.lease.mode_check_interval_ms / 1000,
+            who=f"worker {self.worker_id}",
+            clock=clock,
+        )
         self._notice_guard = threading.Lock()
         self._noticed_keys: set[str] = set()
         self._notice_full = False
@@ -125,9 +137,29 @@ class LeaseCoordinator:
     def started(self) -> bool:
         return self._thread is not None
 
+    @property
+    def liveness(self) -> StoredMode:
+        return self._modes.current
+
     def start_heartbeat(self) -> None:
+        """Read the liveness mode (refusing a configured one that disagrees), then start beating."""
+        try:
+            self._apply_mode(self._modes.start())
+        except DependencyError as exc:  # renewing is safe under either mode: follow the table once it can be read
+            log.warning("worker %s could not read the liveness mode (renewing until it can): %s", self.worker_id, exc)
+            self._apply_mode(LEASE_MODE)
         if self._heartbeat is not None:
             self._heartbeat.start()
+
+    def _apply_mode(self, stored: StoredMode) -> bool:
+        """Renew or not, beat at the mode's interval; True if renewals (re)started and are due now."""
+        renew = stored.workers_renew or self._heartbeat is None
+        started = renew and not self._holder.renewing
+        self._holder.set_renewing(renew)
+        if self._heartbeat is not None:
+            mode = LivenessMode.LEASE if renew else LivenessMode.WORKER
+            self._heartbeat.set_interval_ms(self.config.lease.heartbeat_interval_for(mode))
+        return started
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._coordinate, name=f"worker-{self.worker_id}", daemon=True)
@@ -195,12 +227,18 @@ class LeaseCoordinator:
         next_renewal = self._clock.monotonic()
         next_discovery = self._clock.monotonic()
         next_flush = self._clock.monotonic() + self.config.metrics.flush_interval_ms / 1000
+        throughput_s = self.config.lease.throughput_update_interval_ms / 1000
+        next_throughput = self._clock.monotonic() + throughput_s
         while not self._coordinator_stop.is_set():
             now = self._clock.monotonic()
+            changed = self._modes.poll()
+            if changed is not None and self._apply_mode(changed):
+                next_renewal = now
             if self._stop.is_set():
                 # Shutting down: no new leases, but the ones whose consumers still finish their batch and checkpoint
-                # keep being renewed, so that a slow final checkpoint is not lost to expiry.
-                if now >= next_renewal:
+                # keep being renewed (in worker mode: the heartbeat keeps them), so that a slow final checkpoint is
+                # not lost to expiry.
+                if now >= next_renewal and self._holder.renewing:
                     next_renewal = now + self.config.renewer_interval_s
                     try:
                         self._renew()
@@ -216,7 +254,14 @@ class LeaseCoordinator:
             try:
                 if now >= next_renewal:
                     next_renewal = now + self.config.renewer_interval_s
-                    self._renew()
+                    if self._holder.renewing:
+                        self._renew()
+                    else:
+                        self._metrics.add("LeasesHeld", len(self._holder.held_keys()), aggregation="last")
+                if now >= next_throughput:
+                    next_throughput = now + throughput_s
+                    if not self._holder.renewing:
+                        self._holder.refresh_throughput()
                 noticed = self._take_notice()
                 if noticed is not None and now < next_discovery:
                     if noticed:

@@ -30,9 +30,12 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, InitialPosition, default_owner, parse_timestamp, validate_app_name
 from worker_lib.core.env import env_int, env_str, environ
-from worker_lib.core.errors import ConfigError, EndpointUnreachableError, ThrottledError
+from worker_lib.core.errors import ConfigError, EndpointUnreachableError, TableMissingError, ThrottledError
+from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.mode import LivenessMode, check_start
+from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
@@ -247,6 +250,9 @@ class Worker:
         self._clock = clock
         self._stop = threading.Event()
         self._stopped = threading.Event()
+        self._modes = LivenessModeStore(
+            CoordinatorStateStore(config.app, client=self._dynamodb, clock=clock), clock=clock
+        )
         self._coordinator = LeaseCoordinator(
             config,
             processor_factory,
@@ -259,6 +265,7 @@ class Worker:
             on_records=on_records,
             stop=self._stop,
             clock=clock,
+            modes=self._modes,
         )
         self._leader_thread: threading.Thread | None = None
 
@@ -308,7 +315,21 @@ class Worker:
             lambda: self._probe_kinesis.describe_stream_summary(StreamName=stream),
             deadline,
         )
+        self._check_liveness_mode()
         self._preflight_done = True
+
+    def _check_liveness_mode(self) -> None:
+        """Refuse to start in the other liveness mode (docs/liveness-modes.md). Without a CoordinatorState table
+        only ``lease`` mode can run (nothing else can be judged)."""
+        setting = self.config.lease.liveness_mode
+        try:
+            stored = self._modes.read()
+        except TableMissingError:
+            if setting != LivenessMode.LEASE.value:
+                raise
+            log.warning("no %s table: running in liveness mode lease", self._modes.table_name)
+            return
+        check_start(setting, stored, who=f"worker {self.worker_id}")
 
     def _probe(self, operation: str, resource: str, call: Callable[[], _T], deadline: float) -> _T:
         delay = 0.5

@@ -123,6 +123,7 @@ def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
         heartbeat=heartbeat_of(item),
         assignment_version=_whole(item.get(A.ASSIGNMENT_VERSION)) or 0,
         assigned_keys=_strings(item.get(A.ASSIGNED_KEYS)),
+        handoff_requests=_strings(item.get(A.HANDOFF_REQUESTS)),
     )
 
 

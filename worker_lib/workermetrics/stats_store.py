@@ -11,7 +11,7 @@ only their key and the faulty attribute, never a payload.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
@@ -69,42 +69,78 @@ class WorkerMetricsStore:
             )
 
     def heartbeat(
-        self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
+        self,
+        worker_id: str,
+        *,
+        interval_ms: int,
+        state: WorkerState,
+        events: int,
+        done_requests: Collection[str] = (),
     ) -> WorkerMetricStats | None:
         """One heartbeat: ``hbc`` + 1, ``hbt`` = our wall clock (ms), ``hbi``, ``wst``, ``evc``; creates the item
         (with ``lut`` = now) if it does not exist yet, and removes the notice's key list ``asl``. Returns the item as
         it was *before* the beat — so the worker reads the leader's notice (``asv``/``asl``) from the very write that
         consumes it: no read of its own, and the item the leader scans every second stays small — or ``None`` if
-        there was no item (the first beat) or it cannot be read."""
+        there was no item (the first beat) or it cannot be read. ``done_requests``: hand-off requests (``hrq``)
+        this worker is done with, removed in the same write (docs/liveness-modes.md)."""
         now_ms = int(self._clock.wall() * 1000)
+        names = {
+            "#asl": A.ASSIGNED_KEYS,
+            "#hbc": A.HEARTBEAT_COUNTER,
+            "#hbt": A.HEARTBEAT_WALL_MS,
+            "#hbi": A.HEARTBEAT_INTERVAL_MS,
+            "#wst": A.WORKER_STATE,
+            "#evc": A.EVENT_COUNTER,
+            "#lut": A.LAST_UPDATE,
+        }
+        values: dict[str, Any] = {
+            ":now": number(now_ms),
+            ":hbi": number(interval_ms),
+            ":wst": {"S": state.value},
+            ":evc": number(events),
+            ":lut": number(now_ms // 1000),
+            ":one": number(1),
+        }
+        expression = (
+            "SET #hbt = :now, #hbi = :hbi, #wst = :wst, #evc = :evc, #lut = if_not_exists(#lut, :lut) "
+            "ADD #hbc :one REMOVE #asl"
+        )
+        if done_requests:
+            names["#hrq"] = A.HANDOFF_REQUESTS
+            values[":done"] = {"SS": sorted(set(done_requests))}
+            expression += " DELETE #hrq :done"
         with aws.translated("dynamodb UpdateItem", self.table_name):
             response = self._client.update_item(
                 TableName=self.table_name,
                 Key={A.WORKER_ID: {"S": worker_id}},
-                UpdateExpression=(
-                    "SET #hbt = :now, #hbi = :hbi, #wst = :wst, #evc = :evc, #lut = if_not_exists(#lut, :lut) "
-                    "ADD #hbc :one REMOVE #asl"
-                ),
-                ExpressionAttributeNames={
-                    "#asl": A.ASSIGNED_KEYS,
-                    "#hbc": A.HEARTBEAT_COUNTER,
-                    "#hbt": A.HEARTBEAT_WALL_MS,
-                    "#hbi": A.HEARTBEAT_INTERVAL_MS,
-                    "#wst": A.WORKER_STATE,
-                    "#evc": A.EVENT_COUNTER,
-                    "#lut": A.LAST_UPDATE,
-                },
-                ExpressionAttributeValues={
-                    ":now": number(now_ms),
-                    ":hbi": number(interval_ms),
-                    ":wst": {"S": state.value},
-                    ":evc": number(events),
-                    ":lut": number(now_ms // 1000),
-                    ":one": number(1),
-                },
+                UpdateExpression=expression,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
                 ReturnValues="ALL_OLD",
             )
         return self._parse(response.get("Attributes"), worker_id)
+
+    def request_handoff(self, worker_id: str, elements: Sequence[str]) -> bool:
+        """The leader, in ``worker`` liveness mode: ask ``worker_id`` to hand these leases over (``ADD`` to its
+        ``hrq`` set, elements from :func:`handoff_request`). The set stays until the worker removes what it is done
+        with, so every later beat of the worker brings the request back — a lost reply cannot lose it. False if
+        the worker has no item."""
+        if not elements:
+            return True
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key={A.WORKER_ID: {"S": worker_id}},
+                UpdateExpression="ADD #hrq :reqs",
+                ConditionExpression="attribute_exists(#wid)",
+                ExpressionAttributeNames={"#hrq": A.HANDOFF_REQUESTS, "#wid": A.WORKER_ID},
+                ExpressionAttributeValues={":reqs": {"SS": sorted(set(elements))}},
+            )
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            if aws.is_conditional_check_failed(exc):
+                return False
+            aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
+        return True
 
     def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool:
         """The leader's (or a handing-over owner's) notice to ``worker_id``: ``asv`` + 1 and ``asl`` = the keys.
