@@ -27,10 +27,8 @@ class SlowSink:
         self._clock = clock
         self.delay_s = 0.0
 
-    def heartbeat(
-        self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
-    ) -> WorkerMetricStats | None:
-        row = self._inner.heartbeat(worker_id, interval_ms=interval_ms, state=state, events=events)
+    def heartbeat(self, worker_id: str, **beat: Any) -> WorkerMetricStats | None:
+        row = self._inner.heartbeat(worker_id, **beat)
         self._clock.advance(self.delay_s)
         return row
 
@@ -42,12 +40,10 @@ class FlakySink:
         self._inner = inner
         self.failing = False
 
-    def heartbeat(
-        self, worker_id: str, *, interval_ms: int, state: WorkerState, events: int
-    ) -> WorkerMetricStats | None:
+    def heartbeat(self, worker_id: str, **beat: Any) -> WorkerMetricStats | None:
         if self.failing:
             raise ThrottledError("heartbeat throttled (injected)")
-        return self._inner.heartbeat(worker_id, interval_ms=interval_ms, state=state, events=events)
+        return self._inner.heartbeat(worker_id, **beat)
 
 
 class ThrottledRows:

@@ -149,14 +149,20 @@ class WorkerState(enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class WorkerHeartbeat:
     """A worker's heartbeat attributes: ``hbc`` (counter, +1 per beat), ``hbt`` (its wall clock at sending, ms),
-    ``hbi`` (its beat interval, ms), ``wst`` (state) and ``evc`` (a counter it bumps when it released or created
-    leases the leader should look at)."""
+    ``hbi`` (its beat interval, ms), ``wst`` (state), ``evc`` (a counter it bumps when it released or created
+    leases the leader should look at) and ``lvm`` (the liveness mode it runs in: ``lease`` = renewing, ``worker``;
+    ``None`` for a worker older than liveness modes, which always renews)."""
 
     counter: int
     wall_ms: int
     interval_ms: int
     state: WorkerState = WorkerState.ACTIVE
     events: int = 0
+    liveness: str | None = None
+
+    @property
+    def renews(self) -> bool:
+        return self.liveness != "worker"
 
 
 @dataclass(frozen=True, kw_only=True)

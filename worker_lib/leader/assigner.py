@@ -18,6 +18,12 @@ lease scan — count as expired at once. The leader's *fast* passes (``run(fast=
 worker left or changed something) are the same run without rebalancing. After writing, every worker that received
 leases gets a notice (``asv``/``asl``) that its next heartbeat brings back, so it starts them within a beat.
 
+In ``worker`` liveness mode (docs/liveness-modes.md; :class:`~worker_lib.leader.mode_keeper.LeaderModeKeeper` reads
+the mode at every full run) a heartbeating worker's leases are never expired by their counters — they are not
+renewed — only when the worker is gone; graceful hand-offs away from a heartbeating owner are requested on its own
+item (``hrq``), and forced only the hand-off timeout plus the failover time after that request landed. A lease whose
+owner does not heartbeat is judged by its counter as before, and reported as a *foreign owner*.
+
 Every decision is logged as one structured line with its reason and the load before/after; the run returns an
 :class:`AssignmentReport` whose fields are the leader's per-cycle metrics.
 """
@@ -41,7 +47,9 @@ from worker_lib.assignment.state import suspect_workers
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.leader.mode_keeper import LeaderModeKeeper
 from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.store import LeaseStore
 
 log = logging.getLogger("shardlease.leader.assignment")
@@ -73,6 +81,8 @@ class LivenessJudge(Protocol):
 
 class AssignmentNotifier(Protocol):
     def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool: ...
+
+    def request_handoff(self, worker_id: str, elements: Sequence[str]) -> bool: ...
 
 
 class ObservationKeeper(Protocol):
@@ -121,6 +131,10 @@ class AssignmentReport:
     workers_gone: tuple[str, ...] = ()
     workers_departing: tuple[str, ...] = ()
     notices: int = 0
+    liveness_mode: str = "lease"
+    foreign_owners: tuple[str, ...] = ()
+    """In ``worker`` liveness mode: owners of leases that do not heartbeat (a KCL worker, or one of ours with the
+    heartbeat off) — judged by lease counter, and unable to judge ``worker``-mode leases themselves."""
 
     def summary(self) -> str:
         kind = "fast pass" if self.fast else f"assignment run {self.run_number}"
@@ -147,6 +161,7 @@ class LeaseAssigner:
         liveness: LivenessJudge | None = None,
         notifier: AssignmentNotifier | None = None,
         observations: ObservationKeeper | None = None,
+        modes: LeaderModeKeeper | None = None,
         clock: Clock = SYSTEM_CLOCK,
         seed: int | None = None,
         max_parallel_writes: int = 16,
@@ -160,6 +175,8 @@ class LeaseAssigner:
         self._liveness = liveness
         self._notifier = notifier
         self._observations = observations
+        self._modes = modes or LeaderModeKeeper(None, setting="lease")
+        self._warned_foreign: set[str] = set()
         self._clock = clock
         self._rng = random.Random(seed)
         self._expiry = ExpiryTracker(self._config.failover_s)
@@ -185,6 +202,9 @@ class LeaseAssigner:
             self._handoff_seen.clear()
             self._suspects.clear()
             self._restore_observations()  # … except those kept in the table, dated and trusted up to the skew bound
+        # The mode is read before the scan: a switch requested after it is judged by the next run.
+        liveness = self._modes.begin_run() if not fast else self._modes.current
+        per_owner = liveness.leader_judges_per_owner
         segments = 4 if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
         all_leases = self._store.list_leases(segments=segments)
         self._last_lease_count = len(all_leases)
@@ -194,10 +214,16 @@ class LeaseAssigner:
         live = [lease for lease in all_leases if not lease.is_finished]
         expired = self._expiry.observe(live, now_mono)
         view = self._liveness.observe(all_workers) if self._liveness is not None else LivenessView()
+        foreign: tuple[str, ...] = ()
+        if per_owner:
+            # Heartbeating owners do not renew: only their heartbeat (below) can expire their leases.
+            by_key = {lease.lease_key: lease for lease in live}
+            expired = frozenset(k for k in expired if by_key[k].actual_owner not in view.heartbeating)
+            foreign = self._foreign_owners(live, view)
         gone = self._confirmed_gone(live, view)
         if gone:
             expired = expired | {lease.lease_key for lease in live if lease.actual_owner in gone}
-        forced = self._force_overdue_handoffs(live, now_mono)
+        forced = self._force_overdue_handoffs(live, now_mono, requested_from=view.heartbeating if per_owner else None)
         if forced:
             forced_keys = {lease.lease_key for lease in forced}
             live = [lease for lease in live if lease.lease_key not in forced_keys] + forced
@@ -218,7 +244,8 @@ class LeaseAssigner:
         plan = self._decider.decide(snapshot, rng=self._rng)
         decide_ms = (self._clock.monotonic() - decide_started) * 1000
         self._remember_suspects(snapshot, workers)
-        conflicts, received = self._write(plan, {lease.lease_key: lease for lease in live})
+        conflicts, received, handoffs = self._write(plan, {lease.lease_key: lease for lease in live})
+        self._started_handoffs(handoffs, requested_from=view.heartbeating if per_owner else None)
         for lease in forced:
             if lease.lease_owner is not None:
                 received.setdefault(lease.lease_owner, []).append(lease.lease_key)
@@ -233,6 +260,7 @@ class LeaseAssigner:
             self._sweep_stale_workers(all_workers, now_wall, now_mono)
             self._sweep_stopped_workers(all_workers, live)
             self._keep_observations(now_mono, now_wall)
+            self._modes.after_run(all_workers, view.gone, forget=lambda: self._forget_observations(now_mono, now_wall))
 
         report = self._report(
             run_number=run_number,
@@ -249,6 +277,8 @@ class LeaseAssigner:
             view=view,
             notices=notices,
             fast=fast,
+            liveness=liveness.describe(),
+            foreign=foreign,
         )
         log.info(report.summary())
         return report
@@ -275,6 +305,23 @@ class LeaseAssigner:
             self._observations.save(self._expiry.export(now_mono, now_wall))
         except DependencyError as exc:
             log.warning("could not keep the expiry observations: %s", exc)
+
+    def _forget_observations(self, now_mono: float, now_wall: float) -> None:
+        """Before completing a switch back to ``lease`` mode: every lease gets a full failover time from now."""
+        self._expiry.reset()
+        self._keep_observations(now_mono, now_wall)
+
+    def _foreign_owners(self, live: Sequence[Lease], view: LivenessView) -> tuple[str, ...]:
+        owners = {lease.actual_owner for lease in live if lease.actual_owner is not None}
+        foreign = tuple(sorted(o for o in owners if o is not None and o not in view.heartbeating))
+        for owner in sorted(set(foreign) - self._warned_foreign):
+            log.warning(
+                "lease owner %s does not heartbeat in worker liveness mode (a KCL worker, or heartbeats off): its "
+                "leases are judged by their counters, and it cannot judge the other workers' leases",
+                owner,
+            )
+        self._warned_foreign = set(foreign)
+        return foreign
 
     # --- liveness (docs/failover.md) ------------------------------------------------------------------------
 
@@ -332,17 +379,31 @@ class LeaseAssigner:
 
     # --- handoffs -------------------------------------------------------------------------------------------
 
-    def _force_overdue_handoffs(self, leases: Sequence[Lease], now: float) -> list[Lease]:
+    def _force_overdue_handoffs(
+        self, leases: Sequence[Lease], now: float, *, requested_from: frozenset[str] | None = None
+    ) -> list[Lease]:
         """Complete handoffs older than the deadline (the old owner never let go): the new owner starts from the
-        last checkpoint. Returns the leases as they are after forcing (to keep the snapshot current)."""
+        last checkpoint. Returns the leases as they are after forcing (to keep the snapshot current).
+
+        ``requested_from`` (``worker`` mode: the heartbeating workers): a hand-off away from one of them counts
+        from the moment its request landed on the old owner's item; one this leader has not requested yet is
+        requested now (a new term, or a request that failed)."""
         deadline_s = self._config.handoff_deadline_ms / 1000
         in_progress: dict[str, tuple[str | None, str | None, float]] = {}
         forced: list[Lease] = []
+        unrequested: list[tuple[str, str | None, str | None]] = []
         for lease in leases:
             if not lease.is_handoff_in_progress:
                 continue
             identity = (lease.lease_owner, lease.checkpoint_owner)
             seen = self._handoff_seen.get(lease.lease_key)
+            if (
+                requested_from is not None
+                and lease.checkpoint_owner in requested_from
+                and (seen is None or seen[:2] != identity)
+            ):
+                unrequested.append((lease.lease_key, lease.lease_owner, lease.checkpoint_owner))
+                continue
             first = seen[2] if seen is not None and seen[:2] == identity else now
             in_progress[lease.lease_key] = (*identity, first)
             if now - first <= deadline_s:
@@ -367,7 +428,37 @@ class LeaseAssigner:
                 forced.append(done)
                 in_progress.pop(lease.lease_key, None)
         self._handoff_seen = in_progress
+        self._started_handoffs(unrequested, requested_from=requested_from)
         return forced
+
+    def _started_handoffs(
+        self, handoffs: Sequence[tuple[str, str | None, str | None]], *, requested_from: frozenset[str] | None
+    ) -> None:
+        """Date each started hand-off ``(lease, new owner, old owner)`` for the deadline. In ``worker`` mode a
+        heartbeating old owner is asked on its own item first, and the deadline runs from that write: its worker
+        keeps the lease at most the request's timeout after the first beat that sees it, and that beat comes
+        within the failover time (or the worker has fenced itself) — so forcing after timeout + failover is safe.
+        A request that fails is retried by the next run."""
+        by_old_owner: dict[str, list[tuple[str, str | None]]] = {}
+        for lease_key, new_owner, old_owner in handoffs:
+            if requested_from is not None and old_owner is not None and old_owner in requested_from:
+                by_old_owner.setdefault(old_owner, []).append((lease_key, new_owner))
+            else:
+                self._handoff_seen[lease_key] = (new_owner, old_owner, self._clock.monotonic())
+        timeout_ms = self._config.graceful_handoff_timeout_ms
+        for old_owner, items in sorted(by_old_owner.items()):
+            elements = [handoff_request(lease_key, timeout_ms) for lease_key, _ in items]
+            try:
+                requested = self._notifier is not None and self._notifier.request_handoff(old_owner, elements)
+            except DependencyError as exc:
+                log.warning("could not ask %s for %d hand-off(s): %s", old_owner, len(items), exc)
+                continue
+            if not requested:
+                log.warning("could not ask %s for %d hand-off(s): it has no item", old_owner, len(items))
+                continue
+            landed = self._clock.monotonic()
+            for lease_key, new_owner in items:
+                self._handoff_seen[lease_key] = (new_owner, old_owner, landed)
 
     # --- writes ---------------------------------------------------------------------------------------------
 
@@ -396,23 +487,26 @@ class LeaseAssigner:
         decision_log.info(json.dumps(fields, sort_keys=True))
         return written, graceful
 
-    def _write(self, plan: AssignmentPlan, leases: Mapping[str, Lease]) -> tuple[int, dict[str, list[str]]]:
-        """Write every decision; returns the number of lost conditions and, per worker, the leases it received
-        outright (a graceful handoff's receiver is notified by the old owner when it lets go)."""
+    def _write(
+        self, plan: AssignmentPlan, leases: Mapping[str, Lease]
+    ) -> tuple[int, dict[str, list[str]], list[tuple[str, str | None, str | None]]]:
+        """Write every decision; returns the number of lost conditions, per worker the leases it received outright
+        (a graceful handoff's receiver is notified by the old owner when it lets go), and the hand-offs started
+        ``(lease, new owner, old owner)``."""
         pairs = [(d, leases[d.lease_key]) for d in plan.decisions if d.lease_key in leases]
         if len(pairs) <= 2 or self._max_parallel == 1:
             results = [self._write_one(d, lease) for d, lease in pairs]
         else:
             with ThreadPoolExecutor(max_workers=min(self._max_parallel, len(pairs))) as pool:
                 results = list(pool.map(lambda pair: self._write_one(*pair), pairs))
-        started = self._clock.monotonic()
         received: dict[str, list[str]] = {}
+        handoffs: list[tuple[str, str | None, str | None]] = []
         for (decision, lease), (written, graceful) in zip(pairs, results, strict=True):
             if written and graceful:  # the handoff deadline runs from when we started it, not when we next see it
-                self._handoff_seen[lease.lease_key] = (decision.to_worker, lease.lease_owner, started)
+                handoffs.append((lease.lease_key, decision.to_worker, lease.lease_owner))
             elif written:
                 received.setdefault(decision.to_worker, []).append(lease.lease_key)
-        return sum(1 for written, _ in results if not written), received
+        return sum(1 for written, _ in results if not written), received, handoffs
 
     # --- housekeeping ---------------------------------------------------------------------------------------
 
@@ -460,6 +554,8 @@ class LeaseAssigner:
         view: LivenessView,
         notices: int,
         fast: bool = False,
+        liveness: str = "lease",
+        foreign: tuple[str, ...] = (),
     ) -> AssignmentReport:
         return AssignmentReport(
             run_number=run_number,
@@ -488,4 +584,6 @@ class LeaseAssigner:
             workers_gone=tuple(sorted(view.gone)),
             workers_departing=tuple(sorted(view.departing)),
             notices=notices,
+            liveness_mode=liveness,
+            foreign_owners=foreign,
         )

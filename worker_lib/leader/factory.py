@@ -27,9 +27,12 @@ from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.leader import Leader
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
+from worker_lib.leader.mode_keeper import LeaderModeKeeper
 from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.mode import check_start
+from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.shardsync.syncer import ShardSyncer
@@ -50,6 +53,8 @@ class LeaderParts:
     assigner: LeaseAssigner | None
     dynamodb: Any
     kinesis: Any
+    liveness_modes: LivenessModeStore | None = None
+    liveness_setting: str = "lease"
 
 
 @dataclass(frozen=True)
@@ -119,11 +124,14 @@ def build_leader(
     lock_config = lock_config or LeaderLockConfig()
     leader_config = leader_config or LeaderConfig()
     store = DynamoDBLeaseStore(app, client=dynamodb, clock=clock)
-    lock = DynamoDBLeaderLock(app, owner or default_owner(), config=lock_config, client=dynamodb, clock=clock)
+    owner = owner or default_owner()
+    lock = DynamoDBLeaderLock(app, owner, config=lock_config, client=dynamodb, clock=clock)
     detector = KinesisShardDetector(stream, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size)
     syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
     assigner = None
     fast_path = None
+    lease_config = lease_config or LeaseConfig(failover_time_ms=(assignment or AssignmentConfig()).failover_ms)
+    modes = LivenessModeStore(CoordinatorStateStore(app, client=dynamodb, clock=clock), clock=clock)
     if with_assignment:
         assignment = assignment or AssignmentConfig()
         worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock)
@@ -139,10 +147,11 @@ def build_leader(
             worker_rows,
             cap_recorder=LeaseCapRecorder(state_store),
             config=assignment,
-            lease_config=lease_config or LeaseConfig(failover_time_ms=assignment.failover_ms),
+            lease_config=lease_config,
             liveness=watch,
             notifier=worker_rows,
             observations=ExpiryObservationStore(state_store, max_clock_skew_ms=lock_config.max_clock_skew_ms),
+            modes=LeaderModeKeeper(modes, setting=lease_config.liveness_mode, owner=owner),
             clock=clock,
         )
         if leader_config.fast_tick_ms > 0:
@@ -172,6 +181,8 @@ def build_leader(
         assigner=assigner,
         dynamodb=dynamodb,
         kinesis=kinesis,
+        liveness_modes=modes,
+        liveness_setting=lease_config.liveness_mode,
     )
 
 
@@ -222,3 +233,5 @@ def preflight(parts: LeaderParts, *, app: str, stream: str) -> None:
         check_schema(spec, app, description.get("Table", {}))
     with aws.translated("kinesis DescribeStreamSummary", stream):
         parts.kinesis.describe_stream_summary(StreamName=stream)
+    if parts.liveness_modes is not None:  # a leader configured for the other liveness mode refuses to start
+        check_start(parts.liveness_setting, parts.liveness_modes.read(), who="the leader")

@@ -40,6 +40,7 @@ class HeartbeatSink(Protocol):
         state: WorkerState,
         events: int,
         done_requests: Collection[str] = (),
+        liveness: str | None = None,
     ) -> WorkerMetricStats | None: ...
 
 
@@ -83,6 +84,9 @@ class HeartbeatLoop:
         self._failing = False
         self.state = WorkerState.ACTIVE
         self.events = 0
+        self.liveness: str | None = None
+        """The liveness mode this worker runs in, written with every beat (``lvm``): the leader completes a switch
+        back to ``lease`` only once every worker says it renews (docs/liveness-modes.md)."""
         self.established = threading.Event()
         """Set after the first successful beat: leases are taken only from then on (the fence is in force)."""
         self.beats = 0
@@ -117,6 +121,7 @@ class HeartbeatLoop:
                     state=self.state,
                     events=self.events,
                     done_requests=done,
+                    liveness=self.liveness,
                 )
             except DependencyError as exc:
                 self.failures += 1

@@ -53,6 +53,7 @@ class WorkerMetricsAttr:
     HEARTBEAT_WALL_MS = "hbt"
     HEARTBEAT_INTERVAL_MS = "hbi"
     WORKER_STATE = "wst"
+    LIVENESS_MODE = "lvm"
     EVENT_COUNTER = "evc"
     ASSIGNMENT_VERSION = "asv"
     ASSIGNED_KEYS = "asl"

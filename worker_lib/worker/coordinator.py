@@ -159,6 +159,7 @@ class LeaseCoordinator:
         if self._heartbeat is not None:
             mode = LivenessMode.LEASE if renew else LivenessMode.WORKER
             self._heartbeat.set_interval_ms(self.config.lease.heartbeat_interval_for(mode))
+            self._heartbeat.liveness = mode.value  # after set_renewing: the beat saying "lease" comes after it
         return started
 
     def start(self) -> None:

@@ -169,4 +169,9 @@ def heartbeat_of(item: Mapping[str, Any]) -> WorkerHeartbeat | None:
         interval_ms=interval_ms,
         state=state,
         events=_whole(item.get(A.EVENT_COUNTER)) or 0,
+        liveness=_string(item.get(A.LIVENESS_MODE)),
     )
+
+
+def _string(raw: Any) -> str | None:
+    return str(raw["S"]) if isinstance(raw, Mapping) and isinstance(raw.get("S"), str) else None

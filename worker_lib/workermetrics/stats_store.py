@@ -76,6 +76,7 @@ class WorkerMetricsStore:
         state: WorkerState,
         events: int,
         done_requests: Collection[str] = (),
+        liveness: str | None = None,
     ) -> WorkerMetricStats | None:
         """One heartbeat: ``hbc`` + 1, ``hbt`` = our wall clock (ms), ``hbi``, ``wst``, ``evc``; creates the item
         (with ``lut`` = now) if it does not exist yet, and removes the notice's key list ``asl``. Returns the item as
@@ -105,6 +106,10 @@ class WorkerMetricsStore:
             "SET #hbt = :now, #hbi = :hbi, #wst = :wst, #evc = :evc, #lut = if_not_exists(#lut, :lut) "
             "ADD #hbc :one REMOVE #asl"
         )
+        if liveness is not None:
+            names["#lvm"] = A.LIVENESS_MODE
+            values[":lvm"] = {"S": liveness}
+            expression = expression.replace("SET ", "SET #lvm = :lvm, ", 1)
         if done_requests:
             names["#hrq"] = A.HANDOFF_REQUESTS
             values[":done"] = {"SS": sorted(set(done_requests))}
