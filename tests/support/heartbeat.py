@@ -76,10 +76,19 @@ class StandInWorker:
     beating: bool = True
     renewing: bool = True
     beats: int = 0
+    liveness: str | None = None  # what its beats say it runs in (``lvm``); None: an older worker
+    done_requests: tuple[str, ...] = ()
 
     def beat(self) -> WorkerMetricStats | None:
         self.beats += 1
-        return self.rows.heartbeat(self.worker_id, interval_ms=1_000, state=self.state, events=self.events)
+        return self.rows.heartbeat(
+            self.worker_id,
+            interval_ms=1_000,
+            state=self.state,
+            events=self.events,
+            liveness=self.liveness,
+            done_requests=self.done_requests,
+        )
 
     def renew(self) -> int:
         """Renew every lease this worker owns (or checkpoint-owns); the number renewed."""

@@ -160,6 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_aws(status)
     status.set_defaults(func=_cmd_status)
 
+    liveness = sub.add_parser(
+        "liveness", help="show the liveness mode (lease or worker), or ask the leader to switch it"
+    )
+    _add_app(liveness, stream=False)
+    liveness.add_argument(
+        "--set", dest="target", choices=["lease", "worker"], help="ask for this mode (the leader completes the switch)"
+    )
+    liveness.add_argument("--json", action="store_true", help="print JSON")
+    _add_aws(liveness)
+    liveness.set_defaults(func=_cmd_liveness)
+
     sim = sub.add_parser("simulate", help="offline fleet running the real deciders cycle by cycle")
     # Bounds keep a run within minutes on a laptop (the 10 000-lease fleet of docs/benchmarks.md: ~0.3 s a cycle).
     sim.add_argument("--workers", type=_bounded_int(1, SIMULATE_MAX_WORKERS), default=8, metavar="N")
@@ -258,6 +269,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return run_status_cli(
         app=args.app, aws_config=_aws_config(args), watch=args.watch, as_json=args.json, interval_s=args.interval
     )
+
+
+def _cmd_liveness(args: argparse.Namespace) -> int:
+    aws_config = _aws_config(args)
+    from worker_lib.cli.liveness import run_liveness_cli
+
+    return run_liveness_cli(app=args.app, aws_config=aws_config, target=args.target, as_json=args.json)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
