@@ -1,0 +1,229 @@
+"""A real in-process Worker in ``worker`` liveness mode against moto (docs/liveness-modes.md): it holds leases without
+renewing them while its heartbeat runs at the mode's interval, hands a lease over when the leader asks on its own
+item, follows a switch of the stored mode in both directions, refuses to start in the other mode, and writes a
+lease's throughput only when it changed, without moving the counter.
+
+Worker tests run on real time (the worker's threads sleep on the system clock), bounded by polling loops; the lease
+holder's throughput test runs on a manual clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards, wait_until
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig
+from worker_lib.core.models import Lease
+from worker_lib.leader.state_store import CoordinatorStateStore
+from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode, handoff_request
+from worker_lib.leases.mode_store import LivenessModeStore
+from worker_lib.leases.renewer import LeaseHolder
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
+
+# Failover 6 s: the worker-mode beat is 2 s (its default), the lease-mode beat 1 s, renewals every 1.975 s.
+FAILOVER_MS = 6_000
+
+
+@pytest.fixture
+def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
+    client = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, client)
+    return client
+
+
+@pytest.fixture
+def kinesis(moto_aws: AwsConfig) -> Any:
+    return aws.client("kinesis", moto_aws)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.shutdown(timeout_s=5)
+
+
+def modes(app: str, ddb: Any) -> LivenessModeStore:
+    return LivenessModeStore(CoordinatorStateStore(app, client=ddb))
+
+
+def make_worker(app: str, stream: str, ddb: Any, kinesis: Any, *, setting: str) -> Worker:
+    return Worker(
+        WorkerConfig(
+            app=app,
+            stream=stream,
+            worker_id="w1",
+            lease=LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=setting, mode_check_interval_ms=1_000),
+            retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+            shutdown_timeout_ms=10_000,
+            report_worker_metrics=False,
+        ),
+        lambda: RecordingProcessor(Journal()),
+        dynamodb=ddb,
+        kinesis=kinesis,
+    )
+
+
+def leases_assigned_to_w1(app: str, stream: str, ddb: Any, kinesis: Any, shards: int) -> list[str]:
+    create_stream(kinesis, stream, shards)
+    store = DynamoDBLeaseStore(app, client=ddb)
+    keys = create_leases_for_open_shards(store, kinesis, stream)
+    for key in keys:
+        lease = store.get_lease(key)
+        assert lease is not None and store.assign_lease(lease, "w1") is not None
+    return sorted(keys)
+
+
+def counters(app: str, ddb: Any) -> dict[str, int]:
+    return {lease.lease_key: lease.lease_counter for lease in DynamoDBLeaseStore(app, client=ddb).list_leases()}
+
+
+def beat(app: str, ddb: Any) -> tuple[int, int, str | None]:
+    row = WorkerMetricsStore(app, client=ddb).get("w1")
+    assert row is not None and row.heartbeat is not None
+    return row.heartbeat.counter, row.heartbeat.interval_ms, row.heartbeat.liveness
+
+
+def test_a_worker_mode_worker_holds_its_leases_without_renewing_them(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN an application in worker mode and two leases assigned to w1
+    modes(app_name, ddb).record_if_absent(LivenessMode.WORKER, by="test")
+    keys = leases_assigned_to_w1(app_name, f"{app_name}-s", ddb, kinesis, 2)
+    # WHEN w1 (configured for worker mode) runs
+    worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="worker")
+    workers.append(worker)
+    worker.start()
+    assert wait_until(lambda: worker.held_leases == keys, timeout_s=15)
+    taken = counters(app_name, ddb)
+    beats_before = beat(app_name, ddb)[0]
+    time.sleep(5)  # two and a half renewer intervals of lease mode
+    # THEN no lease counter moved, while its heartbeat beat every 2 s and says it runs in worker mode
+    assert counters(app_name, ddb) == taken
+    beats_after, interval_ms, liveness = beat(app_name, ddb)
+    assert 2 <= beats_after - beats_before <= 4
+    assert (interval_ms, liveness) == (2_000, "worker")
+    assert worker.held_leases == keys
+
+
+def test_a_handoff_asked_for_on_the_workers_item_is_completed(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN a worker-mode worker holding one lease
+    modes(app_name, ddb).record_if_absent(LivenessMode.WORKER, by="test")
+    (key,) = leases_assigned_to_w1(app_name, f"{app_name}-s", ddb, kinesis, 1)
+    worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="worker")
+    workers.append(worker)
+    worker.start()
+    assert wait_until(lambda: worker.held_leases == [key], timeout_s=15)
+    # WHEN the leader hands it to w2: leaseOwner = w2, checkpointOwner = w1, and the request on w1's item
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    rows = WorkerMetricsStore(app_name, client=ddb)
+    lease = store.get_lease(key)
+    assert lease is not None and store.initiate_graceful_handoff(lease, "w2") is not None
+    assert rows.request_handoff("w1", [handoff_request(key, 30_000)])
+    # THEN within a few beats w1 lets go: w2 owns the lease outright, w1 holds nothing
+    assert wait_until(lambda: worker.held_leases == [], timeout_s=10)
+    after = store.get_lease(key)
+    assert after is not None and (after.lease_owner, after.checkpoint_owner) == ("w2", None)
+
+    # AND its next beat removed the request from its item
+    def requests_left() -> tuple[str, ...]:
+        row = rows.get("w1")
+        assert row is not None
+        return row.handoff_requests
+
+    assert wait_until(lambda: requests_left() == (), timeout_s=6)
+
+
+def test_an_auto_worker_follows_a_switch_in_both_directions(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN an application in lease mode and an auto worker holding its lease, renewing it
+    store = modes(app_name, ddb)
+    store.record_if_absent(LivenessMode.LEASE, by="test")
+    (key,) = leases_assigned_to_w1(app_name, f"{app_name}-s", ddb, kinesis, 1)
+    worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="auto")
+    workers.append(worker)
+    worker.start()
+    assert wait_until(lambda: worker.held_leases == [key], timeout_s=15)
+    first = counters(app_name, ddb)[key]
+    assert wait_until(lambda: counters(app_name, ddb)[key] > first, timeout_s=5)
+    # WHEN the application switches to worker mode (asked, then completed as the leader would)
+    lease_mode = StoredMode(mode=LivenessMode.LEASE)
+    assert store.request(LivenessMode.WORKER, expected=lease_mode, by="test")
+    assert store.complete(StoredMode(mode=LivenessMode.LEASE, target=LivenessMode.WORKER), by="test")
+    # THEN within its check interval (1 s) and a beat it says worker and stops renewing
+    assert wait_until(lambda: beat(app_name, ddb)[2] == "worker", timeout_s=6)
+    time.sleep(0.5)  # a renewal already in flight lands
+    stopped = counters(app_name, ddb)[key]
+    time.sleep(4.5)
+    assert counters(app_name, ddb)[key] == stopped
+    # WHEN lease mode is asked for again
+    assert store.request(LivenessMode.LEASE, expected=StoredMode(mode=LivenessMode.WORKER), by="test")
+    # THEN it renews again and its beats say so (what lets the leader complete the switch), holding the lease all along
+    assert wait_until(lambda: beat(app_name, ddb)[2] == "lease", timeout_s=6)
+    assert wait_until(lambda: counters(app_name, ddb)[key] > stopped, timeout_s=5)
+    assert worker.held_leases == [key]
+
+
+@pytest.mark.parametrize(("stored", "setting"), [(LivenessMode.WORKER, "lease"), (LivenessMode.LEASE, "worker")])
+def test_a_worker_configured_for_the_other_mode_refuses_to_start(
+    ddb: Any, kinesis: Any, app_name: str, stored: LivenessMode, setting: str
+) -> None:
+    # GIVEN an application recorded in one mode, with its stream
+    create_stream(kinesis, f"{app_name}-s", 1)
+    modes(app_name, ddb).record_if_absent(stored, by="test")
+    worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting=setting)
+    # WHEN a worker configured for the other mode checks before starting
+    # THEN it refuses with one line naming both
+    with pytest.raises(LivenessModeMismatchError) as refused:
+        worker.preflight()
+    assert f"'{setting}'" in str(refused.value) and f"'{stored.value}'" in str(refused.value)
+    # AND so does start() for a caller who skipped the check
+    with pytest.raises(LivenessModeMismatchError):
+        worker.start()
+
+
+def test_throughput_is_written_only_when_it_changed_and_without_moving_the_counter(ddb: Any, app_name: str) -> None:
+    # GIVEN a holder in worker mode (not renewing) holding one lease, with a throughput source we control
+    clock = ManualClock()
+    store = DynamoDBLeaseStore(app_name, client=ddb, clock=clock)
+    assert store.create_lease_if_absent(Lease(lease_key="l0", lease_owner="w1", lease_counter=1))
+    value: dict[str, float | None] = {"l0": None}
+    holder = LeaseHolder(store, "w1", config=LeaseConfig(), clock=clock, throughput=lambda key: value[key])
+    holder.set_renewing(False)
+    lease = store.get_lease("l0")
+    assert lease is not None and holder.take(lease)
+    counter = store.get_lease("l0").lease_counter  # type: ignore[union-attr]
+
+    def refresh(kbps: float | None) -> tuple[int, float | None]:
+        value["l0"] = kbps
+        written = holder.refresh_throughput()
+        current = store.get_lease("l0")
+        assert current is not None and current.lease_counter == counter  # never a renewal
+        return written, current.throughput_kbps
+
+    # WHEN nothing is known yet THEN nothing is written
+    assert refresh(None) == (0, None)
+    # WHEN a first value is known THEN it is written
+    assert refresh(120.0) == (1, 120.0)
+    # WHEN it moves by less than a fifth THEN nothing is written
+    assert refresh(140.0) == (0, 120.0)
+    # WHEN it moves by more THEN it is
+    assert refresh(60.0) == (1, 60.0)
+    # AND a small absolute change on a quiet lease is not worth a write
+    assert refresh(60.5) == (0, 60.0)
