@@ -85,6 +85,17 @@ def test_given_the_leader_errors_alarm_then_it_watches_lambda_errors(synth: Synt
     assert props["Period"] == 300
 
 
+def test_given_the_foreign_owner_alarm_then_it_fires_when_a_non_heartbeating_owner_stays(synth: Synth) -> None:
+    # A KCL worker (or one with heartbeats off) cannot judge worker-mode leases: the leader counts such owners
+    (props,) = [p for k, p in _alarms(synth).items() if "ForeignLeaseOwner" in k]
+    assert props["MetricName"] == LeaderMetric.FOREIGN_OWNERS == "ForeignLeaseOwners"
+    assert props["Dimensions"] == [{"Name": "Application", "Value": APP}]
+    assert props["Statistic"] == "Minimum"  # present for the whole minute, not one cycle
+    assert props["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and props["Threshold"] == 1
+    assert props["EvaluationPeriods"] == props["DatapointsToAlarm"] == 5
+    assert props["TreatMissingData"] == "notBreaching"
+
+
 def test_given_alarm_actions_then_every_alarm_notifies_them(synth: Synth) -> None:
     # GIVEN the default stack (no topic): no actions
     assert all("AlarmActions" not in p for p in _alarms(synth).values())

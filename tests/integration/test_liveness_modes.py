@@ -18,7 +18,9 @@ import pytest
 
 from tests.support.heartbeat import Fleet, StandInWorker, ThrottledRows, owned_lease, owners
 from worker_lib.assignment.config import AssignmentConfig
+from worker_lib.assignment.snapshot import ExpiryTracker
 from worker_lib.cli.main import main as cli_main
+from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -361,3 +363,25 @@ def test_the_cli_shows_and_requests_the_mode(ddb: Any, moto_aws: AwsConfig, app_
     with pytest.raises(SystemExit) as usage:
         cli_main(["liveness", *flags, "--set", "sometimes"])
     assert usage.value.code == 2
+
+
+def test_status_shows_the_mode_each_workers_mode_and_foreign_owners(ddb: Any, app_name: str) -> None:
+    # GIVEN worker mode, worker B beating in worker mode, and a lease owned by a KCL worker without a heartbeat
+    world = make_world(ddb, app_name, setting="worker")
+    world.worker("B", renewing=False, liveness="worker")
+    owned_lease(world.leases, "k0", "kcl-java-1")
+    owned_lease(world.leases, "b0", "B")
+    world.fleet.step()
+    world.full_run(run_number=1)
+    # WHEN an operator looks at the fleet, watching long enough for counters to stand still
+    tracker = ExpiryTracker(FAILOVER_MS / 1000)
+    collect(app_name, ddb, clock=world.clock, tracker=tracker)
+    world.clock.advance(11)
+    status = collect(app_name, ddb, clock=world.clock, tracker=tracker)
+    # THEN it shows the mode, B's mode, the foreign owner, and as expired only the foreign owner's lease (B's lease
+    # is not renewed in worker mode; its heartbeat vouches for it)
+    assert status.liveness_mode == "worker"
+    assert {row.worker: row.liveness for row in status.workers} == {"B": "worker", "kcl-java-1": None}
+    assert status.foreign_owners == ["kcl-java-1"] and status.expired == ["k0"]
+    text = render(status, watch=True)
+    assert "liveness mode worker" in text and "foreign owners (no heartbeat" in text and "kcl-java-1" in text

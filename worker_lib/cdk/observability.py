@@ -30,9 +30,10 @@ class AlarmSettings:
     no_leader_minutes: int = 5
     unassigned_minutes: int = 5
     leader_error_minutes: int = 5
+    foreign_owner_minutes: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("no_leader_minutes", "unassigned_minutes", "leader_error_minutes"):
+        for name in ("no_leader_minutes", "unassigned_minutes", "leader_error_minutes", "foreign_owner_minutes"):
             if not 1 <= getattr(self, name) <= 60:
                 raise ValueError(f"{name} must be between 1 and 60 minutes")
 
@@ -108,7 +109,27 @@ class ShardleaseObservability(Construct):
             evaluation_periods=1,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
         )
-        self.alarms: tuple[cw.Alarm, ...] = (self.no_leader_alarm, self.unassigned_alarm, self.leader_errors_alarm)
+        self.foreign_owner_alarm = cw.Alarm(
+            self,
+            "ForeignLeaseOwnerAlarm",
+            alarm_description=(
+                f"shardlease {app}: in worker liveness mode, leases held for {alarms.foreign_owner_minutes} "
+                "minute(s) by an owner that does not heartbeat (a KCL worker, or one with SHARDLEASE_HEARTBEAT_"
+                "INTERVAL_MS=0): it cannot judge worker-mode leases; run it in lease mode or move it off the table"
+            ),
+            metric=self.leader_metric(LeaderMetric.FOREIGN_OWNERS, "Minimum"),
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=alarms.foreign_owner_minutes,
+            datapoints_to_alarm=alarms.foreign_owner_minutes,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # lease mode publishes 0; no leader: other alarm
+        )
+        self.alarms: tuple[cw.Alarm, ...] = (
+            self.no_leader_alarm,
+            self.unassigned_alarm,
+            self.leader_errors_alarm,
+            self.foreign_owner_alarm,
+        )
         for alarm in self.alarms:
             for action in alarm_actions:
                 alarm.add_alarm_action(action)

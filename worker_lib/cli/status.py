@@ -4,7 +4,10 @@ Per worker: leases, CPU (latest ``sts.C``), throughput (sum of its leases' ``thr
 per cluster (the worker-id prefix before the first ``-``, so ``a-1`` and ``a-2`` form cluster ``a``): workers
 and leases; the current leader; unassigned leases; leases whose owner no longer reports (orphaned); and, with
 ``--watch``, expired leases (counter unchanged for the lease duration across refreshes, judged exactly as the
-leader does with :class:`~worker_lib.assignment.snapshot.ExpiryTracker`).
+leader does with :class:`~worker_lib.assignment.snapshot.ExpiryTracker`; in ``worker`` liveness mode only for
+leases of owners that do not heartbeat — the others are not renewed and are judged by their heartbeat). It shows
+the liveness mode and, in ``worker`` mode, *foreign owners*: lease owners without a heartbeat (a KCL worker, or
+heartbeats off), which cannot judge ``worker``-mode leases (docs/liveness-modes.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorder
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.schema import all_specs
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
@@ -36,6 +40,7 @@ class WorkerRow:
     cpu: float | None
     report_age_s: float | None
     active: bool
+    liveness: str | None = None  # what its heartbeat says it runs in; None: no heartbeat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +54,8 @@ class FleetStatus:
     expired: list[str]
     handoffs: list[str]
     cap: int | None
+    liveness_mode: str = "lease"
+    foreign_owners: list[str] = field(default_factory=list)
     workers: list[WorkerRow] = field(default_factory=list)
     clusters: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -72,10 +79,16 @@ def collect(
     leases = DynamoDBLeaseStore(app, client=ddb, clock=clock).list_leases()
     metrics = {m.worker_id: m for m in WorkerMetricsStore(app, client=ddb, clock=clock).list_all()}
     leader = DynamoDBLeaderLock(app, "shardlease-status", client=ddb, clock=clock).current_leader()
-    cap_item = CoordinatorStateStore(app, client=ddb, clock=clock).get(LeaseCapRecorder.KEY)
+    state_store = CoordinatorStateStore(app, client=ddb, clock=clock)
+    cap_item = state_store.get(LeaseCapRecorder.KEY)
+    stored = LivenessModeStore(state_store, clock=clock).read()
+    per_owner = stored is not None and stored.leader_judges_per_owner
     now = clock.wall()
     live = [lease for lease in leases if not lease.is_finished]
     expired = sorted(tracker.observe(live, clock.monotonic())) if tracker is not None else []
+    beating = {worker_id for worker_id, m in metrics.items() if m.heartbeat is not None}
+    if per_owner:  # heartbeating owners do not renew in worker mode: their counters say nothing
+        expired = [k for k in expired if any(x.lease_key == k and x.actual_owner not in beating for x in live)]
     per_worker: dict[str, list[Any]] = defaultdict(list)
     for lease in live:
         if lease.actual_owner:
@@ -93,6 +106,7 @@ def collect(
                 cpu=cpu_values[-1] if cpu_values else None,
                 report_age_s=round(now - stats.last_update_epoch_s, 1) if stats else None,
                 active=stats is not None and is_active_worker(stats, now, report_interval_s),
+                liveness=(stats.heartbeat.liveness or "lease") if stats and stats.heartbeat else None,
             )
         )
     active = {row.worker for row in rows if row.active}
@@ -112,6 +126,8 @@ def collect(
         expired=[key for key in expired if any(x.lease_key == key and x.actual_owner for x in live)],
         handoffs=sorted(x.lease_key for x in live if x.is_handoff_in_progress),
         cap=int(cap) if isinstance(cap, int) and cap >= 0 else None,
+        liveness_mode=stored.describe() if stored is not None else "lease (none recorded yet)",
+        foreign_owners=sorted(owner for owner in per_worker if owner not in beating) if per_owner else [],
         workers=rows,
         clusters=clusters,
     )
@@ -120,7 +136,8 @@ def collect(
 def render(status: FleetStatus, *, watch: bool = False) -> str:
     lines = [
         f"app {status.app}: leader {status.leader or '(none)'}; {status.leases} leases "
-        f"({status.finished} finished awaiting cleanup); cap {status.cap if status.cap is not None else 'none'}",
+        f"({status.finished} finished awaiting cleanup); cap {status.cap if status.cap is not None else 'none'}; "
+        f"liveness mode {status.liveness_mode}",
         f"{'worker':<28} {'cluster':<12} {'leases':>6} {'KB/s':>10} {'CPU %':>6} {'report':>8}",
     ]
     for row in status.workers:
@@ -136,6 +153,10 @@ def render(status: FleetStatus, *, watch: bool = False) -> str:
     lines.append(f"owner not reporting: {', '.join(status.orphaned) or 'none'}")
     if watch:
         lines.append(f"expired: {', '.join(status.expired) or 'none'}")
+    if status.foreign_owners:
+        lines.append(
+            f"foreign owners (no heartbeat; cannot judge worker-mode leases): {', '.join(status.foreign_owners)}"
+        )
     if status.handoffs:
         lines.append(f"graceful handoffs in progress: {', '.join(status.handoffs)}")
     return "\n".join(lines)

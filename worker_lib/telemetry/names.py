@@ -48,6 +48,7 @@ class LeaderMetric:
     WRITE_CONFLICTS: Final = "LeaseWriteConflicts"  # Count: conditional writes lost to a concurrent update
     WORKERS: Final = "Workers"  # Count: workers able to take leases
     LOAD_MAX_OVER_MEAN: Final = "LoadMaxOverMean"  # None: balance of the acted-on metric after the plan
+    FOREIGN_OWNERS: Final = "ForeignLeaseOwners"  # Count: worker liveness mode, lease owners without a heartbeat
 
 
 class WorkerMetric:
