@@ -57,6 +57,7 @@ def synth() -> Synth:
         billing_mode=BillingMode.PROVISIONED,
         removal_policy=cdk.RemovalPolicy.DESTROY,
         failover_time=cdk.Duration.seconds(20),
+        liveness_mode="worker",
         metrics_namespace="Payments/Shardlease",
     )
     worker_role = iam.Role(user, "WorkerTaskRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"))

@@ -39,6 +39,7 @@ def test_given_default_stack_then_environment_names_the_app_stream_and_namespace
                     "SHARDLEASE_STREAM": "orders-stream",
                     "SHARDLEASE_FAILOVER_TIME_MS": "10000",
                     "SHARDLEASE_INITIAL_POSITION": "LATEST",
+                    "SHARDLEASE_LIVENESS_MODE": "lease",
                     "POWERTOOLS_METRICS_NAMESPACE": DEFAULT_NAMESPACE,
                     "POWERTOOLS_LOG_LEVEL": "INFO",
                 }
@@ -58,6 +59,7 @@ def test_given_cmk_construct_then_failover_time_namespace_and_stream_name_flow_i
                     {
                         "SHARDLEASE_APP": CMK_APP,
                         "SHARDLEASE_FAILOVER_TIME_MS": "20000",
+                        "SHARDLEASE_LIVENESS_MODE": "worker",
                         "POWERTOOLS_METRICS_NAMESPACE": "Payments/Shardlease",
                         "SHARDLEASE_STREAM": {"Ref": Match.string_like_regexp("PaymentsStream")},
                     }
@@ -109,4 +111,13 @@ def test_given_a_timeout_shorter_than_the_term_plus_margin_then_the_construct_re
             application_name="orders",
             stream=STREAM_ARN,
             leader_timeout=cdk.Duration.seconds(60),
+        )
+
+
+def test_given_an_unknown_liveness_mode_then_the_construct_names_the_allowed_ones() -> None:
+    app = cdk.App(context={"aws:cdk:bundling-stacks": []})
+    stack = cdk.Stack(app, "Modes")
+    with pytest.raises(ValueError, match="expected lease, worker or auto"):
+        ShardleaseCoordination(
+            stack, "Coordination", application_name="orders", stream=STREAM_ARN, liveness_mode="sometimes"
         )

@@ -38,6 +38,7 @@ from worker_lib.cdk.bundling import LEADER_HANDLER, leader_code
 from worker_lib.cdk.observability import AlarmSettings, ShardleaseObservability
 from worker_lib.cdk.tables import build_tables
 from worker_lib.core.config import validate_app_name
+from worker_lib.leases.mode import parse_setting
 from worker_lib.tables.schema import (
     LEASE_OWNER_INDEX,
     BillingMode,
@@ -130,6 +131,9 @@ class ShardleaseCoordination(Construct):
     removal_policy: for the tables (RETAIN; the lease table also gets deletion protection under RETAIN).
     encryption_key: a customer managed KMS key for the tables (default: the AWS managed key).
     initial_position: LATEST | TRIM_HORIZON (where leases of newly discovered shards start; LATEST as KCL).
+    liveness_mode: ``lease`` (KCL-compatible: every lease renewed), ``worker`` (one heartbeat per worker; writes fall
+      with workers, not shards) or ``auto`` (follow the mode stored for the application) — the leader's
+      ``SHARDLEASE_LIVENESS_MODE``; give workers the same value (docs/liveness-modes.md).
     metrics_namespace: CloudWatch namespace of the leader's and the workers' metrics ("Shardlease").
     log_retention: the leader's log retention (one month).
     alarms: minutes for the three alarms; alarm_actions: e.g. ``cw_actions.SnsAction(topic)``.
@@ -153,6 +157,7 @@ class ShardleaseCoordination(Construct):
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         encryption_key: kms.IKey | None = None,
         initial_position: str = "LATEST",
+        liveness_mode: str = "lease",
         metrics_namespace: str = DEFAULT_NAMESPACE,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         alarms: AlarmSettings | None = None,
@@ -172,6 +177,8 @@ class ShardleaseCoordination(Construct):
             )
         if initial_position not in {"LATEST", "TRIM_HORIZON"}:
             raise ValueError("initial_position must be LATEST or TRIM_HORIZON (AT_TIMESTAMP: use leader_environment)")
+
+        liveness_mode = parse_setting(liveness_mode)  # a ConfigError names the allowed values
 
         if isinstance(stream, str):
             stream = kinesis.Stream.from_stream_attributes(
@@ -212,6 +219,7 @@ class ShardleaseCoordination(Construct):
             "SHARDLEASE_FAILOVER_TIME_MS": str(int(failover_time.to_milliseconds())),
             "SHARDLEASE_LEADER_TERM_MS": str(int(leader_term.to_milliseconds())),
             "SHARDLEASE_INITIAL_POSITION": initial_position,
+            "SHARDLEASE_LIVENESS_MODE": liveness_mode,
             "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace,
             "POWERTOOLS_LOG_LEVEL": "INFO",
             **(leader_environment or {}),
