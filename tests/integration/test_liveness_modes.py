@@ -24,12 +24,13 @@ from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.errors import ThrottledError
 from worker_lib.core.models import Lease
 from worker_lib.leader.assigner import AssignmentReport, LeaseAssigner
 from worker_lib.leader.factory import build_leader, preflight
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
-from worker_lib.leader.state_store import CoordinatorStateStore
+from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode
@@ -385,3 +386,69 @@ def test_status_shows_the_mode_each_workers_mode_and_foreign_owners(ddb: Any, ap
     assert status.foreign_owners == ["kcl-java-1"] and status.expired == ["k0"]
     text = render(status, watch=True)
     assert "liveness mode worker" in text and "foreign owners (no heartbeat" in text and "kcl-java-1" in text
+
+
+class FailingReads:
+    """The ``LivenessModeRecords`` seam over the real store, whose reads fail as throttled while ``failing``."""
+
+    def __init__(self, inner: LivenessModeStore) -> None:
+        self._inner = inner
+        self.failing = False
+
+    def read(self) -> StoredMode | None:
+        if self.failing:
+            raise ThrottledError("CoordinatorState read throttled (injected)")
+        return self._inner.read()
+
+    def record_if_absent(self, mode: LivenessMode, *, by: str) -> StoredMode:
+        return self._inner.record_if_absent(mode, by=by)
+
+    def complete(self, expected: StoredMode, *, by: str) -> bool:
+        return self._inner.complete(expected, by=by)
+
+
+def test_a_fast_pass_before_the_mode_was_read_in_a_term_judges_per_owner(ddb: Any, app_name: str) -> None:
+    # GIVEN worker mode, two beating workers that never renew, and a leader that kept its expiry observations
+    # (counters standing still for 30 s) in CoordinatorState
+    world = make_world(ddb, app_name, setting="worker")
+    state = CoordinatorStateStore(app_name, client=ddb, clock=world.clock)
+    kept = ExpiryObservationStore(state, max_clock_skew_ms=1_000)
+    first = LeaseAssigner(
+        world.leases,
+        world.rows,
+        config=AssignmentConfig(failover_ms=FAILOVER_MS),
+        notifier=world.rows,
+        modes=LeaderModeKeeper(world.modes, setting="worker"),
+        observations=kept,
+        clock=world.clock,
+    )
+    _, b = two_workers(world, renewing=False, liveness="worker")
+    first.run(run_number=1)
+    world.fleet.advance(30)
+    first.run(run_number=2)
+    # WHEN the next leader's first read of the mode fails (after it restored those observations) …
+    reads = FailingReads(world.modes)
+    reads.failing = True
+    watch = LivenessWatch(world.rows, failover_ms=FAILOVER_MS, max_clock_skew_ms=1_000, clock=world.clock)
+    second = LeaseAssigner(
+        world.leases,
+        world.rows,
+        config=AssignmentConfig(failover_ms=FAILOVER_MS),
+        liveness=watch,
+        notifier=world.rows,
+        modes=LeaderModeKeeper(reads, setting="worker"),
+        observations=kept,
+        clock=world.clock,
+        seed=1,
+    )
+    fast = FastPath(watch, second, max_backoff_s=20, clock=world.clock)
+    with pytest.raises(ThrottledError):
+        second.run(run_number=1)
+    fast.tick(run_number=1)
+    # … and a fast pass runs before its next full run (B reports an event)
+    b.events += 1
+    world.fleet.advance(1)
+    report = fast.tick(run_number=1)
+    # THEN the pass judged the beating owners by their heartbeats, not by the restored counters: nothing expired
+    assert report is not None and report.fast
+    assert report.expired == 0 and owners(world.leases) == BEFORE

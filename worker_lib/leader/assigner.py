@@ -198,12 +198,13 @@ class LeaseAssigner:
         ``workers``: the worker-metrics items if the caller just read them (the fast tick did)."""
         started = self._clock.monotonic()
         if run_number == 1 and not fast:
+            self._modes.new_term()
             self._expiry.reset()  # a new term: never judge with another term's observations …
             self._handoff_seen.clear()
             self._suspects.clear()
             self._restore_observations()  # … except those kept in the table, dated and trusted up to the skew bound
         # The mode is read before the scan: a switch requested after it is judged by the next run.
-        liveness = self._modes.begin_run() if not fast else self._modes.current
+        liveness = self._modes.begin_run() if not fast else self._modes.judging
         per_owner = liveness.leader_judges_per_owner
         segments = 4 if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
         all_leases = self._store.list_leases(segments=segments)

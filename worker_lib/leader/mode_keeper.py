@@ -10,7 +10,10 @@ either way). After the run it completes a switch when that is safe:
   its counter observations first — every lease gets a full failover time from now, longer than any worker's
   validity from the moment it started renewing — and only then writes ``mode = lease``.
 
-A failed read fails the run (``DependencyError``): a leader that does not know the mode must not judge leases.
+A failed read fails the run (``DependencyError``): a leader that does not know the mode must not judge leases by
+their counters. Until the mode has been read in the current term (a fast pass between a failed first run and the
+next one), :attr:`LeaderModeKeeper.judging` is per owner: safe in both modes, because a heartbeating worker fences
+itself by its heartbeat in both (docs/failover.md) — at worst a lease whose renewals fail waits for the next run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from worker_lib.core.models import WorkerMetricStats
 from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode, initial_mode
 
 log = logging.getLogger("shardlease.leader.liveness_mode")
+
+UNKNOWN_MODE = StoredMode(mode=LivenessMode.LEASE, target=LivenessMode.WORKER)
+"""Judged as during a switch to ``worker``: heartbeating owners per owner (safe in either mode), others by counter."""
 
 
 class LivenessModeRecords(Protocol):
@@ -49,6 +55,16 @@ class LeaderModeKeeper:
         self._setting = setting
         self._owner = owner
         self.current = LEASE_MODE
+        self._known = records is None
+
+    @property
+    def judging(self) -> StoredMode:
+        """What to judge by now: the mode read in this term, or — not read yet — per owner."""
+        return self.current if self._known else UNKNOWN_MODE
+
+    def new_term(self) -> None:
+        """A new leadership term: the mode must be read again before leases are judged by counter."""
+        self._known = self._records is None
 
     def begin_run(self) -> StoredMode:
         """Read the stored mode before judging (record ours if none is stored)."""
@@ -63,6 +79,7 @@ class LeaderModeKeeper:
         if stored != self.current:
             log.info("liveness mode: %s", stored.describe())
         self.current = stored
+        self._known = True
         return stored
 
     def after_run(
