@@ -7,11 +7,16 @@ handler invoked on a local 1-minute schedule (``lambda``). A *gap* is, for each 
 time of the first record of that shard processed by another process minus the wall time of the signal.
 
     .venv/bin/python bench/failover.py [--configs ours,kcl] [--hosts cli,lambda] [--trials 10]
-        [--scenarios kill,term,deploy,leader,stop,lambda-kill,lambda-term] [--seed 1]
+        [--scenarios kill,term,deploy,leader,stop,lambda-kill,lambda-term] [--liveness lease|worker] [--seed 1]
         [--json PATH] [--plot PATH.png] [--keep-logs DIR]
 
 Configurations: ``ours`` = the code's defaults; ``kcl`` = KCL's timings and behaviour (:data:`KCL_ENV`, Lambda
-timeout 60 s). Scenarios (each ``--trials`` times in a running fleet, waiting for a steady fleet in between):
+timeout 60 s). ``--liveness`` is the liveness mode of ``ours`` (docs/liveness-modes.md): every one of its processes
+runs with ``SHARDLEASE_LIVENESS_MODE`` set to it, and the mode is recorded for the application with
+``shardlease liveness --set`` before any process starts (as an operator would); ``lease`` (the default) is the mode
+the leader would record anyway. The ``kcl`` baseline is unaffected (KCL has only ``lease``).
+
+Scenarios (each ``--trials`` times in a running fleet, waiting for a steady fleet in between):
 
 * ``kill``   SIGKILL a worker holding ≥ 1 shard, then start a replacement with a fresh id;
 * ``term``   SIGTERM a worker (it must exit 0 within 30 s), then start a replacement;
@@ -24,10 +29,11 @@ timeout 60 s). Scenarios (each ``--trials`` times in a running fleet, waiting fo
 * ``lambda-kill`` / ``lambda-term``: kill / term with the leader on the 1-minute schedule, the signals spread over
   the minute.
 
-Prints a table (gaps median / p90 / max, timeouts, records lost and duplicated by reason, kcl ÷ ours), the
+Prints a table (mode, gaps median / p90 / max, timeouts, records lost and duplicated by reason, kcl ÷ ours), the
 machine load and the duration; the last line sums up ``ours`` with the ``cli`` host (lost and duplicates over its
-whole fleet, start-up and drain included). Exits 1 if a record was lost. A wait that times out (gap timeout 120 s,
-200 s with the lambda host) counts as a gap of the timeout, flagged.
+whole fleet, start-up and drain included; ``(worker mode)`` after ``failover p90/max s`` in that mode). Exits 1
+if a record was lost. A wait that times out (gap timeout 120 s, 200 s with the lambda host) counts as a gap of the
+timeout, flagged.
 """
 
 from __future__ import annotations
@@ -64,6 +70,21 @@ from failover_support.report import (
 from kcl_baseline import KCL_ENV  # KCL's timings and behaviour, for every process of the `kcl` configuration
 
 CONFIG_ENV: dict[str, dict[str, str]] = {"ours": {}, "kcl": KCL_ENV}
+LIVENESS_MODES = ("lease", "worker")
+
+
+def config_env(config: str, liveness: str) -> dict[str, str]:
+    """The SHARDLEASE_* settings of every process of ``config``; ``ours`` runs in the chosen liveness mode."""
+    if config != "ours":
+        return dict(CONFIG_ENV[config])
+    return {**CONFIG_ENV[config], "SHARDLEASE_LIVENESS_MODE": liveness}
+
+
+def liveness_of(config: str, liveness: str) -> str:
+    """The liveness mode a fleet of ``config`` runs in (the KCL baseline renews every lease: ``lease``)."""
+    return liveness if config == "ours" else "lease"
+
+
 LAMBDA_TIMEOUT_S = {"ours": 80.0, "kcl": 60.0}
 
 CLI_SCENARIOS = ("kill", "term", "deploy", "leader", "stop")
@@ -226,6 +247,7 @@ class Trials:
                 Gap(
                     config=self.config,
                     host=self.host,
+                    liveness=self.fleet.spec.liveness,
                     scenario=result.scenario,
                     trial=trial,
                     shard=shard,
@@ -269,7 +291,9 @@ class Trials:
     # --- scenarios -----------------------------------------------------------------------------------------
 
     def run(self, scenario: str) -> ScenarioResult:
-        result = ScenarioResult(config=self.config, host=self.host, scenario=scenario, start=time.time())
+        result = ScenarioResult(
+            config=self.config, host=self.host, scenario=scenario, liveness=self.fleet.spec.liveness, start=time.time()
+        )
         self.results.append(result)
         offsets = [(i + self.rng.random()) * LAMBDA_PERIOD_S / self.trials for i in range(self.trials)]
         self.rng.shuffle(offsets)
@@ -368,6 +392,7 @@ class Trials:
                 Gap(
                     config=self.config,
                     host=self.host,
+                    liveness=self.fleet.spec.liveness,
                     scenario="deploy",
                     trial=trial,
                     shard=shard,
@@ -492,6 +517,7 @@ class FleetOutcome:
     config: str
     host: str
     results: list[ScenarioResult]
+    liveness: str = "lease"
     lost: int = 0
     lost_ids: list[str] = field(default_factory=list)
     duplicates: Counter[str] = field(default_factory=Counter)
@@ -506,7 +532,14 @@ def run_fleet(
 ) -> None:
     """Run one fleet's scenarios; ``outcome`` fills in as trials finish (partial figures survive an interrupt)."""
     config, host = outcome.config, outcome.host
-    spec = FleetSpec(config=config, host=host, env=CONFIG_ENV[config], lambda_timeout_s=LAMBDA_TIMEOUT_S[config])
+    spec = FleetSpec(
+        config=config,
+        host=host,
+        env=config_env(config, outcome.liveness),
+        lambda_timeout_s=LAMBDA_TIMEOUT_S[config],
+        liveness=outcome.liveness,
+        record_liveness=config == "ours",
+    )
     fleet = Fleet(spec, workdir, say)
     try:
         fleet.start()
@@ -515,6 +548,8 @@ def run_fleet(
         if not runner.wait_steady(START_TIMEOUT_S):
             raise RuntimeError(f"the fleet did not serve every shard within {START_TIMEOUT_S:.0f} s of its start")
         say(f"  steady after {time.monotonic() - started:.0f} s")
+        if spec.record_liveness:
+            check_liveness(fleet, outcome, say)
         for scenario in scenarios:
             say(f"  {scenario}:")
             runner.run(scenario)
@@ -556,6 +591,21 @@ def run_fleet(
         fleet.close()
 
 
+def check_liveness(fleet: Fleet, outcome: FleetOutcome, say: Say) -> None:
+    """Say which liveness mode the application and each worker run in (the figures are only worth their mode):
+    a worker whose beat says another mode than the fleet's is noted."""
+    stored = fleet.stored_liveness()
+    said = fleet.worker_liveness()
+    counts = Counter(said.values())
+    described = ", ".join(f"{n} in {mode}" for mode, n in sorted(counts.items())) or "none heartbeating"
+    say(f"  liveness mode stored: {stored}; workers: {described}")
+    if stored != outcome.liveness:
+        outcome.notes.append(f"the stored liveness mode is {stored!r}, not {outcome.liveness!r}")
+    others = sorted(w for w, mode in said.items() if mode != outcome.liveness)
+    if others:
+        outcome.notes.append(f"workers not in {outcome.liveness} mode once steady: {', '.join(others)}")
+
+
 # --- main ------------------------------------------------------------------------------------------------------
 
 
@@ -575,6 +625,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--scenarios", default=",".join(ALL_SCENARIOS), type=lambda t: _csv(t, ALL_SCENARIOS, "scenario")
     )
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument(
+        "--liveness",
+        choices=LIVENESS_MODES,
+        default="lease",
+        help="liveness mode of every process of the ours configuration (default lease; kcl is unaffected)",
+    )
     parser.add_argument(
         "--baseline-trials",
         type=int,
@@ -637,7 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     described = ", ".join(f"{c}/{h} [{' '.join(s)}]" for c, h, s in fleets)
     say(
         f"failover benchmark: {len(fleets)} fleet(s) {described}, trials ours {trials['ours']} / kcl "
-        f"{trials['kcl']} per scenario, seed {args.seed}; estimated {estimate / 60:.0f} min"
+        f"{trials['kcl']} per scenario, ours in liveness mode {args.liveness}, seed {args.seed}; estimated "
+        f"{estimate / 60:.0f} min"
     )
     if inherited:
         say(f"  ignoring inherited {', '.join(inherited)} (children get only the benchmark's settings)")
@@ -650,9 +707,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             workdir = (root / f"{config}-{host}") if root else Path(tempfile.mkdtemp(prefix=f"failover-{config}-"))
             workdir.mkdir(parents=True, exist_ok=True)
             rng = random.Random(f"{args.seed}:{config}:{host}")
-            say(f"fleet {index + 1}/{len(fleets)}: {config} config, {host} leader host")
+            liveness = liveness_of(config, args.liveness)
+            say(f"fleet {index + 1}/{len(fleets)}: {config} config, {host} leader host, liveness mode {liveness}")
             try:
-                outcome = FleetOutcome(config=config, host=host, results=[])
+                outcome = FleetOutcome(config=config, host=host, results=[], liveness=liveness)
                 outcomes.append(outcome)
                 run_fleet(outcome, scenarios=scenarios, trials=trials[config], rng=rng, workdir=workdir, say=say)
             finally:
@@ -673,7 +731,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in table(results):
         print(line)
     for o in outcomes:
-        print(f"\n{o.config}/{o.host}: produced {o.produced}, processed {o.processed} (with repeats), lost {o.lost}")
+        print(
+            f"\n{o.config}/{o.host} ({o.liveness} mode): produced {o.produced}, processed {o.processed} "
+            f"(with repeats), lost {o.lost}"
+        )
         if o.lost_ids:
             print(f"  lost ids, e.g. {', '.join(o.lost_ids[:10])}")
         for reason, count in sorted(o.duplicates.items()):
@@ -706,6 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {
         "argv": sys.argv[1:],
         "seed": args.seed,
+        "liveness": args.liveness,
         "trials": trials,
         "kcl_env": KCL_ENV,
         "lambda_timeout_s": LAMBDA_TIMEOUT_S,
@@ -714,7 +776,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "duration_s": round(duration, 1),
         "cpus": os.cpu_count(),
         "fleets": [
-            {"config": o.config, "host": o.host, "produced": o.produced, "lost": o.lost, "notes": o.notes}
+            {
+                "config": o.config,
+                "host": o.host,
+                "liveness": o.liveness,
+                "produced": o.produced,
+                "lost": o.lost,
+                "notes": o.notes,
+            }
             for o in outcomes
         ],
     }
@@ -734,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours_cli = [o for o in outcomes if o.config == "ours" and o.host == "cli"]
     lost_total = sum(o.lost for o in ours_cli)
     duplicates_total = sum(sum(o.duplicates.values()) for o in ours_cli)
-    print(final_line(results, lost_total, duplicates_total))
+    print(final_line(results, lost_total, duplicates_total, liveness=args.liveness))
     if any(o.lost for o in outcomes):
         return 1
     return code

@@ -18,11 +18,14 @@ from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
+from worker_lib.leader.state_store import CoordinatorStateStore
+from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name
-from worker_lib.testing.commands import leader_command, worker_command
+from worker_lib.testing.commands import leader_command, shardlease_command, worker_command
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 from .journal import JournalTail
 from .processor import JOURNAL_DIR_ENV, SPEC, WORKER_ID_ENV
@@ -171,13 +174,15 @@ class FleetSpec:
     lambda_timeout_s: float
     workers: int = 4
     shards: int = 8
+    liveness: str = "lease"  # the application's liveness mode (docs/liveness-modes.md)
+    record_liveness: bool = False  # record it with `shardlease liveness --set` before any process starts
 
 
 class Fleet:
     def __init__(self, spec: FleetSpec, workdir: Path, say: Say) -> None:
         self.spec, self.workdir, self.say = spec, workdir, say
         stamp = f"{os.getpid()}-{int(time.time()) % 100000}"
-        self.app = f"failover-{spec.config}-{spec.host}-{stamp}"
+        self.app = f"failover-{spec.config}-{spec.liveness}-{spec.host}-{stamp}"
         self.stream = f"{self.app}-stream"
         self.journal_dir = workdir / "journal"
         self.journal_dir.mkdir(parents=True, exist_ok=True)
@@ -223,11 +228,26 @@ class Fleet:
             f"  emulators moto pid {self.moto.pid}, kinesalite pid {self.kinesalite.pid}; app {self.app}, "
             f"{len(self.shard_ids)} shards"
         )
+        if self.spec.record_liveness:
+            self.record_liveness()
         self.producer = Producer(self.kinesis, self.stream, shards)
         self.producer.start()
         self.start_leader()
         for _ in range(self.spec.workers):
             self.start_worker()
+
+    def record_liveness(self) -> None:
+        """``shardlease liveness --set MODE`` on the fresh application, as an operator would before the first
+        deploy: without it, workers that start before the leader's first run records the mode would renew (run in
+        ``lease`` mode) until their next re-read of the mode, a minute later."""
+        assert self.moto is not None
+        argv = shardlease_command(
+            "liveness", "--app", self.app, "--set", self.spec.liveness, "--endpoint-url", self.moto.endpoint_url
+        )
+        done = subprocess.run(argv, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"shardlease liveness --set {self.spec.liveness} failed: {done.stderr.strip()}")
+        self.say(f"  liveness mode recorded: {self.spec.liveness}")
 
     def _spawn(self, role: str, name: str, argv: list[str], env: Mapping[str, str]) -> Proc:
         log_path = self.workdir / f"{name}.log"
@@ -333,6 +353,21 @@ class Fleet:
             return None
         owner = item.get("ownerName", {}).get("S")
         return str(owner) if owner else None
+
+    def stored_liveness(self) -> str | None:
+        """The application's stored liveness mode (with its target during a switch); ``None``: none recorded."""
+        stored = LivenessModeStore(CoordinatorStateStore(self.app, client=self.ddb)).read()
+        return None if stored is None else stored.describe()
+
+    def worker_liveness(self) -> dict[str, str]:
+        """Worker id -> the liveness mode its last beat said (``lvm``; ``lease`` when absent) for live workers."""
+        names = {p.name for p in self.workers()}
+        rows = WorkerMetricsStore(self.app, client=self.ddb).list_all(consistent=True)
+        return {
+            row.worker_id: row.heartbeat.liveness or "lease"
+            for row in rows
+            if row.worker_id in names and row.heartbeat is not None
+        }
 
     def invocation_starts(self) -> list[float]:
         """Wall times at which the Lambda runner started invocations (lambda host)."""

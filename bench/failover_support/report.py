@@ -45,6 +45,7 @@ class Gap:
     signal_wall: float
     resumed_by: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    liveness: str = "lease"  # the fleet's liveness mode (docs/liveness-modes.md)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class ScenarioResult:
     config: str
     host: str
     scenario: str
+    liveness: str = "lease"
     start: float = 0.0
     end: float = 0.0
     gaps: list[Gap] = field(default_factory=list)
@@ -176,7 +178,7 @@ def _ratio(a: float, b: float) -> str:
 def table(results: Sequence[ScenarioResult]) -> list[str]:
     by_key = {r.key: r for r in results}
     header = (
-        f"{'config':<6} {'host':<6} {'scenario':<12} {'gaps':>4} {'median':>7} {'p90':>7} {'max':>7} "
+        f"{'config':<6} {'host':<6} {'mode':<6} {'scenario':<12} {'gaps':>4} {'median':>7} {'p90':>7} {'max':>7} "
         f"{'t/o':>4} {'target':>6} {'lost':>5} {'dups':>5}  {'dup reasons (killed/stopped, moved, same)':<42} "
         f"kcl÷ours p90 / max"
     )
@@ -192,21 +194,26 @@ def table(results: Sequence[ScenarioResult]) -> list[str]:
             k = stats(kcl.gaps)
             ratio = f"{_ratio(k.p90, s.p90)} / {_ratio(k.max, s.max)}"
         lines.append(
-            f"{r.config:<6} {r.host:<6} {r.scenario:<12} {s.n:>4} {_fmt(s.median):>7} {_fmt(s.p90):>7} "
+            f"{r.config:<6} {r.host:<6} {r.liveness:<6} {r.scenario:<12} {s.n:>4} {_fmt(s.median):>7} {_fmt(s.p90):>7} "
             f"{_fmt(s.max):>7} {s.timeouts:>4} {TARGETS_S.get(r.scenario, math.nan):>6.0f} {r.lost:>5} "
             f"{sum(r.duplicates.values()):>5}  {reasons:<42} {ratio}"
         )
     return lines
 
 
-def final_line(results: Sequence[ScenarioResult], lost_total: int, duplicates_total: int) -> str:
+def final_line(
+    results: Sequence[ScenarioResult], lost_total: int, duplicates_total: int, *, liveness: str = "lease"
+) -> str:
+    """The run in one line (``ours`` on the ``cli`` host); the mode is named when it is not the default ``lease``,
+    so that a lease-mode line reads as it always did."""
     by_key = {r.key: r for r in results}
     parts = []
     for scenario in ("kill", "term", "deploy", "leader"):
         r = by_key.get(("ours", "cli", scenario))
         s = stats(r.gaps) if r is not None else None
         parts.append(f"{scenario} {_fmt(s.p90) if s else '-'}/{_fmt(s.max) if s else '-'}")
-    return f"failover p90/max s: {', '.join(parts)}; lost {lost_total}, duplicates {duplicates_total}"
+    mode = "" if liveness == "lease" else f" ({liveness} mode)"
+    return f"failover p90/max s{mode}: {', '.join(parts)}; lost {lost_total}, duplicates {duplicates_total}"
 
 
 def dump_json(path: Path, results: Sequence[ScenarioResult], meta: Mapping[str, Any]) -> None:
@@ -217,6 +224,7 @@ def dump_json(path: Path, results: Sequence[ScenarioResult], meta: Mapping[str, 
                 "config": r.config,
                 "host": r.host,
                 "scenario": r.scenario,
+                "liveness": r.liveness,
                 **asdict(stats(r.gaps)),
                 "target_s": TARGETS_S.get(r.scenario),
                 "lost": r.lost,
@@ -274,7 +282,7 @@ def plot_cdf(path: Path, results: Sequence[ScenarioResult]) -> str | None:
                 [0.0, *fractions],
                 where="post",
                 color=styles.get(r.config),
-                label=f"{r.config} ({r.host}, n={len(values)})",
+                label=f"{r.config} ({r.host}, {r.liveness} mode, n={len(values)})",
             )
             timed_out = sorted(g.seconds for g in r.gaps if g.timed_out)
             if timed_out:
