@@ -1,10 +1,10 @@
 """Measure the DynamoDB calls and request units of both liveness modes, for the cost model in docs/deploy.md §5.
 
-For each configuration (``--liveness lease|worker|both``, default both; ``--configs kcl`` adds the KCL-timings
-baseline), run one after the other on one moto server at production timings, each on its own application: W
-in-process workers (``--workers``, 2) holding the L leases of an L-shard stream (``--shards``, 8), and the leader
-through the real Lambda handler, one invocation started every 60 s in its own thread as EventBridge would
-(``lease``/``worker``: 80 s budget, 65 s term, so consecutive invocations overlap and hand over; ``kcl``: 60 s
+For each configuration (``--liveness lease|worker|both`` or ``lease,worker``, default both; ``--configs kcl`` adds
+the KCL-timings baseline), run one after the other on one moto server at production timings, each on its own
+application: W in-process workers (``--workers``, 2) holding the L leases of an L-shard stream (``--shards``, 8),
+and the leader through the real Lambda handler, one invocation started every 60 s in its own thread as EventBridge
+would (``lease``/``worker``: 80 s budget, 65 s term, so consecutive invocations overlap and hand over; ``kcl``: 60 s
 budget, 50 s term). Configurations:
 
 * ``lease`` — liveness mode ``lease``, the code's defaults (``SHARDLEASE_LIVENESS_MODE=lease``): every held lease
@@ -1361,11 +1361,17 @@ def dump_json(
 
 
 def chosen_configs(liveness: str | None, configs: str | None) -> list[str]:
-    """``--liveness`` (lease, worker or both) and ``--configs`` (lease, worker, kcl; ``ours`` = lease) together;
-    neither given: both modes. In measuring order: lease, worker, kcl."""
+    """``--liveness`` (lease, worker, both or lease,worker) and ``--configs`` (lease, worker, kcl; ``ours`` = lease)
+    together; neither given: both modes. In measuring order: lease, worker, kcl."""
     chosen: set[str] = set()
-    if liveness is not None:
-        chosen |= {"lease", "worker"} if liveness == "both" else {liveness}
+    for given in (liveness or "").replace("|", ",").split(","):
+        mode = given.strip()
+        if mode == "both":
+            chosen |= {"lease", "worker"}
+        elif mode in ("lease", "worker"):
+            chosen.add(mode)
+        elif mode:
+            raise ValueError(f"unknown liveness mode {mode!r}: use lease, worker, both (or lease,worker)")
     for given in (configs or "").split(","):
         name = CONFIG_ALIASES.get(given.strip(), given.strip())
         if name:
@@ -1381,8 +1387,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--liveness",
-        choices=("lease", "worker", "both"),
-        help="the liveness mode(s) to measure, side by side in one run (default: both, unless --configs names some)",
+        help=(
+            "the liveness mode(s) to measure, side by side in one run: lease, worker, both (= lease,worker; the "
+            "default unless --configs names some)"
+        ),
     )
     parser.add_argument(
         "--configs", help="comma-separated, added to --liveness: lease, worker, kcl (KCL timings, lease mode)"
