@@ -217,8 +217,9 @@ def test_throughput_is_written_only_when_it_changed_and_without_moving_the_count
         assert current is not None and current.lease_counter == counter  # never a renewal
         return written, current.throughput_kbps
 
-    # WHEN nothing is known yet THEN nothing is written
+    # WHEN nothing is known yet, or a lease with nothing stored carries nothing THEN nothing is written
     assert refresh(None) == (0, None)
+    assert refresh(0.0) == (0, None)
     # WHEN a first value is known THEN it is written
     assert refresh(120.0) == (1, 120.0)
     # WHEN it moves by less than a fifth THEN nothing is written

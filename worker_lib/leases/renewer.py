@@ -216,9 +216,8 @@ class LeaseHolder:
                 continue
             value = self._throughput(lease_key)
             stored = entry.lease.throughput_kbps
-            if value is None or (
-                stored is not None and abs(value - stored) <= max(min_kbps, min_change * max(stored, value))
-            ):
+            baseline = 0.0 if stored is None else stored  # nothing stored and nothing flowing is not worth a write
+            if value is None or abs(value - baseline) <= max(min_kbps, min_change * max(baseline, value)):
                 continue
             with entry.lock:
                 if entry.lost:
