@@ -1,12 +1,17 @@
-"""Shared rig for the in-process chaos tests: two Workers with embedded leaders on moto, a 2-shard stream."""
+"""Shared rig for the in-process chaos tests: two Workers with embedded leaders on moto, a 2-shard stream, in the
+liveness mode the test asks for (``@pytest.mark.parametrize("rig", LIVENESS_MODES, indirect=True)``; ``lease`` when
+it does not ask)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.chaos import ChaosProcessor
+from tests.support.processes import liveness_env, shardlease_liveness
 from tests.support.recording import Journal, RecordingProcessor
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
@@ -39,26 +44,34 @@ def put(kinesis: Any, stream: str, start: int, count: int) -> list[bytes]:
 
 
 class Rig:
-    """Two in-process workers (embedded leaders) sharing one DynamoDB and one Kinesis client, a 2-shard stream."""
+    """Two in-process workers (embedded leaders) sharing one DynamoDB and one Kinesis client, a 2-shard stream.
 
-    def __init__(self, ddb: Any, kinesis: Any, app: str) -> None:
-        self.ddb, self.kinesis, self.app = ddb, kinesis, app
+    ``liveness``: the application's mode, recorded before the workers start (``shardlease liveness --set``), as
+    every worker and embedded leader is configured. ``discovery_interval_ms``: the workers' index query (200 ms:
+    new leases are found at once even without the leader's notice; ``None``: the production default)."""
+
+    def __init__(self, ddb: Any, kinesis: Any, app: str, endpoint: str, *, liveness: str = "lease") -> None:
+        self.ddb, self.kinesis, self.app, self.endpoint, self.liveness = ddb, kinesis, app, endpoint, liveness
         self.consumer = ConsumerConfig()
         self.processor: Callable[[Journal], RecordProcessor] = RecordingProcessor
+        self.discovery_interval_ms: int | None = 200
+        self.chaos_journal: Path | None = None  # set: every worker journals with the chaos processor, tagged 1, 2
         self.stream = f"{app}-s"
         self.journal = Journal()
         self.workers: list[Worker] = []
         create_stream(kinesis, self.stream, 2)
 
     def start(self) -> None:
+        if self.liveness != "lease":  # lease is what the first leader records anyway
+            shardlease_liveness(self.app, self.endpoint, target=self.liveness)
         for name in ("w1", "w2"):
             config = WorkerConfig(
                 app=self.app,
                 stream=self.stream,
                 worker_id=name,
-                lease=LeaseConfig(failover_time_ms=FAILOVER_MS),
+                lease=LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=self.liveness),
                 retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-                discovery_interval_ms=200,
+                discovery_interval_ms=self.discovery_interval_ms,
                 shutdown_timeout_ms=10_000,
                 leader_mode="embedded",
                 consumer=self.consumer,
@@ -66,9 +79,15 @@ class Rig:
                     sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200
                 ),
             )
-            worker = Worker(config, lambda: self.processor(self.journal), dynamodb=self.ddb, kinesis=self.kinesis)
+            worker = Worker(config, self._factory(len(self.workers) + 1), dynamodb=self.ddb, kinesis=self.kinesis)
             self.workers.append(worker)
             worker.start()
+
+    def _factory(self, tag: int) -> Callable[[], RecordProcessor]:
+        journal = self.chaos_journal
+        if journal is not None:
+            return lambda: ChaosProcessor(str(journal), tag=tag)
+        return lambda: self.processor(self.journal)
 
     def processed(self) -> list[bytes]:
         return self.journal.datas()
@@ -79,13 +98,16 @@ class Rig:
 
 
 @pytest.fixture
-def rig(moto_endpoint: str, app_name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    for name, value in LEADER_ENV.items():
-        monkeypatch.setenv(name, value)  # the embedded leader reads its timings from the environment
+def rig(
+    moto_endpoint: str, app_name: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Rig]:
+    liveness = str(getattr(request, "param", "lease"))
+    for name, value in {**LEADER_ENV, **liveness_env(liveness)}.items():
+        monkeypatch.setenv(name, value)  # the embedded leader reads its timings and mode from the environment
     cfg = AwsConfig(endpoint_url=moto_endpoint, max_attempts=3, connect_timeout_s=2, read_timeout_s=10)
     ddb = aws.client("dynamodb", cfg)
     ensure_tables(app_name, ddb)
-    made = Rig(ddb, aws.client("kinesis", cfg), app_name)
+    made = Rig(ddb, aws.client("kinesis", cfg), app_name, moto_endpoint, liveness=liveness)
     try:
         yield made
     finally:

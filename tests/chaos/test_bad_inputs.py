@@ -1,6 +1,7 @@
 """Bad inputs while the system runs: corrupt and foreign lease-table items, a processor that raises (policy
-skip, policy stop with a transient failure), a 1 MiB record, invalid configuration values for `shardlease worker`;
-and bad command lines (an invalid region, out-of-range demo sizes, non-finite durations, a closed stdout).
+skip, policy stop with a transient failure), a 1 MiB record, invalid configuration values for `shardlease worker`,
+a process configured for the other liveness mode than the application's; and bad command lines (an invalid region,
+out-of-range demo sizes, non-finite durations, a closed stdout).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from tests.chaos.conftest import Rig, put
 from tests.support.chaos import wait_for
-from tests.support.processes import REPO
+from tests.support.processes import REPO, shardlease_liveness
 from tests.support.recording import RecordingProcessor
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
@@ -23,6 +24,7 @@ from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy
 from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import lease_table_name
+from worker_lib.testing.streams import create_stream
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kcl3_lease_items.json"
 
@@ -174,6 +176,30 @@ def test_an_invalid_leader_value_is_one_line_and_exit_2(name: str, value: str, f
     args = ["leader", "--app", "app-x", "--stream", "s", "--once", "--endpoint-url", "http://127.0.0.1:9"]
     # THEN it exits 2 before any I/O with exactly one line naming the problem, no traceback
     assert_one_line_usage_error(args, name, value, fragment)
+
+
+@pytest.mark.parametrize("role", ["worker", "leader"])
+@pytest.mark.parametrize(("configured", "stored"), [("lease", "worker"), ("worker", "lease")])
+def test_a_process_configured_for_the_other_liveness_mode_refuses_to_start_with_one_line(
+    moto_aws: AwsConfig, moto_endpoint: str, app_name: str, *, role: str, configured: str, stored: str
+) -> None:
+    # GIVEN an application whose liveness mode is recorded as `stored` (tables and stream exist)
+    ensure_tables(app_name, aws.client("dynamodb", moto_aws))
+    create_stream(aws.client("kinesis", moto_aws), f"{app_name}-s", 1)
+    shardlease_liveness(app_name, moto_endpoint, target=stored)
+    # WHEN a worker (or leader) configured for the other mode starts
+    args = [role, "--app", app_name, "--stream", f"{app_name}-s", "--endpoint-url", moto_endpoint]
+    args += ["--processor", "tests.support.chaos:ChaosProcessor"] if role == "worker" else ["--once"]
+    result = run_cli(args, SHARDLEASE_LIVENESS_MODE=configured, SHARDLEASE_CHAOS_JOURNAL=os.devnull)
+    # THEN it exits non-zero (2: a configuration error) with exactly one line naming both modes, no traceback
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"configured for liveness mode {configured!r}" in lines[0], lines[0]
+    assert f"the application runs in {stored!r}" in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    # AND the stored mode is left as it was
+    assert shardlease_liveness(app_name, moto_endpoint)["mode"] == stored
 
 
 def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:

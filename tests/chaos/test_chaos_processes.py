@@ -5,9 +5,14 @@ longer than the lease duration followed by SIGCONT — the resumed worker journa
 process took, and no checkpoint moves backwards. Scenario B (kinesalite for Kinesis, moto for DynamoDB): a split
 and a merge while producing, with a random SIGKILL in between in longer runs.
 
-Invariants (tests/support/chaos.py, ``check_journal``): nothing lost; duplicates only after an abnormal ownership
-change and only past the new session's start checkpoint; per-session order; children after their parents'
-END; overlap of two processes on one shard within the lease bound.
+Both scenarios run in each liveness mode (docs/liveness-modes.md): ``lease`` (every lease renewed) and ``worker``
+(the heartbeat alone proves a worker alive; the frozen worker's shards move once its heartbeat stood still for the
+failover time, and on waking its first heartbeat reply comes after its fence ran out). The mode is recorded with
+``shardlease liveness --set`` before the first process starts, and every process is configured for it.
+
+Invariants (tests/support/chaos.py, ``check_journal``), the same in both modes: nothing lost; duplicates only after
+an abnormal ownership change and only past the new session's start checkpoint; per-session order; nothing after a
+session's LOST; children after their parents' END; overlap of two processes on one shard within the lease bound.
 
     SHARDLEASE_CHAOS_SEED=7 SHARDLEASE_CHAOS_ROUNDS=20 .venv/bin/pytest tests/chaos -s   # the longer run
 
@@ -36,14 +41,22 @@ from tests.support.chaos import (
     read_lines,
     record_figures,
     wait_for,
+    worker_liveness,
 )
-from tests.support.processes import ProcessGroup, process_group
+from tests.support.processes import (
+    LIVENESS_MODES,
+    ProcessGroup,
+    liveness_env,
+    process_group,
+    shardlease_liveness,
+)
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 LEASE_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
 ROUNDS = chaos_rounds()
@@ -52,8 +65,9 @@ SEED = chaos_seed()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 90 * ROUNDS)]
 
 
-def worker_env(journal: Path) -> dict[str, str]:
+def worker_env(journal: Path, liveness: str) -> dict[str, str]:
     return {
+        **liveness_env(liveness),
         "SHARDLEASE_CHAOS_JOURNAL": str(journal),
         "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
         "SHARDLEASE_LEADER_MODE": "embedded",
@@ -168,6 +182,11 @@ class Fleet:
         return codes
 
 
+def in_mode(rows: WorkerMetricsStore, fleet: Fleet, liveness: str) -> bool:
+    """Every live worker's beat says it runs in ``liveness`` (the scenario tests the mode it claims to)."""
+    return set(worker_liveness(rows, fleet.live).values()) == {liveness}
+
+
 def _rewound(old: Lease, new: Lease) -> bool:
     a, b = old.checkpoint, new.checkpoint
     if a.sequence.isdigit() and b.sequence.isdigit():
@@ -197,10 +216,12 @@ def moto_setup(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any, DynamoDBLe
     return ddb, aws.client("kinesis", moto_aws), DynamoDBLeaseStore(app_name, client=ddb)
 
 
+@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path
+    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
 ) -> None:
-    _, kinesis, store = moto_setup
+    ddb, kinesis, store = moto_setup
+    rows = WorkerMetricsStore(app_name, client=ddb)
     rng = random.Random(SEED)
     stream = f"{app_name}-s"
     create_stream(kinesis, stream, 4)
@@ -212,12 +233,15 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
     stops: list[float | None] = []
     problems: list[str] = []
     with process_group(tmp_path) as group:
-        fleet = Fleet(group, args, worker_env(journal), journal)
-        # GIVEN 3 workers with embedded leaders sharing 4 shards while a producer writes 100 records/s
+        fleet = Fleet(group, args, worker_env(journal, liveness), journal)
+        # GIVEN an application in liveness mode `liveness`, and 3 workers with embedded leaders sharing 4 shards
+        # while a producer writes 100 records/s
+        shardlease_liveness(app_name, moto_endpoint, target=liveness)
         for worker_id in ("w1", "w2", "w3"):
             fleet.start(worker_id)
         with Producer(kinesis, stream) as producer:
             assert wait_for(lambda: len({x.shard for x in fleet.lines() if x.kind == "REC"}) == 4, timeout_s=60)
+            assert wait_for(lambda: in_mode(rows, fleet, liveness), timeout_s=10), worker_liveness(rows, fleet.live)
             # WHEN, round after round, a random busy worker is SIGKILLed and restarted, and another is frozen
             # with SIGSTOP past its lease duration and then resumed (order and victims from the seed)
             for _ in range(ROUNDS):
@@ -251,6 +275,7 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
     record_figures(
         "processes-moto",
         {
+            "liveness": liveness,
             "seed": SEED,
             "rounds": ROUNDS,
             "sigkill": len(kills),
@@ -270,29 +295,34 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
 
 
 @pytest.mark.kinesalite
-def test_split_and_merge_while_producing_with_worker_processes(
-    kinesalite_endpoint: str, moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
+@pytest.mark.parametrize("liveness", LIVENESS_MODES)
+def test_split_and_merge_while_producing_with_worker_processes(  # noqa: PLR0917 - pytest passes them positionally
+    kinesalite_endpoint: str, moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
 ) -> None:
     rng = random.Random(SEED + 1)
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     store = DynamoDBLeaseStore(app_name, client=ddb)
+    rows = WorkerMetricsStore(app_name, client=ddb)
     kinesis = aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=3))
     stream = f"{app_name}-s"
     create_stream(kinesis, stream, 3)
     journal = tmp_path / "journal.txt"
     journal.touch()
     args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
-    env = {**worker_env(journal), "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint}
+    env = {**worker_env(journal, liveness), "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint}
     started = time.monotonic()
     kills: list[float | None] = []
     with process_group(tmp_path) as group:
         fleet = Fleet(group, args, env, journal)
-        # GIVEN 3 worker processes (Kinesis on kinesalite, leases on moto) and a steady producer
+        # GIVEN an application in liveness mode `liveness`, 3 worker processes (Kinesis on kinesalite, leases on
+        # moto) and a steady producer
+        shardlease_liveness(app_name, moto_endpoint, target=liveness)
         for worker_id in ("w1", "w2", "w3"):
             fleet.start(worker_id)
         with Producer(kinesis, stream) as producer:
             assert wait_for(lambda: len({x.shard for x in fleet.lines() if x.kind == "REC"}) == 3, timeout_s=60)
+            assert wait_for(lambda: in_mode(rows, fleet, liveness), timeout_s=10), worker_liveness(rows, fleet.live)
             for _ in range(ROUNDS):
                 shards = [
                     s
@@ -332,6 +362,7 @@ def test_split_and_merge_while_producing_with_worker_processes(
     record_figures(
         "reshard-kinesalite",
         {
+            "liveness": liveness,
             "seed": SEED,
             "rounds": ROUNDS,
             "splits": ROUNDS,

@@ -9,8 +9,9 @@ arrive by the leader's notice; the index query is only a safety net), so every h
 the notice path.
 
 1. A worker announces its shutdown (SIGTERM) and then hangs in ``shutdown_requested``: it says DEPARTING and keeps
-   beating and renewing what it holds; the leader gives it nothing while it hangs (not a dead worker's leases), and
-   when its shutdown timeout runs out it fences itself, says STOPPED, and its shards move at once.
+   beating and (in ``lease`` mode) renewing what it holds; the leader gives it nothing while it hangs (not a dead
+   worker's leases), and when its shutdown timeout runs out it fences itself, says STOPPED, and its shards move at
+   once.
 2. A leader SIGKILLed between two fast ticks and replaced at once, with a worker SIGKILLed at the same moment: the
    worker's shards are served again within lock duration + failover + a margin. Then the next leader is killed and
    replaced, and a worker killed under the new one: its fast path moves the shards within failover + a tick or two,
@@ -20,6 +21,11 @@ the notice path.
    (doubling up to the cycle interval, far fewer reads than ticks), and reads again once the throttling ends.
    3b: with the production retry budget, one throttled fast read must not hold the leader loop longer than its
    lock is valid (the read is bounded; the lock never lapses).
+
+Scenarios 1–3 run in each liveness mode (docs/liveness-modes.md), with the same invariants and bounds: ``lease``
+(every lease renewed, the heartbeat beside it) and ``worker`` (the heartbeat alone keeps a worker's leases; the
+leader judges heartbeating owners per owner). The mode is recorded with ``shardlease liveness --set`` before the first
+process starts, every process is configured for it, and each scenario checks that the workers say they run in it.
 
     SHARDLEASE_CHAOS_SEED=7 .venv/bin/pytest tests/chaos/test_handover_chaos.py -s   # another seed; figures printed
 """
@@ -44,6 +50,7 @@ from tests.support.chaos import (
     read_lines,
     record_figures,
     wait_for,
+    worker_liveness,
 )
 from tests.support.handover import (
     HANG_ENV,
@@ -55,7 +62,7 @@ from tests.support.handover import (
     holding,
     throttle_worker_rows_scans,
 )
-from tests.support.processes import process_group
+from tests.support.processes import LIVENESS_MODES, liveness_env, process_group, shardlease_liveness
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerState
@@ -81,8 +88,9 @@ SHUTDOWN_TIMEOUT_S = 25.0  # w1 hangs in shutdown_requested; it fences itself wh
 pytestmark = [pytest.mark.slow]
 
 
-def env_for(journal: Path, *, cycle_ms: int) -> dict[str, str]:
+def env_for(journal: Path, *, cycle_ms: int, liveness: str) -> dict[str, str]:
     return {
+        **liveness_env(liveness),
         "SHARDLEASE_CHAOS_JOURNAL": str(journal),
         "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
         "SHARDLEASE_LEADER_LOCK_DURATION_MS": str(int(LOCK_S * 1000)),
@@ -106,17 +114,18 @@ def moto_setup(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any, DynamoDBLe
     return ddb, aws.client("kinesis", moto_aws), DynamoDBLeaseStore(app_name, client=ddb)
 
 
-def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str]) -> bool:
-    seen = {row.worker_id for row in rows.list_all(consistent=True) if row.heartbeat is not None}
-    return worker_ids <= seen
+def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) -> bool:
+    """Every one of ``worker_ids`` beats, and says it runs in ``liveness`` (the scenario tests the mode it claims)."""
+    return set(worker_liveness(rows, worker_ids).values()) == {liveness}
 
 
 # --- 1. a worker that announces its shutdown and then hangs -------------------------------------------------------
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path
+    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
 ) -> None:
     ddb, kinesis, store = moto_setup
     cycle_s = 4.0
@@ -129,8 +138,10 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
     started = time.monotonic()
     problems: list[str] = []
     with process_group(tmp_path) as group:
-        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000)), journal)
-        # GIVEN three workers (w1's processor hangs in shutdown_requested) and a leader process, 4 shards, a producer
+        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000), liveness=liveness), journal)
+        # GIVEN an application in liveness mode `liveness`, three workers (w1's processor hangs in
+        # shutdown_requested) and a leader process, 4 shards, a producer
+        shardlease_liveness(app_name, moto_endpoint, target=liveness)
         victim = fleet.start_worker(
             "w1",
             processor=HANGING_PROCESSOR,
@@ -138,7 +149,7 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
         )
         for worker_id in ("w2", "w3"):
             fleet.start_worker(worker_id, processor=HANGING_PROCESSOR)  # hang 0: the chaos processor
-        assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}), timeout_s=40)
+        assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
         fleet.start_leader("L1")
         with Producer(kinesis, stream) as producer, OwnerLog(store) as owners:
             assert wait_for(lambda: all_shards_processed(fleet.lines(), SHARDS), timeout_s=60)
@@ -201,6 +212,7 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
     record_figures(
         "handover-departing-hangs",
         {
+            "liveness": liveness,
             "seed": SEED,
             "cycle_s": cycle_s,
             "held_at_sigterm": len(held),
@@ -232,8 +244,9 @@ def _beats(rows: WorkerMetricsStore, worker_id: str) -> int:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path
+    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
 ) -> None:
     ddb, kinesis, _ = moto_setup
     rng = random.Random(SEED + 2)
@@ -247,12 +260,13 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
     args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
     started = time.monotonic()
     with process_group(tmp_path) as group:
-        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000)), journal)
-        # GIVEN three workers and a leader process L1 (started once the workers beat, so its first cycle deals
-        # all four shards), a producer
+        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000), liveness=liveness), journal)
+        # GIVEN an application in liveness mode `liveness`, three workers and a leader process L1 (started once the
+        # workers beat, so its first cycle deals all four shards), a producer
+        shardlease_liveness(app_name, moto_endpoint, target=liveness)
         for worker_id in ("w1", "w2", "w3"):
             fleet.start_worker(worker_id)
-        assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}), timeout_s=40)
+        assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
         fleet.start_leader("L1")
         with Producer(kinesis, stream) as producer:
             assert wait_for(lambda: all_shards_processed(fleet.lines(), SHARDS), timeout_s=60)
@@ -307,6 +321,7 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
     record_figures(
         "handover-leader-killed",
         {
+            "liveness": liveness,
             "seed": SEED,
             "cycle_s": cycle_s,
             "failover_leader_and_worker_killed_s": failover_a,
@@ -330,7 +345,7 @@ TEST_RETRY_BACKOFF_S = 3.0
 
 
 def in_process_leader(
-    app: str, stream: str, endpoint: str, kinesis: Any, *, max_attempts: int, cycle_s: float
+    app: str, stream: str, endpoint: str, kinesis: Any, *, max_attempts: int, cycle_s: float, liveness: str = "lease"
 ) -> InProcessLeader:
     return InProcessLeader(
         app=app,
@@ -343,12 +358,14 @@ def in_process_leader(
             lease_duration_ms=int(LOCK_S * 1000), heartbeat_interval_ms=1000, max_clock_skew_ms=int(SKEW_S * 1000)
         ),
         failover_ms=int(FAILOVER_S * 1000),
+        liveness=liveness,
     )
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path
+    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
 ) -> None:
     ddb, kinesis, _ = moto_setup
     rng = random.Random(SEED + 3)
@@ -360,18 +377,22 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     journal.touch()
     args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
     # The leader runs in this process, on its own client: that is where the throttling is injected.
-    leader = in_process_leader(app_name, stream, moto_endpoint, kinesis, max_attempts=2, cycle_s=cycle_s)
+    leader = in_process_leader(
+        app_name, stream, moto_endpoint, kinesis, max_attempts=2, cycle_s=cycle_s, liveness=liveness
+    )
     started = time.monotonic()
     with (
         process_group(tmp_path) as group,
         throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app_name), fast_only=True) as throttle,
     ):
-        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000)), journal)
+        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000), liveness=liveness), journal)
         try:
-            # GIVEN three workers, the leader in this process, 4 shards and a producer
+            # GIVEN an application in liveness mode `liveness`, three workers, the leader in this process, 4 shards
+            # and a producer
+            shardlease_liveness(app_name, moto_endpoint, target=liveness)
             for worker_id in ("w1", "w2", "w3"):
                 fleet.start_worker(worker_id)
-            assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}), timeout_s=40)
+            assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
             leader.start()
             with Producer(kinesis, stream) as producer:
                 assert wait_for(lambda: all_shards_processed(fleet.lines(), SHARDS), timeout_s=60)
@@ -434,6 +455,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     record_figures(
         "handover-fast-reads-throttled",
         {
+            "liveness": liveness,
             "seed": SEED,
             "cycle_s": cycle_s,
             "window_s": round(window_s, 1),

@@ -6,6 +6,8 @@ Journal lines (one ``write`` each, O_APPEND, so the file order is the global ord
     <monotonic s> <pid> <shard> INIT <checkpoint sequence> <checkpoint sub-sequence> -
     <monotonic s> <pid> <shard> LOST|END|SHUTDOWN - - -
 
+(``<pid>`` is the worker's tag for in-process workers: several share one process.)
+
 ``time.monotonic()`` is CLOCK_MONOTONIC on Linux: one clock for every process on the machine, so the test
 process can compare its own readings (when it sent SIGKILL) with the workers' lines.
 
@@ -20,7 +22,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 
 import botocore.exceptions
 from botocore.awsrequest import AWSResponse, HTTPHeaders
+from botocore.httpsession import URLLib3Session
 
 from worker_lib.processing.processor import (
     InitializationInput,
@@ -36,6 +39,7 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 DEFAULT_SEED = 20240607
 PROCESSOR = "tests.support.chaos:ChaosProcessor"
@@ -55,10 +59,14 @@ def chaos_rounds() -> int:
 
 
 class ChaosProcessor:
-    """Journals every record *before* checkpointing (so a checkpointed record is always in the journal)."""
+    """Journals every record *before* checkpointing (so a checkpointed record is always in the journal).
 
-    def __init__(self) -> None:
-        self.path = os.environ["SHARDLEASE_CHAOS_JOURNAL"]
+    In a ``shardlease worker`` process it takes the journal from ``$SHARDLEASE_CHAOS_JOURNAL`` and tags its lines
+    with the process id; in-process workers (several in one process) give a journal and a tag of their own."""
+
+    def __init__(self, path: str | None = None, *, tag: int | None = None) -> None:
+        self.path = path if path is not None else os.environ["SHARDLEASE_CHAOS_JOURNAL"]
+        self.tag = tag
 
     def _append(self, lines: list[str]) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -69,7 +77,8 @@ class ChaosProcessor:
             os.close(fd)
 
     def _line(self, shard: str, kind: str, a: str = "-", b: str = "-", c: str = "-") -> str:
-        return f"{time.monotonic():.6f} {os.getpid()} {shard} {kind} {a} {b} {c}\n"
+        tag = os.getpid() if self.tag is None else self.tag
+        return f"{time.monotonic():.6f} {tag} {shard} {kind} {a} {b} {c}\n"
 
     def initialize(self, input: InitializationInput) -> None:
         cp = input.checkpoint
@@ -121,10 +130,23 @@ def read_lines(path: Path) -> list[Line]:
 
 
 class Producer:
-    """Puts uniquely numbered records at a steady pace from a thread until stopped (retries throttles)."""
+    """Puts uniquely numbered records at a steady pace from a thread until stopped (retries throttles).
 
-    def __init__(self, kinesis: Any, stream: str, *, prefix: str = "r", per_tick: int = 10, tick_s: float = 0.1):
+    ``hash_keys``: aim the records at these hash keys in turn (``ExplicitHashKey``, e.g. the starting hash keys of
+    the shards that should get records); by default the partition key (the record's id) spreads them."""
+
+    def __init__(
+        self,
+        kinesis: Any,
+        stream: str,
+        *,
+        prefix: str = "r",
+        per_tick: int = 10,
+        tick_s: float = 0.1,
+        hash_keys: Sequence[str] = (),
+    ):
         self.kinesis, self.stream, self.prefix, self.per_tick, self.tick_s = kinesis, stream, prefix, per_tick, tick_s
+        self.hash_keys = list(hash_keys)
         self.produced: list[str] = []
         self.errors = 0
         self._stop = threading.Event()
@@ -134,10 +156,12 @@ class Producer:
         n = 0
         while not self._stop.is_set():
             batch = [f"{self.prefix}{n + i:07d}" for i in range(self.per_tick)]
+            records: list[dict[str, Any]] = [{"Data": d.encode(), "PartitionKey": d} for d in batch]
+            if self.hash_keys:
+                for i, record in enumerate(records):
+                    record["ExplicitHashKey"] = self.hash_keys[(n + i) % len(self.hash_keys)]
             try:
-                reply = self.kinesis.put_records(
-                    StreamName=self.stream, Records=[{"Data": d.encode(), "PartitionKey": d} for d in batch]
-                )
+                reply = self.kinesis.put_records(StreamName=self.stream, Records=records)
             except Exception:
                 self.errors += 1  # e.g. the stream is UPDATING during a reshard on some emulators: try again
                 self._stop.wait(self.tick_s)
@@ -206,6 +230,7 @@ def check_journal(
       cover, and only when the first processing session ended abnormally (its process killed or stopped, or
       its lease lost);
     * per-shard order within one ownership session (INIT to the next INIT of that pid and shard);
+    * nothing processed in a session after its LOST line (the lease was lost: processing stops there);
     * a child shard's first record comes after every parent's END line;
     * two sessions of different processes on one shard overlap (first record of the later one before the last
       record of the earlier one) by no more than ``lease_bound_s``.
@@ -237,6 +262,8 @@ def check_journal(
             recs.append(line)
         elif line.kind == "LOST" and key in open_session:
             lost_sessions.add(open_session[key].index)
+        if line.kind == "REC" and line.index in session_of and session_of[line.index] in lost_sessions:
+            v.violations.append(f"record after its session's LOST line (the fence did not hold): {line}")
         elif line.kind == "END":
             ended.setdefault(line.shard, line.index)
     by_index = {line.index: line for line in lines}
@@ -326,6 +353,12 @@ def failover_s(lines: list[Line], pid: int, at: float) -> float | None:
     return round(worst, 2)
 
 
+def worker_liveness(rows: WorkerMetricsStore, worker_ids: Iterable[str]) -> dict[str, str | None]:
+    """The liveness mode each of ``worker_ids`` says its last beat ran in (``lvm``; ``None``: no beat yet)."""
+    said = {row.worker_id: row.heartbeat.liveness for row in rows.list_all(consistent=True) if row.heartbeat}
+    return {worker: said.get(worker) for worker in worker_ids}
+
+
 def record_figures(name: str, figures: dict[str, Any]) -> None:
     """Print one JSON line, and append it to ``$SHARDLEASE_CHAOS_REPORT`` if set (for docs/reliability.md)."""
     line = json.dumps({"scenario": name, **figures}, sort_keys=True)
@@ -370,6 +403,21 @@ def lease_write_kind(body: bytes | str | None, lease_table: str) -> str:
     return "other"
 
 
+def heartbeat_of(body: bytes | str | None, metrics_table: str) -> str | None:
+    """The worker id whose heartbeat an UpdateItem request body is (``ADD #hbc`` on its worker-metrics item), or
+    ``None`` for any other request."""
+    if not body:
+        return None
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    if request.get("TableName") != metrics_table or "#hbc" not in request.get("ExpressionAttributeNames", {}):
+        return None
+    worker = request.get("Key", {}).get("wid", {}).get("S")
+    return str(worker) if worker is not None else None
+
+
 class RawBody:
     def __init__(self, body: bytes) -> None:
         self._body = body
@@ -378,35 +426,51 @@ class RawBody:
         yield self._body
 
 
+LEASE_WRITES = ("renew", "checkpoint", "assign")
+
+
 @dataclass
 class Fault:
     """One injected fault; ``active`` switches it on and off, ``hits`` counts injections."""
 
-    kind: str  # throttle | 5xx | timeout | lost-reply
-    write: str  # renew | checkpoint | assign | any (UpdateItem only) | an operation name, e.g. "GetItem"
+    kind: str  # throttle | 5xx | timeout | lost-reply | landed-timeout
+    write: str  # renew | checkpoint | assign | heartbeat | any (UpdateItem only) | an operation name, e.g. "GetItem"
     active: threading.Event = field(default_factory=threading.Event)
     hits: int = 0
     limit: int | None = None
+    worker: str | None = None  # write "heartbeat": only this worker's beats (None: every worker's)
 
     def wanted(self) -> bool:
         return self.active.is_set() and (self.limit is None or self.hits < self.limit)
 
 
 @contextmanager
-def dynamodb_fault(client: Any, fault: Fault, lease_table: str) -> Iterator[Fault]:
+def dynamodb_fault(client: Any, fault: Fault, lease_table: str, *, metrics_table: str | None = None) -> Iterator[Fault]:
     """Inject ``fault`` into one DynamoDB client while ``fault.active`` is set.
 
     * throttle / 5xx: the request never reaches the emulator; botocore sees ProvisionedThroughputExceeded (400)
       or InternalServerError (500) and retries within its budget;
     * timeout: a ReadTimeoutError before sending (not applied), retried by botocore;
-    * lost-reply: the request *is* applied, then botocore is told to retry it (the reply was dropped).
+    * lost-reply: the request *is* applied, then botocore is told to retry it (the reply was dropped);
+    * landed-timeout: the request *is* applied (sent from the hook on a connection of its own), then botocore sees
+      a ReadTimeoutError — a write that times out but lands. Botocore retries it, and each retry lands and times
+      out too while the fault is on, so the caller sees a failure although every attempt was applied.
+
+    ``write="heartbeat"`` (needs ``metrics_table``) aims at the worker heartbeats (of ``fault.worker`` only, if
+    given); ``renew`` / ``checkpoint`` / ``assign`` / ``any`` at the lease writes.
     """
-    operation = "UpdateItem" if fault.write in ("renew", "checkpoint", "assign", "any") else fault.write
+    if fault.write == "heartbeat" and metrics_table is None:
+        raise ValueError("a heartbeat fault needs the worker-metrics table")
+    operation = "UpdateItem" if fault.write in (*LEASE_WRITES, "heartbeat", "any") else fault.write
+    sender = URLLib3Session() if fault.kind == "landed-timeout" else None
 
     def matches(body: Any) -> bool:
-        if operation != "UpdateItem" or fault.write == "any":
-            if fault.write == "any":
-                return lease_write_kind(body, lease_table) != "other"
+        if fault.write == "heartbeat":
+            worker = heartbeat_of(body, str(metrics_table))
+            return worker is not None and fault.worker in (None, worker)
+        if fault.write == "any":
+            return lease_write_kind(body, lease_table) != "other"
+        if operation != "UpdateItem":
             return True
         return lease_write_kind(body, lease_table) == fault.write
 
@@ -414,6 +478,10 @@ def dynamodb_fault(client: Any, fault: Fault, lease_table: str) -> Iterator[Faul
         if fault.kind == "lost-reply" or not fault.wanted() or not matches(request.body):
             return None
         fault.hits += 1
+        if fault.kind == "landed-timeout":
+            assert sender is not None
+            sender.send(request)  # applied by the emulator; its reply never reaches botocore
+            raise botocore.exceptions.ReadTimeoutError(endpoint_url=request.url)
         if fault.kind == "timeout":
             raise botocore.exceptions.ReadTimeoutError(endpoint_url=request.url)
         status, code = (
@@ -447,3 +515,5 @@ def dynamodb_fault(client: Any, fault: Fault, lease_table: str) -> Iterator[Faul
     finally:
         client.meta.events.unregister(f"before-send.dynamodb.{operation}", unique_id=uid + "-send")
         client.meta.events.unregister(f"needs-retry.dynamodb.{operation}", unique_id=uid + "-retry")
+        if sender is not None:
+            sender.close()

@@ -6,7 +6,7 @@
 * :class:`HandoverFleet` — worker processes (no embedded leader) and ``shardlease leader`` processes of one
   scenario, by name, remembering which pids died abnormally;
 * :class:`InProcessLeader` — the production leader loop on a thread of the test process, on a DynamoDB client of
-  its own (where faults are injected), keeping every cycle report with its time;
+  its own (where faults are injected), in the liveness mode given, keeping every cycle report with its time;
 * :class:`OwnerLog` — polls the lease table from a thread and keeps every owner change it saw (to tell whether the
   leader gave a departing worker anything);
 * :func:`throttle_worker_rows_scans` — answers the Scans of ``<app>-WorkerMetricStats`` made by one DynamoDB client
@@ -173,6 +173,7 @@ class InProcessLeader:
         cycle_ms: int,
         lock: LeaderLockConfig,
         failover_ms: int,
+        liveness: str = "lease",
     ) -> None:
         self.owner = owner
         self.ddb = aws.client("dynamodb", aws_config)
@@ -185,7 +186,7 @@ class InProcessLeader:
             leader_config=LeaderConfig(cycle_interval_ms=cycle_ms),
             lock_config=lock,
             assignment=AssignmentConfig(failover_ms=failover_ms, worker_report_interval_s=1.0),
-            lease_config=LeaseConfig(failover_time_ms=failover_ms),
+            lease_config=LeaseConfig(failover_time_ms=failover_ms, liveness_mode=liveness),
             dynamodb=self.ddb,
             kinesis=kinesis,
         )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from worker_lib.testing.commands import shardlease_command
 
@@ -69,3 +71,36 @@ def process_group(log_dir: Path) -> Iterator[ProcessGroup]:
         yield group
     finally:
         group.close()
+
+
+# --- liveness modes (docs/liveness-modes.md) ----------------------------------------------------------------------
+
+LIVENESS_MODES = ("lease", "worker")
+
+
+def liveness_env(mode: str) -> dict[str, str]:
+    """The setting every process of a fleet in ``mode`` runs with."""
+    return {"SHARDLEASE_LIVENESS_MODE": mode}
+
+
+def shardlease_liveness(app: str, endpoint: str, *, target: str | None = None) -> dict[str, Any]:
+    """``shardlease liveness --app APP [--set TARGET] --json``, as an operator runs it: the stored mode, the target
+    of a switch under way and what each heartbeating worker says it runs in. On a fresh application ``--set``
+    records the mode (what a test does before its first process starts); on a running one it asks the leader for a
+    switch. A non-zero exit raises with the command's stderr."""
+    args = ["liveness", "--app", app, "--endpoint-url", endpoint, "--json"]
+    if target is not None:
+        args += ["--set", target]
+    done = subprocess.run(
+        shardlease_command(*args, log_level="WARNING"),
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"shardlease {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
+    summary: dict[str, Any] = json.loads(done.stdout)
+    return summary
