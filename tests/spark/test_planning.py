@@ -6,6 +6,7 @@ import pytest
 
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
+from worker_lib.leases.mode import LivenessMode
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
@@ -191,3 +192,28 @@ def test_options() -> None:
         SourceOptions.parse({"app": "orders", "stream": "s", "initial_position": "AT_TIMESTAMP"})
     with pytest.raises(ConfigError, match="whole number"):
         SourceOptions.parse({"app": "orders", "stream": "s", "max_read_ms": "soon"})
+
+
+def test_lease_options_come_from_the_environment_with_the_options_over_them() -> None:
+    base = {"app": "orders", "stream": "s"}
+    # GIVEN nothing set THEN lease mode, the heartbeat by mode (1 s / 2 s), KCL's failover time
+    default = SourceOptions.parse(base, env={}).lease
+    assert (default.liveness_mode, default.failover_time_ms, default.heartbeat_enabled) == ("lease", 10_000, True)
+    assert default.heartbeat_interval_for(LivenessMode.WORKER) == 2_000
+    # GIVEN the cluster's environment THEN the driver follows it
+    env = {"SHARDLEASE_LIVENESS_MODE": "worker", "SHARDLEASE_FAILOVER_TIME_MS": "6000"}
+    from_env = SourceOptions.parse(base, env=env).lease
+    assert (from_env.liveness_mode, from_env.failover_time_ms) == ("worker", 6_000)
+    # GIVEN options as well THEN the query's options win (Spark lower-cases option names)
+    opts = {**base, "liveness_mode": "Auto", "failover_time_ms": "3000", "heartbeat_interval_ms": "500"}
+    over = SourceOptions.parse(opts, env=env).lease
+    assert (over.liveness_mode, over.failover_time_ms, over.heartbeat_interval_for(LivenessMode.WORKER)) == (
+        "auto",
+        3_000,
+        500,
+    )
+    # AND a bad mode, or worker mode without a heartbeat, is one ConfigError
+    with pytest.raises(ConfigError, match="invalid liveness mode"):
+        SourceOptions.parse({**base, "liveness_mode": "per-lease"}, env={})
+    with pytest.raises(ConfigError, match="needs the worker heartbeat"):
+        SourceOptions.parse({**base, "liveness_mode": "worker", "heartbeat_interval_ms": "0"}, env={})

@@ -1,120 +1,27 @@
 """The shardlease source in local[2] mode against a moto server: exactly once across a restart, resume from the
-lease table with availableNow, and two queries (two workers) sharing one stream."""
+lease table with availableNow, two queries (two workers) sharing one stream, a query in worker liveness mode, and a
+query refused for the other mode."""
 
 from __future__ import annotations
 
-import json
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 
-from tests.support.recording import assign_unowned, create_leases_for_open_shards, wait_until
+from tests.spark.support import Env, Sink, last_sequence_per_shard, lease_checkpoints, start_query
+from tests.support.recording import assign_unowned, wait_until
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
-from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.tables.admin import ensure_tables
+from worker_lib.leader.state_store import CoordinatorStateStore
+from worker_lib.leases.mode import LivenessMode
+from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.schema import worker_metrics_table_name
-from worker_lib.testing.streams import create_stream
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 pytestmark = pytest.mark.slow
-
-SHARDS = 4
-
-
-@dataclass
-class Sink:
-    """An idempotent foreachBatch sink: a batch id seen before is skipped (as a Parquet overwrite would)."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    batches: dict[int, list[tuple[str, str, int, bytes]]] = field(default_factory=dict)
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        rows = [(r.shard_id, r.sequence_number, r.sub_sequence_number, bytes(r.data)) for r in df.collect()]
-        with self.lock:
-            self.batches.setdefault(batch_id, rows)
-
-    def rows(self) -> list[tuple[str, str, int, bytes]]:
-        with self.lock:
-            return [row for rows in self.batches.values() for row in rows]
-
-    def datas(self) -> list[bytes]:
-        return [row[3] for row in self.rows()]
-
-
-@dataclass
-class Env:
-    app: str
-    stream: str
-    endpoint: str
-    kinesis: Any
-    store: DynamoDBLeaseStore
-    produced: list[bytes] = field(default_factory=list)
-
-    def produce(self, count: int) -> None:
-        start = len(self.produced)
-        for i in range(start, start + count):
-            data = json.dumps({"id": i}).encode()
-            self.kinesis.put_record(StreamName=self.stream, Data=data, PartitionKey=f"key-{i}")
-            self.produced.append(data)
-
-
-@pytest.fixture
-def env(moto_endpoint: str, app_name: str) -> Env:
-    config = AwsConfig(endpoint_url=moto_endpoint, max_attempts=2)
-    ddb = aws.client("dynamodb", config)
-    kinesis = aws.client("kinesis", config)
-    ensure_tables(app_name, ddb)
-    stream = f"{app_name}-stream"
-    create_stream(kinesis, stream, SHARDS)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    create_leases_for_open_shards(store, kinesis, stream)
-    return Env(app=app_name, stream=stream, endpoint=moto_endpoint, kinesis=kinesis, store=store)
-
-
-def start_query(
-    spark: Any, env: Env, sink: Sink, checkpoint: Path, worker_id: str, *, available_now: bool = False, **extra: str
-) -> Any:
-    options = {
-        "app": env.app,
-        "stream": env.stream,
-        "endpoint_url": env.endpoint,
-        "region": "us-east-1",
-        "worker_id": worker_id,
-        "max_records_per_shard": "40",
-        "discovery_interval_ms": "500",
-        "idle_probe_interval_ms": "300",
-        "metrics_report_interval_ms": "1000",
-        "metrics_first_report_delay_ms": "500",
-        **extra,
-    }
-    writer = (
-        spark.readStream.format("shardlease")
-        .options(**options)
-        .load()
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-    )
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="300 milliseconds")
-    return writer.start()
-
-
-def lease_checkpoints(env: Env) -> dict[str, str]:
-    return {lease.lease_key: lease.checkpoint.sequence for lease in env.store.list_leases()}
-
-
-def last_sequence_per_shard(env: Env) -> dict[str, str]:
-    last: dict[str, str] = {}
-    for shard in env.kinesis.list_shards(StreamName=env.stream)["Shards"]:
-        iterator = env.kinesis.get_shard_iterator(
-            StreamName=env.stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        records = env.kinesis.get_records(ShardIterator=iterator, Limit=10_000)["Records"]
-        if records:
-            last[shard["ShardId"]] = records[-1]["SequenceNumber"]
-    return last
 
 
 def test_exactly_once_across_a_restart_and_resume_from_the_lease_table(spark: Any, env: Env, tmp_path: Path) -> None:
@@ -200,3 +107,46 @@ def test_two_queries_share_one_stream(spark: Any, env: Env, tmp_path: Path) -> N
     for item in by_worker.values():
         assert "C" in item["sts"]["M"] and item["opr"]["M"]["C"]["L"][0]["N"] == "100"
         assert int(item["lut"]["N"]) > 0
+
+
+def test_a_worker_mode_query_reads_every_record_once(spark: Any, env: Env, tmp_path: Path) -> None:
+    # GIVEN an application in worker liveness mode whose leases are all assigned to the Spark application
+    LivenessModeStore(CoordinatorStateStore(env.app, client=env.ddb)).record_if_absent(LivenessMode.WORKER, by="test")
+    assign_unowned(env.store, lambda lease: "spark-w")
+    env.produce(200)
+    # WHEN an availableNow query configured for worker mode runs to its end
+    sink = Sink()
+    query = start_query(
+        spark,
+        env,
+        sink,
+        tmp_path / "ckpt",
+        "spark-w",
+        available_now=True,
+        liveness_mode="worker",
+        max_records_per_shard="1000",
+        metrics_first_report_delay_ms="0",
+    )
+    query.awaitTermination(120)
+    # THEN every record reached the sink once and the lease table holds the last checkpoint of every shard
+    datas = sink.datas()
+    assert sorted(datas) == sorted(env.produced) and len(datas) == len(set(datas))
+    assert lease_checkpoints(env) == last_sequence_per_shard(env)
+    # AND the driver heartbeat for the application in worker mode, on the row its load metric goes to
+    row = WorkerMetricsStore(env.app, client=env.ddb).get("spark-w")
+    assert row is not None and row.heartbeat is not None and row.heartbeat.liveness == "worker"
+    assert "C" in row.stats
+
+
+def test_a_query_configured_for_the_other_mode_fails_with_the_reason(spark: Any, env: Env, tmp_path: Path) -> None:
+    # GIVEN an application in worker liveness mode
+    LivenessModeStore(CoordinatorStateStore(env.app, client=env.ddb)).record_if_absent(LivenessMode.WORKER, by="test")
+    assign_unowned(env.store, lambda lease: "spark-l")
+    # WHEN a query configured for lease mode starts
+    query = start_query(spark, env, Sink(), tmp_path / "ckpt", "spark-l", available_now=True, liveness_mode="lease")
+    # THEN it fails at once, and the error Spark reports carries the refusal naming both modes
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination(60)
+    message = str(failed.value)
+    assert "LivenessModeMismatchError" in message and "'lease'" in message and "'worker'" in message
+    assert all(lease.lease_owner == "spark-l" for lease in env.store.list_leases())  # nothing was taken or moved

@@ -1,9 +1,15 @@
 """The driver side of the Spark source: the application's lease holder, planner and committer.
 
 One :class:`SparkLeaseCoordinator` lives in the process where Spark runs the source's driver-side methods (the
-JVM's long-lived Python "streaming source runner"). It renews and discovers leases on a background thread,
-writes the load metric, plans micro-batches from the leases it holds, and writes checkpoints once Spark has
-committed a batch. See :mod:`worker_lib.spark.planning` for the offset and commit rules.
+JVM's long-lived Python "streaming source runner"). It heartbeats for the application, renews (``lease`` liveness
+mode) and discovers leases on a background thread, writes the load metric, plans micro-batches from the leases it
+holds, and writes checkpoints once Spark has committed a batch. See :mod:`worker_lib.spark.planning` for the offset
+and commit rules.
+
+It is composed like a worker's :class:`~worker_lib.worker.coordinator.LeaseCoordinator` (docs/failover.md,
+docs/liveness-modes.md): the heartbeat is one UpdateItem per interval on the application's own
+``<app>-WorkerMetricStats`` row (the row its load metric goes to), the :class:`LeaseHolder` is its fence, leases are
+taken only once a beat landed, and the stored liveness mode decides whether leases are renewed at all.
 """
 
 from __future__ import annotations
@@ -16,15 +22,19 @@ from typing import Any
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo, WorkerState
+from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode
+from worker_lib.leases.mode_store import LivenessModeStore, ModeFollower
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.shardsync.children import ensure_child_leases
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.spark.batches import BatchEndStore
-from worker_lib.spark.load import BatchDutyCycle, worker_metrics_sink
+from worker_lib.spark.load import BatchDutyCycle
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
@@ -42,6 +52,7 @@ from worker_lib.spark.planning import (
 from worker_lib.spark.reading import start_timestamp
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.reporter import WorkerMetricsReporter
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
 
 log = logging.getLogger("shardlease.spark.driver")
@@ -67,16 +78,44 @@ class SparkLeaseCoordinator:
         self._batches = BatchEndStore(options.app, self._dynamodb)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
         self._holder = LeaseHolder(
-            self._store, self.worker_id, config=options.lease, clock=clock, throughput=self._throughput.renewal_value
+            self._store,
+            self.worker_id,
+            config=options.lease,
+            clock=clock,
+            throughput=self._throughput.renewal_value,
+            on_release=self._on_release,
         )
         self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
+        # One row per application in <app>-WorkerMetricStats: the heartbeat's UpdateItem and the load metric's
+        # (WorkerMetricsStore.put, also an UpdateItem) each keep the other's attributes.
+        self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock)
+        self._heartbeat: HeartbeatLoop | None = None
+        if options.lease.heartbeat_enabled:
+            self._heartbeat = HeartbeatLoop(
+                self._rows,
+                self.worker_id,
+                interval_ms=options.lease.heartbeat_interval_for(LivenessMode.LEASE),
+                fence=self._holder,
+                on_notice=self._on_notice,
+                clock=clock,
+            )
+        self._modes = ModeFollower(
+            LivenessModeStore(CoordinatorStateStore(options.app, client=self._dynamodb, clock=clock), clock=clock),
+            setting=options.lease.liveness_mode,
+            check_interval_s=options.lease.mode_check_interval_ms / 1000,
+            who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
+            clock=clock,
+        )
+        self._notice_guard = threading.Lock()
+        self._noticed_keys: set[str] = set()
+        self._notice_full = False
         self.duty_cycle = BatchDutyCycle(clock=clock)
         self._reporter: WorkerMetricsReporter | None = None
         if options.metrics:
             self._reporter = WorkerMetricsReporter(
                 self.worker_id,
                 [self.duty_cycle],
-                worker_metrics_sink(options.app, self._dynamodb, clock),
+                self._rows,
                 config=WorkerMetricsConfig(
                     report_interval_ms=options.metrics_report_interval_ms,
                     first_report_delay_ms=options.metrics_first_report_delay_ms,
@@ -105,11 +144,38 @@ class SparkLeaseCoordinator:
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
+    @property
+    def liveness(self) -> StoredMode:
+        """The liveness mode this coordinator follows (``lease`` until it has read one)."""
+        return self._modes.current
+
+    @property
+    def renewing(self) -> bool:
+        """Whether held leases are renewed (``lease`` mode) or kept by the heartbeat alone (``worker`` mode)."""
+        return self._holder.renewing
+
     def start(self) -> None:
-        """Take the leases assigned to us now (so the first batch sees them), then renew in the background."""
+        """Read the liveness mode (a configured mode the application does not run in raises
+        :class:`~worker_lib.leases.mode.LivenessModeMismatchError` before anything starts), beat once, take the
+        leases assigned to us now (so the first batch sees them), then heartbeat, renew and discover in the
+        background."""
         if self.started:
             return
+        try:
+            stored = self._modes.start()
+        except DependencyError as exc:  # renewing is safe under either mode: follow the table once it can be read
+            log.warning(
+                "spark source %s could not read the liveness mode (renewing until it can): %s", self.worker_id, exc
+            )
+            stored = LEASE_MODE
+        self._apply_mode(stored)
         self.started = True
+        if self._heartbeat is not None:
+            # The first beat from this thread: no lease may be taken before one landed (from then on the fence
+            # protects them), and the first batch should see the leases. The loop then beats on its own (one extra
+            # write per query start).
+            self._heartbeat.beat()
+            self._heartbeat.start()
         try:
             self._discover()
         except DependencyError as exc:
@@ -119,34 +185,95 @@ class SparkLeaseCoordinator:
         if self._reporter is not None:
             self._reporter.start()
         log.info(
-            "spark source started worker=%s app=%s stream=%s", self.worker_id, self.options.app, self.options.stream
+            "spark source started worker=%s app=%s stream=%s liveness=%s",
+            self.worker_id,
+            self.options.app,
+            self.options.stream,
+            self._modes.current.describe(),
         )
 
-    def stop(self, *, give_up_leases: bool = True) -> None:
-        """Stop renewing; give the leases up at once (uncommitted batches are read again by the next owner)."""
+    def _apply_mode(self, stored: StoredMode) -> bool:
+        """Renew or not, beat at the mode's interval; True if renewals (re)started and are due now."""
+        renew = stored.workers_renew or self._heartbeat is None
+        started = renew and not self._holder.renewing
+        self._holder.set_renewing(renew)
+        if self._heartbeat is not None:
+            mode = LivenessMode.LEASE if renew else LivenessMode.WORKER
+            self._heartbeat.set_interval_ms(self.options.lease.heartbeat_interval_for(mode))
+            self._heartbeat.liveness = mode.value  # after set_renewing: the beat saying "lease" comes after it
+        return started
+
+    def stop(self) -> None:
+        """Leave at once, as a worker's shutdown does without its batch to finish: say DEPARTING (the leader
+        assigns us nothing more), give every lease up (uncommitted batches are read again by the next owner),
+        then fence and say STOPPED, so the leader moves anything left without waiting for the failover time."""
+        if not self.started or self._stop.is_set():
+            return
+        if self._heartbeat is not None:
+            self._heartbeat.announce(WorkerState.DEPARTING)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        if give_up_leases:
-            for key in self._holder.held_keys():
-                self._holder.evict(key)
+        for key in self._holder.held_keys():
+            self._holder.evict(key)
+        self._give_up_undiscovered()
+        if self._heartbeat is not None:
+            # Fence first, then say so: nothing we held may be processed by us once the leader reads STOPPED.
+            self._holder.fence_all("spark source stopped")
+            self._heartbeat.stop()
+            self._heartbeat.announce(WorkerState.STOPPED)
         if self._reporter is not None:
             self._reporter.stop()
         self._holder.close()
         log.info("spark source stopped worker=%s", self.worker_id)
 
+    def _give_up_undiscovered(self) -> None:
+        """Leases assigned to us that we never took: hand them back now rather than let them expire (the
+        eviction is conditional on the owner still being us)."""
+        try:
+            leases = self._discoverer.discover(set(self._holder.held_keys()))
+        except DependencyError as exc:
+            log.warning("could not list leases assigned to %s at stop: %s", self.worker_id, exc)
+            return
+        for lease in leases:
+            try:
+                self._store.evict_lease(lease, self.worker_id)
+            except DependencyError as exc:
+                log.warning("could not give up lease=%s at stop: %s", lease.lease_key, exc)
+
     def _coordinate(self) -> None:
-        renew_s = self.options.lease.renewer_interval_ms / 1000
+        lease_config = self.options.lease
+        renew_s = lease_config.renewer_interval_ms / 1000
         discover_s = self.options.discovery_interval_ms / 1000
+        throughput_s = lease_config.throughput_update_interval_ms / 1000
         now = self._clock.monotonic()
-        next_renewal, next_discovery = now + renew_s, now + discover_s
+        next_renewal, next_discovery, next_throughput = now + renew_s, now + discover_s, now + throughput_s
         while not self._stop.is_set():
             now = self._clock.monotonic()
             try:
+                changed = self._modes.poll()
+                if changed is not None and self._apply_mode(changed):
+                    next_renewal = now
+                if self._heartbeat is not None and not self._heartbeat.established.is_set():
+                    # No lease is taken before the first beat landed; discover as soon as one has.
+                    next_discovery = now
+                    self._stop.wait(0.05)
+                    continue
                 if now >= next_renewal:
                     next_renewal = now + renew_s
-                    self._holder.renew_all()
+                    if self._holder.renewing:
+                        self._holder.renew_all()
+                if now >= next_throughput:
+                    next_throughput = now + throughput_s
+                    if not self._holder.renewing:  # worker mode: throughput rides on no renewal
+                        self._holder.refresh_throughput()
+                noticed = self._take_notice()
+                if noticed is not None and now < next_discovery:
+                    if noticed:
+                        self._discover(keys=noticed)
+                    else:
+                        next_discovery = now
                 if now >= next_discovery:
                     next_discovery = now + discover_s
                     self._discover()
@@ -156,8 +283,13 @@ class SparkLeaseCoordinator:
                 log.exception("lease coordination step of %s raised", self.worker_id)
             self._stop.wait(max(0.0, min(0.2, min(next_renewal, next_discovery) - self._clock.monotonic())))
 
-    def _discover(self) -> None:
-        for lease in self._discoverer.discover(set(self._holder.held_keys())):
+    def _discover(self, keys: list[str] | None = None) -> None:
+        """Take the leases assigned to us (``keys``: the ones the leader's notice named, else ask the index)."""
+        if self._heartbeat is not None and not self._heartbeat.established.is_set():
+            return  # the fence is not in force yet
+        held = set(self._holder.held_keys())
+        found = self._discoverer.discover(held) if keys is None else self._discoverer.discover_keys(keys, held)
+        for lease in found:
             if self._stop.is_set():
                 return
             self._throughput.seed(lease.lease_key, lease.throughput_kbps)
@@ -165,6 +297,41 @@ class SparkLeaseCoordinator:
                 with self._guard:
                     self._takes += 1
                     self._epochs[lease.lease_key] = f"{self._session}:{self._takes}"
+
+    # --- notices (docs/failover.md) ---------------------------------------------------------------------------
+
+    def _on_notice(self, keys: tuple[str, ...] | None) -> None:
+        """From the heartbeat thread: the leader assigned us leases (``None``: ask the index which)."""
+        with self._notice_guard:
+            if keys is None:
+                self._notice_full = True
+            else:
+                self._noticed_keys.update(keys)
+
+    def _take_notice(self) -> list[str] | None:
+        """What to discover now: keys, ``[]`` for a full discovery, ``None`` for nothing."""
+        with self._notice_guard:
+            if self._notice_full:
+                self._notice_full = False
+                self._noticed_keys.clear()
+                return []
+            if not self._noticed_keys:
+                return None
+            keys = sorted(self._noticed_keys)
+            self._noticed_keys.clear()
+            return keys
+
+    def _on_release(self, lease_key: str, new_owner: str | None) -> None:
+        """A lease left us (hand-off completed, given up): the new owner of a hand-off may start now — it gets the
+        notice directly; either way our next beat (``evc``) wakes the leader."""
+        if self._heartbeat is None:
+            return
+        if new_owner is not None:
+            try:
+                self._rows.notify_assigned(new_owner, [lease_key])
+            except DependencyError as exc:
+                log.warning("could not notify %s of lease %s: %s", new_owner, lease_key, exc)
+        self._heartbeat.note_event()
 
     def _held_epochs(self) -> dict[str, str]:
         held = set(self._holder.held_keys())
@@ -369,6 +536,8 @@ class SparkLeaseCoordinator:
                     self.checkpoints_written += 1
                     self._holder.drop(key)
                     self._throughput.forget(key)
+                    if self._heartbeat is not None:
+                        self._heartbeat.note_event()  # child leases exist now: the leader assigns them at once
                     log.info("shard ended lease=%s children=%s", key, ",".join(end.children) or "-")
                 self._pending_shard_ends.pop(key, None)
             except DependencyError as exc:

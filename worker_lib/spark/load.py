@@ -9,17 +9,15 @@ the application has no spare time and more shards would only add latency; near 0
 discusses the limits (work after a shuffle is not counted).
 
 The sink is the WorkerMetricStats table in KCL's format (``wid``, ``lut``, ``sts``, ``opr``), written by
-:class:`~worker_lib.workermetrics.stats_store.WorkerMetricsStore` as for any worker.
+:class:`~worker_lib.workermetrics.stats_store.WorkerMetricsStore` as for any worker, on the same row the driver
+heartbeats on (:mod:`worker_lib.spark.driver`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.workermetrics.reporter import WorkerMetricsSink
-from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
 class BatchDutyCycle:
@@ -52,8 +50,3 @@ class BatchDutyCycle:
         if last is None or now <= last:
             return None if last is None else 0.0
         return min(100.0, 100.0 * busy / (now - last))
-
-
-def worker_metrics_sink(app: str, client: Any, clock: Clock = SYSTEM_CLOCK) -> WorkerMetricsSink:
-    """Where the driver's load is written: the same store (and item serializer) every worker uses."""
-    return WorkerMetricsStore(app, client=client, clock=clock)

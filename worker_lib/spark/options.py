@@ -25,6 +25,8 @@ OPTION_NAMES = (
     "max_read_ms",
     "worker_id",
     "failover_time_ms",
+    "liveness_mode",
+    "heartbeat_interval_ms",
     "discovery_interval_ms",
     "idle_probe_interval_ms",
     "metrics",
@@ -46,6 +48,20 @@ def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> i
     return value
 
 
+def lease_config(opts: Mapping[str, str], env: Mapping[str, str] | None) -> LeaseConfig:
+    """The environment's lease settings (``SHARDLEASE_LIVENESS_MODE``, ``SHARDLEASE_FAILOVER_TIME_MS``, ...) with
+    the source's options over them, as the AWS settings are: the driver's environment is often the cluster's,
+    the options are the query's."""
+    base = LeaseConfig.from_env(env)
+    mode = opts.get("liveness_mode", "").strip()
+    return replace(
+        base,
+        failover_time_ms=_int(opts, "failover_time_ms", base.failover_time_ms, 1_000),
+        liveness_mode=mode or base.liveness_mode,
+        heartbeat_interval_ms=_int(opts, "heartbeat_interval_ms", base.heartbeat_interval_ms, 0),
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SourceOptions:
     """app / stream: application (lease table) and Kinesis stream. worker_id: this application's name in
@@ -53,8 +69,11 @@ class SourceOptions:
     initial_timestamp: the timestamp serves leases whose checkpoint is ``AT_TIMESTAMP`` (the leader decides every
     new lease's starting point). max_records_per_shard: user records per shard per micro-batch.
     max_read_ms: time budget of one shard read. failover_time_ms / discovery_interval_ms: lease timing (KCL
-    defaults 10 000 / 9 975). idle_probe_interval_ms: how often an idle shard is probed for new data.
-    metrics: write the load metric to ``<app>-WorkerMetricStats`` (default true)."""
+    defaults 10 000 / 9 975). lease: the lease settings, from ``SHARDLEASE_*`` in the environment
+    (:meth:`LeaseConfig.from_env`) with the options ``failover_time_ms``, ``liveness_mode`` (``lease``, ``worker``
+    or ``auto``; docs/liveness-modes.md) and ``heartbeat_interval_ms`` (0 = off, ``lease`` mode only) over them.
+    idle_probe_interval_ms: how often an idle shard is probed for new data. metrics: write the load metric to
+    ``<app>-WorkerMetricStats`` (default true)."""
 
     app: str
     stream: str
@@ -110,7 +129,7 @@ class SourceOptions:
             initial_timestamp=timestamp,
             max_records_per_shard=_int(opts, "max_records_per_shard", 10_000, 1),
             max_read_ms=_int(opts, "max_read_ms", 10_000, 100),
-            lease=LeaseConfig(failover_time_ms=_int(opts, "failover_time_ms", 10_000, 1_000)),
+            lease=lease_config(opts, env),
             discovery_interval_ms=_int(opts, "discovery_interval_ms", 9_975, 100),
             idle_probe_interval_ms=_int(opts, "idle_probe_interval_ms", 1_000, 200),
             metrics=parse_bool(opts.get("metrics"), name="shardlease option metrics", default=True),

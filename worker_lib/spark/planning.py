@@ -158,7 +158,8 @@ class BatchEnd:
 class HeldLease:
     """The driver's view of one lease it holds, at planning time.
 
-    readable: valid (renewed in time), no handoff requested, not finished, and every parent shard finished.
+    readable: valid (renewed and heartbeat in time), no handoff requested, not finished, and every parent shard
+    finished.
     """
 
     lease_key: str

@@ -3,8 +3,8 @@
 Spark constructs the stream reader in more than one process: in the long-lived "streaming source runner" that
 calls ``initialOffset`` / ``latestOffset`` / ``partitions`` / ``commit`` (the driver side), and once more at
 planning time only to ship the ``read`` function to executors. Constructing a reader therefore only parses its
-options; the lease coordinator (renewal thread, metrics) starts with the first driver-side call, which Spark makes
-as soon as the query starts. ``read`` uses nothing but its partition.
+options; the lease coordinator (heartbeat, renewal thread, metrics) starts with the first driver-side call, which
+Spark makes as soon as the query starts. ``read`` uses nothing but its partition.
 """
 
 from __future__ import annotations
