@@ -26,6 +26,7 @@ from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo, Work
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.keeping import NoticeBox, apply_liveness_mode, give_up_undiscovered, released
 from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore, ModeFollower
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
@@ -77,6 +78,7 @@ class SparkLeaseCoordinator:
         self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
         self._batches = BatchEndStore(options.app, self._dynamodb)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
+        self._notices = NoticeBox()
         self._holder = LeaseHolder(
             self._store,
             self.worker_id,
@@ -96,7 +98,7 @@ class SparkLeaseCoordinator:
                 self.worker_id,
                 interval_ms=options.lease.heartbeat_interval_for(LivenessMode.LEASE),
                 fence=self._holder,
-                on_notice=self._on_notice,
+                on_notice=self._notices.put,
                 clock=clock,
             )
         self._modes = ModeFollower(
@@ -106,9 +108,6 @@ class SparkLeaseCoordinator:
             who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
             clock=clock,
         )
-        self._notice_guard = threading.Lock()
-        self._noticed_keys: set[str] = set()
-        self._notice_full = False
         self.duty_cycle = BatchDutyCycle(clock=clock)
         self._reporter: WorkerMetricsReporter | None = None
         if options.metrics:
@@ -168,7 +167,7 @@ class SparkLeaseCoordinator:
                 "spark source %s could not read the liveness mode (renewing until it can): %s", self.worker_id, exc
             )
             stored = LEASE_MODE
-        self._apply_mode(stored)
+        apply_liveness_mode(stored, self._holder, self._heartbeat, self.options.lease)
         self.started = True
         if self._heartbeat is not None:
             # The first beat from this thread: no lease may be taken before one landed (from then on the fence
@@ -192,17 +191,6 @@ class SparkLeaseCoordinator:
             self._modes.current.describe(),
         )
 
-    def _apply_mode(self, stored: StoredMode) -> bool:
-        """Renew or not, beat at the mode's interval; True if renewals (re)started and are due now."""
-        renew = stored.workers_renew or self._heartbeat is None
-        started = renew and not self._holder.renewing
-        self._holder.set_renewing(renew)
-        if self._heartbeat is not None:
-            mode = LivenessMode.LEASE if renew else LivenessMode.WORKER
-            self._heartbeat.set_interval_ms(self.options.lease.heartbeat_interval_for(mode))
-            self._heartbeat.liveness = mode.value  # after set_renewing: the beat saying "lease" comes after it
-        return started
-
     def stop(self) -> None:
         """Leave at once, as a worker's shutdown does without its batch to finish: say DEPARTING (the leader
         assigns us nothing more), give every lease up (uncommitted batches are read again by the next owner),
@@ -217,7 +205,7 @@ class SparkLeaseCoordinator:
             self._thread = None
         for key in self._holder.held_keys():
             self._holder.evict(key)
-        self._give_up_undiscovered()
+        give_up_undiscovered(self._holder, self._discoverer, self._store, self.worker_id)
         if self._heartbeat is not None:
             # Fence first, then say so: nothing we held may be processed by us once the leader reads STOPPED.
             self._holder.fence_all("spark source stopped")
@@ -227,20 +215,6 @@ class SparkLeaseCoordinator:
             self._reporter.stop()
         self._holder.close()
         log.info("spark source stopped worker=%s", self.worker_id)
-
-    def _give_up_undiscovered(self) -> None:
-        """Leases assigned to us that we never took: hand them back now rather than let them expire (the
-        eviction is conditional on the owner still being us)."""
-        try:
-            leases = self._discoverer.discover(set(self._holder.held_keys()))
-        except DependencyError as exc:
-            log.warning("could not list leases assigned to %s at stop: %s", self.worker_id, exc)
-            return
-        for lease in leases:
-            try:
-                self._store.evict_lease(lease, self.worker_id)
-            except DependencyError as exc:
-                log.warning("could not give up lease=%s at stop: %s", lease.lease_key, exc)
 
     def _coordinate(self) -> None:
         lease_config = self.options.lease
@@ -253,7 +227,9 @@ class SparkLeaseCoordinator:
             now = self._clock.monotonic()
             try:
                 changed = self._modes.poll()
-                if changed is not None and self._apply_mode(changed):
+                if changed is not None and apply_liveness_mode(
+                    changed, self._holder, self._heartbeat, self.options.lease
+                ):
                     next_renewal = now
                 if self._heartbeat is not None and not self._heartbeat.established.is_set():
                     # No lease is taken before the first beat landed; discover as soon as one has.
@@ -268,7 +244,7 @@ class SparkLeaseCoordinator:
                     next_throughput = now + throughput_s
                     if not self._holder.renewing:  # worker mode: throughput rides on no renewal
                         self._holder.refresh_throughput()
-                noticed = self._take_notice()
+                noticed = self._notices.take()
                 if noticed is not None and now < next_discovery:
                     if noticed:
                         self._discover(keys=noticed)
@@ -300,38 +276,8 @@ class SparkLeaseCoordinator:
 
     # --- notices (docs/failover.md) ---------------------------------------------------------------------------
 
-    def _on_notice(self, keys: tuple[str, ...] | None) -> None:
-        """From the heartbeat thread: the leader assigned us leases (``None``: ask the index which)."""
-        with self._notice_guard:
-            if keys is None:
-                self._notice_full = True
-            else:
-                self._noticed_keys.update(keys)
-
-    def _take_notice(self) -> list[str] | None:
-        """What to discover now: keys, ``[]`` for a full discovery, ``None`` for nothing."""
-        with self._notice_guard:
-            if self._notice_full:
-                self._notice_full = False
-                self._noticed_keys.clear()
-                return []
-            if not self._noticed_keys:
-                return None
-            keys = sorted(self._noticed_keys)
-            self._noticed_keys.clear()
-            return keys
-
     def _on_release(self, lease_key: str, new_owner: str | None) -> None:
-        """A lease left us (hand-off completed, given up): the new owner of a hand-off may start now — it gets the
-        notice directly; either way our next beat (``evc``) wakes the leader."""
-        if self._heartbeat is None:
-            return
-        if new_owner is not None:
-            try:
-                self._rows.notify_assigned(new_owner, [lease_key])
-            except DependencyError as exc:
-                log.warning("could not notify %s of lease %s: %s", new_owner, lease_key, exc)
-        self._heartbeat.note_event()
+        released(lease_key, new_owner, notices=self._rows, heartbeat=self._heartbeat)
 
     def _held_epochs(self) -> dict[str, str]:
         held = set(self._holder.held_keys())

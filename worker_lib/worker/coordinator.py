@@ -21,6 +21,7 @@ from worker_lib.core.clock import Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import ShardInfo, WorkerState
 from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.keeping import NoticeBox, apply_liveness_mode, give_up_undiscovered, released
 from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode
 from worker_lib.leases.mode_store import LivenessModeSource, ModeFollower
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
@@ -91,6 +92,7 @@ class LeaseCoordinator:
         self._user_on_records = on_records
         self._clock = clock
         self._stop = stop
+        self._notices = NoticeBox()
         self._holder = LeaseHolder(
             store,
             self.worker_id,
@@ -106,7 +108,7 @@ class LeaseCoordinator:
                 self.worker_id,
                 interval_ms=config.lease.heartbeat_interval_for(LivenessMode.LEASE),
                 fence=self._holder,
-                on_notice=self._on_notice,
+                on_notice=self._notices.put,
                 clock=clock,
             )
         self._modes = ModeFollower(
@@ -116,9 +118,6 @@ class LeaseCoordinator:
             who=f"worker {self.worker_id}",
             clock=clock,
         )
-        self._notice_guard = threading.Lock()
-        self._noticed_keys: set[str] = set()
-        self._notice_full = False
         self._discoverer = LeaseDiscoverer(store, self.worker_id)
         self._detector = KinesisShardDetector(config.stream, client=kinesis, clock=clock)
         self._running: dict[str, _Running] = {}
@@ -144,23 +143,12 @@ class LeaseCoordinator:
     def start_heartbeat(self) -> None:
         """Read the liveness mode (refusing a configured one that disagrees), then start beating."""
         try:
-            self._apply_mode(self._modes.start())
+            apply_liveness_mode(self._modes.start(), self._holder, self._heartbeat, self.config.lease)
         except DependencyError as exc:  # renewing is safe under either mode: follow the table once it can be read
             log.warning("worker %s could not read the liveness mode (renewing until it can): %s", self.worker_id, exc)
-            self._apply_mode(LEASE_MODE)
+            apply_liveness_mode(LEASE_MODE, self._holder, self._heartbeat, self.config.lease)
         if self._heartbeat is not None:
             self._heartbeat.start()
-
-    def _apply_mode(self, stored: StoredMode) -> bool:
-        """Renew or not, beat at the mode's interval; True if renewals (re)started and are due now."""
-        renew = stored.workers_renew or self._heartbeat is None
-        started = renew and not self._holder.renewing
-        self._holder.set_renewing(renew)
-        if self._heartbeat is not None:
-            mode = LivenessMode.LEASE if renew else LivenessMode.WORKER
-            self._heartbeat.set_interval_ms(self.config.lease.heartbeat_interval_for(mode))
-            self._heartbeat.liveness = mode.value  # after set_renewing: the beat saying "lease" comes after it
-        return started
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._coordinate, name=f"worker-{self.worker_id}", daemon=True)
@@ -192,7 +180,7 @@ class LeaseCoordinator:
                 busy = key in self._running and self._running[key].thread.is_alive()
             if not busy:
                 self._holder.evict(key)
-        self._give_up_undiscovered()
+        give_up_undiscovered(self._holder, self._discoverer, self._store, self.worker_id)
         self._coordinator_stop.set()
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - self._clock.monotonic()))
@@ -208,20 +196,6 @@ class LeaseCoordinator:
     def close(self) -> None:
         self._holder.close()
 
-    def _give_up_undiscovered(self) -> None:
-        """Leases the leader assigned to us that we never started: hand them back now rather than let them
-        expire (the eviction is conditional on the owner still being us, so it cannot take anything away)."""
-        try:
-            leases = self._discoverer.discover(set(self._holder.held_keys()))
-        except DependencyError as exc:
-            log.warning("could not list leases assigned to %s at shutdown: %s", self.worker_id, exc)
-            return
-        for lease in leases:
-            try:
-                self._store.evict_lease(lease, self.worker_id)
-            except DependencyError as exc:
-                log.warning("could not give up lease=%s at shutdown: %s", lease.lease_key, exc)
-
     # --- coordinator thread ---------------------------------------------------------------------------------
 
     def _coordinate(self) -> None:
@@ -233,7 +207,7 @@ class LeaseCoordinator:
         while not self._coordinator_stop.is_set():
             now = self._clock.monotonic()
             changed = self._modes.poll()
-            if changed is not None and self._apply_mode(changed):
+            if changed is not None and apply_liveness_mode(changed, self._holder, self._heartbeat, self.config.lease):
                 next_renewal = now
             if self._stop.is_set():
                 # Shutting down: no new leases, but the ones whose consumers still finish their batch and checkpoint
@@ -263,7 +237,7 @@ class LeaseCoordinator:
                     next_throughput = now + throughput_s
                     if not self._holder.renewing:
                         self._holder.refresh_throughput()
-                noticed = self._take_notice()
+                noticed = self._notices.take()
                 if noticed is not None and now < next_discovery:
                     if noticed:
                         self._discover(keys=noticed)
@@ -364,40 +338,8 @@ class LeaseCoordinator:
 
     # --- notices (docs/failover.md) ---------------------------------------------------------------------------
 
-    def _on_notice(self, keys: tuple[str, ...] | None) -> None:
-        """From the heartbeat thread: the leader assigned us leases (``None``: ask the index which)."""
-        with self._notice_guard:
-            if keys is None:
-                self._notice_full = True
-            else:
-                self._noticed_keys.update(keys)
-
-    def _take_notice(self) -> list[str] | None:
-        """What the coordinator should discover now: keys, ``[]`` for a full discovery, ``None`` for nothing."""
-        with self._notice_guard:
-            if self._notice_full:
-                self._notice_full = False
-                self._noticed_keys.clear()
-                return []
-            if not self._noticed_keys:
-                return None
-            keys = sorted(self._noticed_keys)
-            self._noticed_keys.clear()
-            return keys
-
     def _on_release(self, lease_key: str, new_owner: str | None) -> None:
-        """A lease left us: tell whoever must act. After a graceful handoff the new owner may start now — it gets
-        the notice directly; either way our next beat (``evc``) wakes the leader."""
-        if self._heartbeat is None:
-            return
-        if new_owner is not None:
-            try:
-                self._worker_metrics.notify_assigned(new_owner, [lease_key])
-            except DependencyError as exc:
-                log.warning("could not notify %s of lease %s: %s", new_owner, lease_key, exc)
-        # The leader looks too: the lease may have gone to a worker that left meanwhile (a handoff started before
-        # its SIGTERM), and must then move on at once rather than at the next full cycle.
-        self._heartbeat.note_event()
+        released(lease_key, new_owner, notices=self._worker_metrics, heartbeat=self._heartbeat)
 
     def _record_bytes(self, lease_key: str, nbytes: int) -> None:
         if nbytes:
