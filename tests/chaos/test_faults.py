@@ -1,9 +1,10 @@
 """Faults at the botocore layer (event hooks, no emulator changes) under in-process Workers with embedded leaders.
 
-DynamoDB: throttling, 5xx, read timeouts and lost replies (applied, reply dropped) aimed at one lease write at a
-time — the worker's renewals, its checkpoints, the leader's assignments — for a window shorter than the lease.
-Kinesis: throttled and expired-iterator GetRecords. Each time: nothing lost, no lease lost (the fault implies no
-loss of ownership), no duplicate, and processing continues once the fault stops.
+DynamoDB: throttling, 5xx, read timeouts, lost replies (applied, reply dropped) and timeouts of writes that landed,
+aimed at one write at a time — the worker's renewals (``lease`` liveness mode only: ``worker`` mode has none) or
+heartbeats, its checkpoints, the leader's assignments — for a window shorter than the lease. Kinesis: throttled and
+expired-iterator GetRecords. Each time: nothing lost, no lease lost (the fault implies no loss of ownership), no
+duplicate, and processing continues once the fault stops.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from tests.chaos.conftest import Rig, put
 from tests.support.chaos import Fault, dynamodb_fault, wait_for
 from tests.support.kinesis_faults import fail_calls
-from worker_lib.tables.schema import lease_table_name
+from worker_lib.tables.schema import lease_table_name, worker_metrics_table_name
 
 FAULT_WINDOW_S = 2.0
 
@@ -25,13 +26,23 @@ pytestmark = pytest.mark.slow
 
 KINDS = ["throttle", "5xx", "timeout", "lost-reply"]
 
+# (liveness mode, write, fault kind). Renewals exist in lease mode only; the heartbeat is worker mode's only liveness
+# write, so it gets every kind there, and in lease mode the two kinds whose write lands.
+CASES = [
+    *[("lease", write, kind) for write in ("renew", "checkpoint", "assign") for kind in KINDS],
+    ("lease", "heartbeat", "lost-reply"),
+    ("lease", "heartbeat", "landed-timeout"),
+    *[("worker", write, kind) for write in ("heartbeat", "checkpoint", "assign") for kind in KINDS],
+    ("worker", "heartbeat", "landed-timeout"),
+]
 
-@pytest.mark.parametrize("write", ["renew", "checkpoint", "assign"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_dynamodb_faults_on_one_lease_write_are_ridden_through(rig: Rig, kind: str, write: str) -> None:
+
+@pytest.mark.parametrize(("rig", "write", "kind"), CASES, indirect=["rig"], ids=[f"{m}-{k}-{w}" for m, w, k in CASES])
+def test_dynamodb_faults_on_one_write_are_ridden_through(rig: Rig, write: str, kind: str) -> None:
     fault = Fault(kind=kind, write=write)
     produced: list[bytes] = []
-    with dynamodb_fault(rig.ddb, fault, lease_table_name(rig.app)):
+    metrics_table = worker_metrics_table_name(rig.app)
+    with dynamodb_fault(rig.ddb, fault, lease_table_name(rig.app), metrics_table=metrics_table):
         if write == "assign":
             # GIVEN the leader's assignments fail (or lose their replies) from the start, for a window
             fault.active.set()
@@ -41,7 +52,7 @@ def test_dynamodb_faults_on_one_lease_write_are_ridden_through(rig: Rig, kind: s
             time.sleep(FAULT_WINDOW_S)  # the fault's duration is real time: the leader runs on its own thread
             fault.active.clear()
         else:
-            # GIVEN both workers processing, then the fault on their renewals / checkpoints for a window
+            # GIVEN both workers processing, then the fault on their renewals / heartbeats / checkpoints for a window
             rig.start()
             produced += put(rig.kinesis, rig.stream, 0, 100)
             assert wait_for(lambda: len(rig.processed()) >= 100, timeout_s=30)
@@ -65,12 +76,13 @@ def test_dynamodb_faults_on_one_lease_write_are_ridden_through(rig: Rig, kind: s
     # AND no lease was lost: a fault shorter than the lease implies no loss of ownership
     assert rig.lost() == [], f"{kind}/{write}: false lease loss {rig.lost()}"
     duplicates = {d for d, n in Counter(rig.processed()).items() if n > 1}
-    if write == "checkpoint" and kind != "lost-reply":
+    if write == "checkpoint" and kind not in ("lost-reply", "landed-timeout"):
         # AND a checkpoint that failed after botocore's retries raised out of the processor's checkpoint() call:
         # the consumer re-delivered that batch (processor retry) — duplicates only of batches read during the fault
         assert duplicates <= during, f"{kind}/{write}: duplicates outside the fault window"
     else:
-        # AND nothing was processed twice (lost replies are recognised; renew/assign faults move no checkpoint)
+        # AND nothing was processed twice (lost replies are recognised; renew/heartbeat/assign faults move no
+        # checkpoint)
         assert duplicates == set(), f"{kind}/{write}: {len(duplicates)} duplicates"
 
 
