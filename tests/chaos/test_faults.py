@@ -4,22 +4,39 @@ DynamoDB: throttling, 5xx, read timeouts, lost replies (applied, reply dropped) 
 aimed at one write at a time — the worker's renewals (``lease`` liveness mode only: ``worker`` mode has none) or
 heartbeats, its checkpoints, the leader's assignments — for a window shorter than the lease. Kinesis: throttled and
 expired-iterator GetRecords. Each time: nothing lost, no lease lost (the fault implies no loss of ownership), no
-duplicate, and processing continues once the fault stops.
+duplicate, and processing continues once the fault stops. Then the heartbeat writes of one worker land but time out
+for longer than the failover time, in both liveness modes: the worker stops processing once its fence ran out (the
+leader may move its leases), nothing is lost or processed twice by two workers, and its shards are served again
+within seconds of its heartbeats getting replies again.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from tests.chaos.conftest import Rig, put
-from tests.support.chaos import Fault, dynamodb_fault, wait_for
+from tests.chaos.conftest import FAILOVER_MS, Rig, put
+from tests.support.chaos import (
+    Fault,
+    Line,
+    Producer,
+    check_journal,
+    dynamodb_fault,
+    fenced_after_stop,
+    read_lines,
+    record_figures,
+    wait_for,
+)
+from tests.support.handover import holding
 from tests.support.kinesis_faults import fail_calls
+from tests.support.processes import LIVENESS_MODES
 from worker_lib.tables.schema import lease_table_name, worker_metrics_table_name
 
 FAULT_WINDOW_S = 2.0
+FAILOVER_S = FAILOVER_MS / 1000
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +44,15 @@ pytestmark = pytest.mark.slow
 KINDS = ["throttle", "5xx", "timeout", "lost-reply"]
 
 # (liveness mode, write, fault kind). Renewals exist in lease mode only; the heartbeat is worker mode's only liveness
-# write, so it gets every kind there, and in lease mode the two kinds whose write lands.
+# write, so it gets every kind there, and in lease mode the two kinds whose write lands. Checkpoints and assignments
+# are the same writes in both modes: in worker mode one kind that never lands (throttle, 5xx and timeout look alike
+# to the library: retried, then raised) and the lost reply — enough to show the mode changes nothing, at ~5 s each.
 CASES = [
     *[("lease", write, kind) for write in ("renew", "checkpoint", "assign") for kind in KINDS],
     ("lease", "heartbeat", "lost-reply"),
     ("lease", "heartbeat", "landed-timeout"),
-    *[("worker", write, kind) for write in ("heartbeat", "checkpoint", "assign") for kind in KINDS],
-    ("worker", "heartbeat", "landed-timeout"),
+    *[("worker", "heartbeat", kind) for kind in [*KINDS, "landed-timeout"]],
+    *[("worker", write, kind) for write in ("checkpoint", "assign") for kind in ("timeout", "lost-reply")],
 ]
 
 
@@ -84,6 +103,82 @@ def test_dynamodb_faults_on_one_write_are_ridden_through(rig: Rig, write: str, k
         # AND nothing was processed twice (lost replies are recognised; renew/heartbeat/assign faults move no
         # checkpoint)
         assert duplicates == set(), f"{kind}/{write}: {len(duplicates)} duplicates"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("rig", LIVENESS_MODES, indirect=True)
+def test_heartbeats_that_land_but_time_out_past_the_failover_time_fence_the_worker_and_lose_nothing(
+    rig: Rig, tmp_path: Path
+) -> None:
+    path = rig.chaos_journal = tmp_path / "journal.txt"
+    path.touch()
+
+    def lines() -> list[Line]:
+        return read_lines(path)
+
+    rig.discovery_interval_ms = None  # the production default: new leases by notice, the index query a safety net
+    fault = Fault(kind="landed-timeout", write="heartbeat", worker="w1")
+    started = time.monotonic()
+    with dynamodb_fault(rig.ddb, fault, lease_table_name(rig.app), metrics_table=worker_metrics_table_name(rig.app)):
+        # GIVEN two workers (journal tags 1 and 2) sharing a 2-shard stream while a producer writes 100 records/s
+        rig.start()
+        with Producer(rig.kinesis, rig.stream) as producer:
+            assert wait_for(lambda: len({x.shard for x in lines() if x.kind == "REC"}) == 2, timeout_s=60)
+            assert wait_for(lambda: bool(holding(lines(), 1)), timeout_s=30), "w1 never processed a shard"
+            held = holding(lines(), 1)
+            # WHEN every heartbeat of w1 lands (the leader sees its counter move) but its reply times out, on every
+            # retry, for longer than the failover time
+            fault_at = time.monotonic()
+            fault.active.set()
+            # THEN w1 stops processing what it held once its fence runs out (no reply arrived in time)
+            assert wait_for(lambda: held <= _lost(lines(), 1, after=fault_at), timeout_s=FAILOVER_S + 10), (
+                f"{rig.liveness}: w1 kept processing {held - _lost(lines(), 1, after=fault_at)} without a heartbeat"
+            )
+            fenced_s = time.monotonic() - fault_at
+            time.sleep(max(0.0, fault_at + FAILOVER_S + 2.0 - time.monotonic()))
+            fault.active.clear()
+            healed_at = time.monotonic()
+            # AND once its beats get replies again, every shard is served again within a few seconds (waited for
+            # longer, so that a miss says by how much)
+            bound_s = FAILOVER_S + 5.0
+            wait_for(lambda: _all_served_after(lines(), held, healed_at), timeout_s=90)
+            resumed_s = time.monotonic() - healed_at
+            producer.stop()
+        produced = producer.produced
+        assert wait_for(lambda: {x.c for x in lines() if x.kind == "REC"} >= set(produced), timeout_s=90), (
+            f"{rig.liveness}: records still missing"
+        )
+    assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
+    journal = lines()
+    # (no process died: every duplicate must come from a session that ended with LOST)
+    verdict = check_journal(journal, produced, abnormal_pids=set(), lease_bound_s=FAILOVER_S)
+    record_figures(
+        f"heartbeat-landed-timeout-{rig.liveness}",
+        {
+            "held": len(held),
+            "fault_hits": fault.hits,
+            "fenced_s": round(fenced_s, 1),
+            "resumed_after_fault_s": round(resumed_s, 1),
+            "runtime_s": round(time.monotonic() - started, 1),
+            **verdict.figures(),
+        },
+    )
+    # AND nothing is lost, order holds per session, duplicates only after a LOST; and w1 processed nothing on a shard
+    # once another worker had started on it
+    assert not verdict.violations, f"{rig.liveness}: {verdict.violations[:10]}"
+    assert not fenced_after_stop(journal, 1, fault_at), fenced_after_stop(journal, 1, fault_at)[:5]
+    assert resumed_s < bound_s, (
+        f"{rig.liveness}: shards {sorted(held)} served again {resumed_s:.1f} s after w1's heartbeats healed "
+        f"(bound {bound_s:.0f} s)"
+    )
+
+
+def _lost(lines: list[Line], tag: int, *, after: float) -> set[str]:
+    return {x.shard for x in lines if x.pid == tag and x.kind == "LOST" and x.t >= after}
+
+
+def _all_served_after(lines: list[Line], shards: set[str], at: float) -> bool:
+    return all(any(x.shard == s and x.kind == "REC" and x.t >= at for x in lines) for s in shards)
 
 
 @pytest.mark.parametrize("code", ["ProvisionedThroughputExceededException", "ExpiredIteratorException"])
