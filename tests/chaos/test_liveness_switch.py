@@ -165,7 +165,6 @@ def test_switching_a_running_fleet_to_worker_mode_and_back_loses_nothing(
             assert wait_for(lambda: modes.read() == WORKER, timeout_s=SWITCH_TIMEOUT_S), modes.read()
             assert wait_for(lambda: _all_say(rows, "worker"), timeout_s=SWITCH_TIMEOUT_S), _said(rows)
             figures["to_worker_s"] = round(time.monotonic() - asked, 1)
-            time.sleep(RENEW_S)  # a renewal already under way when a worker read the mode may still land
             window_start = time.monotonic()
             during = steady_window(store, idle, WINDOW_S)
             window_end = time.monotonic()
