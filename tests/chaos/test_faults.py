@@ -4,10 +4,10 @@ DynamoDB: throttling, 5xx, read timeouts, lost replies (applied, reply dropped) 
 aimed at one write at a time — the worker's renewals (``lease`` liveness mode only: ``worker`` mode has none) or
 heartbeats, its checkpoints, the leader's assignments — for a window shorter than the lease. Kinesis: throttled and
 expired-iterator GetRecords. Each time: nothing lost, no lease lost (the fault implies no loss of ownership), no
-duplicate, and processing continues once the fault stops. Then the heartbeat writes of one worker land but time out
-for longer than the failover time, in both liveness modes: the worker stops processing once its fence ran out (the
-leader may move its leases), nothing is lost or processed twice by two workers, and its shards are served again
-within seconds of its heartbeats getting replies again.
+duplicate, and processing continues once the fault stops. Then the heartbeat writes of one worker fail for longer
+than the failover time — landing with every reply timed out, or throttled — in both liveness modes: the worker stops
+processing once its fence ran out (the leader may move its leases), nothing is lost or processed twice by two workers,
+and its shards are served again within seconds of its heartbeats working again.
 """
 
 from __future__ import annotations
@@ -106,9 +106,16 @@ def test_dynamodb_faults_on_one_write_are_ridden_through(rig: Rig, write: str, k
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "landed-timeout",  # every beat lands (the leader sees the counter move), every reply times out
+        "throttle",  # no beat lands: the leader sees the counter stand still and moves w1's leases
+    ],
+)
 @pytest.mark.parametrize("rig", LIVENESS_MODES, indirect=True)
-def test_heartbeats_that_land_but_time_out_past_the_failover_time_fence_the_worker_and_lose_nothing(
-    rig: Rig, tmp_path: Path
+def test_heartbeats_failing_past_the_failover_time_fence_the_worker_and_lose_nothing(
+    rig: Rig, tmp_path: Path, kind: str
 ) -> None:
     path = rig.chaos_journal = tmp_path / "journal.txt"
     path.touch()
@@ -117,7 +124,7 @@ def test_heartbeats_that_land_but_time_out_past_the_failover_time_fence_the_work
         return read_lines(path)
 
     rig.discovery_interval_ms = None  # the production default: new leases by notice, the index query a safety net
-    fault = Fault(kind="landed-timeout", write="heartbeat", worker="w1")
+    fault = Fault(kind=kind, write="heartbeat", worker="w1")
     started = time.monotonic()
     with dynamodb_fault(rig.ddb, fault, lease_table_name(rig.app), metrics_table=worker_metrics_table_name(rig.app)):
         # GIVEN two workers (journal tags 1 and 2) sharing a 2-shard stream while a producer writes 100 records/s
@@ -126,8 +133,8 @@ def test_heartbeats_that_land_but_time_out_past_the_failover_time_fence_the_work
             assert wait_for(lambda: len({x.shard for x in lines() if x.kind == "REC"}) == 2, timeout_s=60)
             assert wait_for(lambda: bool(holding(lines(), 1)), timeout_s=30), "w1 never processed a shard"
             held = holding(lines(), 1)
-            # WHEN every heartbeat of w1 lands (the leader sees its counter move) but its reply times out, on every
-            # retry, for longer than the failover time
+            # WHEN every heartbeat of w1 fails for longer than the failover time: it lands but its reply times out
+            # (on every retry), or it is throttled
             fault_at = time.monotonic()
             fault.active.set()
             # THEN w1 stops processing what it held once its fence runs out (no reply arrived in time)
@@ -153,7 +160,7 @@ def test_heartbeats_that_land_but_time_out_past_the_failover_time_fence_the_work
     # (no process died: every duplicate must come from a session that ended with LOST)
     verdict = check_journal(journal, produced, abnormal_pids=set(), lease_bound_s=FAILOVER_S)
     record_figures(
-        f"heartbeat-landed-timeout-{rig.liveness}",
+        f"heartbeat-{kind}-past-failover-{rig.liveness}",
         {
             "held": len(held),
             "fault_hits": fault.hits,
@@ -168,7 +175,7 @@ def test_heartbeats_that_land_but_time_out_past_the_failover_time_fence_the_work
     assert not verdict.violations, f"{rig.liveness}: {verdict.violations[:10]}"
     assert not fenced_after_stop(journal, 1, fault_at), fenced_after_stop(journal, 1, fault_at)[:5]
     assert resumed_s < bound_s, (
-        f"{rig.liveness}: shards {sorted(held)} served again {resumed_s:.1f} s after w1's heartbeats healed "
+        f"{rig.liveness}/{kind}: shards {sorted(held)} served again {resumed_s:.1f} s after w1's heartbeats healed "
         f"(bound {bound_s:.0f} s)"
     )
 
