@@ -45,7 +45,8 @@ class HeartbeatSink(Protocol):
 
 
 class HeartbeatFence(Protocol):
-    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> None: ...
+    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> bool:
+        """Extend the fence; True if it had run out before this reply (leases were dropped)."""
 
     def handoff_requests(self, elements: Collection[str], sent_at: float) -> Collection[str]:
         """The leader's hand-off requests on our item (``worker`` liveness mode), seen by a beat sent at
@@ -129,13 +130,17 @@ class HeartbeatLoop:
                     log.warning("heartbeat of %s failed (the fence keeps counting down): %s", self.worker_id, exc)
                 self._failing = True
                 return False
-            self._fence.heartbeat_succeeded(sent, self._clock.monotonic())
+            lapsed = self._fence.heartbeat_succeeded(sent, self._clock.monotonic())
             if self._failing:
                 log.info("heartbeat of %s succeeded again", self.worker_id)
             self._failing = False
             self.beats += 1
             self.established.set()
             self._done_requests -= done
+            if lapsed:
+                # What was dropped while fenced may still be ours in the table (in worker mode the leader moves
+                # nothing from a worker whose beats kept landing, e.g. when only their replies were lost): look now.
+                self._notify(None)
             if row is not None:
                 self._notice(row)
                 # The reply is the item *before* this beat: what we removed in it is still listed there.
@@ -153,6 +158,9 @@ class HeartbeatLoop:
         if previous is None or version == previous:
             return  # the first beat only learns the version: the worker's start-up discovery covers the rest
         keys = row.assigned_keys if version == previous + 1 and row.assigned_keys else None
+        self._notify(keys)
+
+    def _notify(self, keys: tuple[str, ...] | None) -> None:
         try:
             self._on_notice(keys)
         except Exception:

@@ -128,6 +128,12 @@ class LeaseHolder:
             return self._renewing  # without renewals only the heartbeat vouches for a lease
         return now < fence
 
+    @property
+    def fenced(self) -> bool:
+        """The heartbeat fence has run out: nothing is valid, and nothing should be taken, until a beat lands."""
+        fence = self._heartbeat_until
+        return fence is not None and self._clock.monotonic() >= fence
+
     # --- liveness mode (docs/liveness-modes.md) ---------------------------------------------------------------
 
     @property
@@ -234,15 +240,18 @@ class LeaseHolder:
 
     # --- the heartbeat fence (docs/failover.md) ---------------------------------------------------------------
 
-    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> None:
+    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> bool:
         """A heartbeat sent at ``sent_at`` was acknowledged at ``replied_at`` (monotonic). It extends the fence to
         ``sent_at + validity`` — unless the previous fence had already run out when the reply came: then the leader
-        may have judged this worker dead and moved its leases, so every lease held is dropped as lost first."""
+        may have judged this worker dead and moved its leases, so every lease held is dropped as lost first.
+        Returns whether the fence had run out (the caller looks again at what the table says is ours: in
+        ``worker`` mode the leader moves nothing from a worker whose beats kept landing, so its leases wait for it)."""
         with self._guard:
             lapsed = self._heartbeat_until is not None and replied_at >= self._heartbeat_until
             dropped = self._drop_all_locked() if lapsed else []
             self._heartbeat_until = sent_at + self.validity_s
         self._report_lost(dropped, "heartbeat lapsed: the leader may have moved it")
+        return lapsed
 
     def fence_all(self, reason: str) -> None:
         """Stop processing everything now (the worker is leaving): every lease is dropped as lost and nothing is

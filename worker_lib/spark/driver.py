@@ -263,6 +263,8 @@ class SparkLeaseCoordinator:
         """Take the leases assigned to us (``keys``: the ones the leader's notice named, else ask the index)."""
         if self._heartbeat is not None and not self._heartbeat.established.is_set():
             return  # the fence is not in force yet
+        if self._holder.fenced:
+            return  # the fence ran out: nothing may be taken until a beat lands (which asks for a look again)
         held = set(self._holder.held_keys())
         found = self._discoverer.discover(held) if keys is None else self._discoverer.discover_keys(keys, held)
         for lease in found:

@@ -226,6 +226,12 @@ class LeaseCoordinator:
                 next_discovery = now
                 self._sleep(0.05)
                 continue
+            if self._holder.fenced:
+                # The heartbeat fence ran out: every lease is invalid and nothing may be taken until a beat lands
+                # (the heartbeat loop then asks for a look at what is still ours).
+                self._reap()
+                self._sleep(0.05)
+                continue
             try:
                 if now >= next_renewal:
                     next_renewal = now + self.config.renewer_interval_s
@@ -325,6 +331,10 @@ class LeaseCoordinator:
             self._throughput.forget(key)
             if outcome is ConsumerOutcome.LOST:
                 self._holder.drop(key)
+                if not self._holder.renewing and not self._holder.fenced:
+                    # Worker mode: the leader moves nothing from a live worker but by hand-off, so a lease our consumer
+                    # gave up as lost (e.g. it ended just after a lapse of the fence) may well still be ours: look.
+                    self._notices.put(None)
             if outcome is ConsumerOutcome.FINISHED and self._heartbeat is not None:
                 self._heartbeat.note_event()  # child leases were created: the leader assigns them at once
 
