@@ -19,10 +19,12 @@ from tests.support.recording import Journal, RecordingProcessor, create_leases_f
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.errors import EndpointUnreachableError
 from worker_lib.core.models import Lease
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode, handoff_request
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.renewer import LeaseHolder
@@ -228,3 +230,75 @@ def test_throughput_is_written_only_when_it_changed_and_without_moving_the_count
     assert refresh(60.0) == (1, 60.0)
     # AND a small absolute change on a quiet lease is not worth a write
     assert refresh(60.5) == (0, 60.0)
+
+
+class LandedTimeouts:
+    """A heartbeat sink whose writes land while ``failing`` but whose replies never come back (a read timeout after
+    the write was applied): the leader sees the counter move, the worker sees only failures."""
+
+    def __init__(self, inner: WorkerMetricsStore) -> None:
+        self._inner = inner
+        self.failing = False
+
+    def heartbeat(self, worker_id: str, **beat: Any) -> Any:
+        row = self._inner.heartbeat(worker_id, **beat)
+        if self.failing:
+            raise EndpointUnreachableError("read timeout after the write landed (injected)")
+        return row
+
+
+def counter_over(rows: WorkerMetricsStore, seconds: float, step_s: float = 0.05) -> list[tuple[float, int]]:
+    """(elapsed, heartbeat counter) every ``step_s`` for ``seconds``."""
+    samples: list[tuple[float, int]] = []
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        row = rows.get("w1")
+        samples.append((elapsed, row.heartbeat.counter if row and row.heartbeat else 0))
+        time.sleep(step_s)
+    return samples
+
+
+def longest_still(samples: list[tuple[float, int]]) -> float:
+    longest, since, last = 0.0, 0.0, None
+    for at, counter in samples:
+        if counter != last:
+            since, last = at, counter
+        longest = max(longest, at - since)
+    return longest
+
+
+@pytest.mark.parametrize("liveness", ["worker", "lease"])
+def test_a_fenced_worker_mode_worker_falls_silent_so_the_leader_moves_its_leases(
+    ddb: Any, app_name: str, liveness: str
+) -> None:
+    # GIVEN a heartbeat loop (failover 1 s, beats every 100 ms) whose beats land but whose replies stop coming back
+    rows = WorkerMetricsStore(app_name, client=ddb)
+    config = LeaseConfig(failover_time_ms=1_000, heartbeat_interval_ms=100)
+    holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=config)
+    sink = LandedTimeouts(rows)
+    loop = HeartbeatLoop(
+        sink,
+        "w1",
+        interval_ms=100,
+        fence=holder,
+        on_notice=lambda keys: None,
+        quiet_after_lapse_ms=config.quiet_after_lapse_ms,
+    )
+    loop.liveness = liveness
+    loop.start()
+    try:
+        assert wait_until(lambda: loop.beats >= 3, timeout_s=5)
+        # WHEN every reply is lost for 3 s (three failover times)
+        sink.failing = True
+        samples = counter_over(rows, 3.0)
+    finally:
+        loop.stop()
+    # THEN the worker is fenced, and in worker mode it falls silent for longer than the failover time (the leader
+    # sees its counter stand still and judges it gone), then beats again; in lease mode it keeps beating (its leases
+    # expire by counter anyway)
+    assert holder.fenced
+    if liveness == "worker":
+        assert 1.1 <= longest_still(samples) <= 2.0
+        assert samples[-1][1] > samples[0][1]
+    else:
+        assert longest_still(samples) < 0.6

@@ -81,6 +81,12 @@ class LeaseConfig:
         return min(default, self.failover_time_ms // 3)
 
     @property
+    def quiet_after_lapse_ms(self) -> int:
+        """How long a fenced ``worker``-mode worker stays silent so that the leader judges it gone: the failover time
+        plus two beats (worker_lib/leases/heartbeat.py, ``HeartbeatLoop``)."""
+        return self.failover_time_ms + 2 * self.heartbeat_interval_for(LivenessMode.WORKER)
+
+    @property
     def follows_stored_mode(self) -> bool:
         return self.liveness_mode == AUTO
 

@@ -48,6 +48,10 @@ class HeartbeatFence(Protocol):
     def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> bool:
         """Extend the fence; True if it had run out before this reply (leases were dropped)."""
 
+    @property
+    def fenced(self) -> bool:
+        """The fence has run out: nothing is valid until a beat lands."""
+
     def handoff_requests(self, elements: Collection[str], sent_at: float) -> Collection[str]:
         """The leader's hand-off requests on our item (``worker`` liveness mode), seen by a beat sent at
         ``sent_at``; returns the elements we are done with (removed by the next beat)."""
@@ -65,6 +69,7 @@ class HeartbeatLoop:
         interval_ms: int,
         fence: HeartbeatFence,
         on_notice: NoticeCallback,
+        quiet_after_lapse_ms: int = 0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if interval_ms <= 0:
@@ -83,6 +88,8 @@ class HeartbeatLoop:
         self._seen_version: int | None = None
         self._done_requests: set[str] = set()
         self._failing = False
+        self._quiet_after_lapse_s = quiet_after_lapse_ms / 1000
+        self._quiet_until: float | None = None
         self.state = WorkerState.ACTIVE
         self.events = 0
         self.liveness: str | None = None
@@ -129,6 +136,7 @@ class HeartbeatLoop:
                 if not self._failing:
                     log.warning("heartbeat of %s failed (the fence keeps counting down): %s", self.worker_id, exc)
                 self._failing = True
+                self._go_quiet_if_lapsed()
                 return False
             lapsed = self._fence.heartbeat_succeeded(sent, self._clock.monotonic())
             if self._failing:
@@ -166,6 +174,24 @@ class HeartbeatLoop:
         except Exception:
             log.exception("handling the assignment notice for %s failed", self.worker_id)
 
+    def _go_quiet_if_lapsed(self) -> None:
+        """In ``worker`` mode, once the fence has run out under failing beats, stop beating for a while.
+
+        Beats can land while their replies never come back (a timeout after the write was applied): the leader
+        then sees a live worker and moves nothing, while the worker, fenced, processes nothing — its shards would
+        wait for as long as that lasts. In ``lease`` mode its leases expire by counter; in ``worker`` mode only
+        silence does it: after ``quiet_after_lapse_ms`` (longer than the failover time) without a beat the leader
+        judges the worker gone and moves its leases. A worker whose beats do not land at all loses nothing by it."""
+        if self._quiet_after_lapse_s <= 0 or self.liveness != "worker" or self._quiet_until is not None:
+            return
+        if self._fence.fenced:
+            self._quiet_until = self._clock.monotonic() + self._quiet_after_lapse_s
+            log.warning(
+                "heartbeat of %s: fenced after failing beats; silent for %.0f s so that the leader moves its leases",
+                self.worker_id,
+                self._quiet_after_lapse_s,
+            )
+
     def _requests(self, elements: list[str], sent: float) -> None:
         try:
             self._done_requests.update(self._fence.handoff_requests(elements, sent))
@@ -199,6 +225,11 @@ class HeartbeatLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             started = self._clock.monotonic()
+            if self._quiet_until is not None:
+                if started < self._quiet_until:
+                    self._stop.wait(min(self._quiet_until - started, self._interval_s))
+                    continue
+                self._quiet_until = None
             try:
                 self.beat()
             except Exception:

@@ -109,6 +109,8 @@ class LeaseCoordinator:
                 interval_ms=config.lease.heartbeat_interval_for(LivenessMode.LEASE),
                 fence=self._holder,
                 on_notice=self._notices.put,
+                # in worker mode, silent for longer than the failover time once fenced (see HeartbeatLoop)
+                quiet_after_lapse_ms=config.lease.quiet_after_lapse_ms,
                 clock=clock,
             )
         self._modes = ModeFollower(
