@@ -178,8 +178,10 @@ def test_an_invalid_leader_value_is_one_line_and_exit_2(name: str, value: str, f
     assert_one_line_usage_error(args, name, value, fragment)
 
 
-@pytest.mark.parametrize("role", ["worker", "leader"])
-@pytest.mark.parametrize(("configured", "stored"), [("lease", "worker"), ("worker", "lease")])
+@pytest.mark.parametrize(
+    ("role", "configured", "stored"),
+    [("worker", "lease", "worker"), ("leader", "lease", "worker"), ("worker", "worker", "lease")],
+)
 def test_a_process_configured_for_the_other_liveness_mode_refuses_to_start_with_one_line(
     moto_aws: AwsConfig, moto_endpoint: str, app_name: str, *, role: str, configured: str, stored: str
 ) -> None:
