@@ -2,7 +2,8 @@
 
 Context keys: ``shardlease:app`` (application name), ``shardlease:stream-arn`` or ``shardlease:stream-name``,
 ``shardlease:failover-time-ms``, ``shardlease:billing-mode``, ``shardlease:removal-policy``,
-``shardlease:initial-position``, ``shardlease:metrics-namespace``, ``shardlease:alarm-topic-arn``,
+``shardlease:initial-position``, ``shardlease:liveness-mode``,
+``shardlease:metrics-namespace``, ``shardlease:alarm-topic-arn``,
 ``shardlease:alarm-minutes``, ``shardlease:stack-name``. Account and region come from the CLI's environment
 (``CDK_DEFAULT_ACCOUNT`` / ``CDK_DEFAULT_REGION``) when set; otherwise the stack is environment-agnostic.
 
@@ -46,6 +47,7 @@ def main() -> cdk.App:
         billing_mode=_ctx(app, "billing-mode", "PAY_PER_REQUEST") or "PAY_PER_REQUEST",
         removal_policy=_ctx(app, "removal-policy", "RETAIN") or "RETAIN",
         initial_position=_ctx(app, "initial-position", "LATEST") or "LATEST",
+        liveness_mode=_ctx(app, "liveness-mode", "lease") or "lease",
         metrics_namespace=_ctx(app, "metrics-namespace"),
         alarm_topic_arn=_ctx(app, "alarm-topic-arn"),
         alarm_minutes=int(_ctx(app, "alarm-minutes", "5") or 5),

@@ -30,6 +30,7 @@ class ShardleaseStack(cdk.Stack):
         billing_mode: str = "PAY_PER_REQUEST",
         removal_policy: str = "RETAIN",
         initial_position: str = "LATEST",
+        liveness_mode: str = "lease",
         metrics_namespace: str | None = None,
         alarm_topic_arn: str | None = None,
         alarm_minutes: int = 5,
@@ -60,8 +61,12 @@ class ShardleaseStack(cdk.Stack):
             billing_mode=BillingMode(billing_mode.upper()),
             removal_policy=cdk.RemovalPolicy(removal_policy.upper()),
             initial_position=initial_position.upper(),
+            liveness_mode=liveness_mode,
             alarms=AlarmSettings(
-                no_leader_minutes=alarm_minutes, unassigned_minutes=alarm_minutes, leader_error_minutes=alarm_minutes
+                no_leader_minutes=alarm_minutes,
+                unassigned_minutes=alarm_minutes,
+                leader_error_minutes=alarm_minutes,
+                foreign_owner_minutes=alarm_minutes,
             ),
             alarm_actions=actions,
             **extra,
