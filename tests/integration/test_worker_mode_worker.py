@@ -288,17 +288,42 @@ def test_a_fenced_worker_mode_worker_falls_silent_so_the_leader_moves_its_leases
     loop.start()
     try:
         assert wait_until(lambda: loop.beats >= 3, timeout_s=5)
-        # WHEN every reply is lost for 3 s (three failover times)
+        # WHEN every reply is lost for 4.5 s (four and a half failover times)
         sink.failing = True
-        samples = counter_over(rows, 3.0)
+        samples = counter_over(rows, 4.5)
     finally:
         loop.stop()
-    # THEN the worker is fenced, and in worker mode it falls silent for longer than the failover time (the leader
-    # sees its counter stand still and judges it gone), then beats again; in lease mode it keeps beating (its leases
-    # expire by counter anyway)
+    # THEN the worker is fenced, and in worker mode — once fenced for the failover time — it falls silent for longer
+    # than the failover time (the leader sees its counter stand still and judges it gone), then beats again; in
+    # lease mode it keeps beating (its leases expire by counter anyway)
     assert holder.fenced
     if liveness == "worker":
         assert 1.1 <= longest_still(samples) <= 2.0
         assert samples[-1][1] > samples[0][1]
     else:
         assert longest_still(samples) < 0.6
+
+
+def test_a_short_lapse_does_not_silence_a_worker_mode_worker(ddb: Any, app_name: str) -> None:
+    # GIVEN the same loop in worker mode
+    rows = WorkerMetricsStore(app_name, client=ddb)
+    config = LeaseConfig(failover_time_ms=1_000, heartbeat_interval_ms=100)
+    holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=config)
+    sink = LandedTimeouts(rows)
+    loop = HeartbeatLoop(
+        sink, "w1", interval_ms=100, fence=holder, on_notice=lambda keys: None, quiet_after_lapse_ms=1_200
+    )
+    loop.liveness = "worker"
+    loop.start()
+    try:
+        assert wait_until(lambda: loop.beats >= 3, timeout_s=5)
+        # WHEN replies are lost for 1.5 s: the fence runs out, but for less than the failover time
+        sink.failing = True
+        samples = counter_over(rows, 1.5)
+        sink.failing = False
+        samples += counter_over(rows, 1.0)
+    finally:
+        loop.stop()
+    # THEN it never falls silent, and the fence holds again
+    assert longest_still(samples) < 0.6
+    assert not holder.fenced

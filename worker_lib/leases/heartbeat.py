@@ -49,8 +49,8 @@ class HeartbeatFence(Protocol):
         """Extend the fence; True if it had run out before this reply (leases were dropped)."""
 
     @property
-    def fenced(self) -> bool:
-        """The fence has run out: nothing is valid until a beat lands."""
+    def fenced_for_s(self) -> float:
+        """How long ago the fence ran out (0 while it holds): nothing is valid until a beat lands."""
 
     def handoff_requests(self, elements: Collection[str], sent_at: float) -> Collection[str]:
         """The leader's hand-off requests on our item (``worker`` liveness mode), seen by a beat sent at
@@ -181,10 +181,12 @@ class HeartbeatLoop:
         then sees a live worker and moves nothing, while the worker, fenced, processes nothing — its shards would
         wait for as long as that lasts. In ``lease`` mode its leases expire by counter; in ``worker`` mode only
         silence does it: after ``quiet_after_lapse_ms`` (longer than the failover time) without a beat the leader
-        judges the worker gone and moves its leases. A worker whose beats do not land at all loses nothing by it."""
+        judges the worker gone and moves its leases. A worker whose beats do not land at all loses nothing by it.
+        Only a lapse that lasts (fenced for longer than two beats less than the quiet time, i.e. the failover time)
+        does it: a short one — a slow moment — is followed by a look at what is still ours and nothing moves."""
         if self._quiet_after_lapse_s <= 0 or self.liveness != "worker" or self._quiet_until is not None:
             return
-        if self._fence.fenced:
+        if self._fence.fenced_for_s >= self._quiet_after_lapse_s - 2 * self._interval_s:
             self._quiet_until = self._clock.monotonic() + self._quiet_after_lapse_s
             log.warning(
                 "heartbeat of %s: fenced after failing beats; silent for %.0f s so that the leader moves its leases",

@@ -131,8 +131,13 @@ class LeaseHolder:
     @property
     def fenced(self) -> bool:
         """The heartbeat fence has run out: nothing is valid, and nothing should be taken, until a beat lands."""
+        return self.fenced_for_s > 0
+
+    @property
+    def fenced_for_s(self) -> float:
+        """How long ago the heartbeat fence ran out (0 while it holds, or before the first beat)."""
         fence = self._heartbeat_until
-        return fence is not None and self._clock.monotonic() >= fence
+        return 0.0 if fence is None else max(0.0, self._clock.monotonic() - fence)
 
     # --- liveness mode (docs/liveness-modes.md) ---------------------------------------------------------------
 
