@@ -102,6 +102,9 @@ def env_for(journal: Path, *, cycle_ms: int, liveness: str) -> dict[str, str]:
         "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
         "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
         "SHARDLEASE_CPU_METRIC": "process",
+        # Balance by lease count: these scenarios are about departures and takeovers, and on a loaded machine the
+        # CPU-based default may leave a worker (the victim-to-be) without a shard for longer than a wait allows.
+        "SHARDLEASE_ASSIGNMENT_STRATEGY": "count",
         # 0 = the production default: with heartbeats on, new leases arrive by notice (index query every 30 s)
         "SHARDLEASE_DISCOVERY_INTERVAL_MS": "0",
     }
