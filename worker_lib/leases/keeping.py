@@ -8,10 +8,12 @@ import logging
 import threading
 from typing import Protocol
 
+from worker_lib.core.clock import Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.heartbeat import HeartbeatLoop, HeartbeatSink, NoticeCallback
 from worker_lib.leases.mode import LivenessMode, StoredMode
+from worker_lib.leases.mode_store import LivenessModeSource, ModeFollower
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.leases.store import LeaseStore
 
@@ -20,6 +22,42 @@ log = logging.getLogger("shardlease.worker.leases")
 
 class AssignmentNotices(Protocol):
     def notify_assigned(self, worker_id: str, lease_keys: list[str]) -> bool: ...
+
+
+def heartbeat_loop(
+    config: LeaseConfig,
+    sink: HeartbeatSink,
+    worker_id: str,
+    *,
+    holder: LeaseHolder,
+    on_notice: NoticeCallback,
+    clock: Clock,
+) -> HeartbeatLoop | None:
+    """The heartbeat of a lease holder, fenced by ``holder``; ``None`` when the configuration turns it off. It starts
+    at the ``lease`` mode's interval; :func:`apply_liveness_mode` sets the mode's own."""
+    if not config.heartbeat_enabled:
+        return None
+    return HeartbeatLoop(
+        sink,
+        worker_id,
+        interval_ms=config.heartbeat_interval_for(LivenessMode.LEASE),
+        fence=holder,
+        on_notice=on_notice,
+        # in worker mode, silent for longer than the failover time once fenced (see HeartbeatLoop)
+        quiet_after_lapse_ms=config.quiet_after_lapse_ms,
+        clock=clock,
+    )
+
+
+def mode_follower(config: LeaseConfig, source: LivenessModeSource | None, *, who: str, clock: Clock) -> ModeFollower:
+    """The holder's view of the stored liveness mode, with the configured setting and re-read interval."""
+    return ModeFollower(
+        source,
+        setting=config.liveness_mode,
+        check_interval_s=config.mode_check_interval_ms / 1000,
+        who=who,
+        clock=clock,
+    )
 
 
 def apply_liveness_mode(

@@ -115,8 +115,13 @@ class ModeFollower:
         return self._current
 
     def start(self) -> StoredMode:
-        """The first read; raises :class:`LivenessModeMismatchError` on a mismatch, any store error as it is."""
-        stored = self._source.read() if self._source is not None else None
+        """The first read; raises :class:`LivenessModeMismatchError` on a mismatch. A read that fails leaves the
+        ``lease`` mode in force — renewing is safe under either mode — and the next :meth:`poll` reads again."""
+        try:
+            stored = self._source.read() if self._source is not None else None
+        except DependencyError as exc:
+            log.warning("%s could not read the liveness mode (renewing until it can): %s", self._who, exc)
+            return self._current
         check_start(self._setting, stored, who=self._who)
         self._current = stored or LEASE_MODE
         self._next_check = self._clock.monotonic() + self._interval_s

@@ -25,10 +25,16 @@ from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo, WorkerState
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.leases.heartbeat import HeartbeatLoop
-from worker_lib.leases.keeping import NoticeBox, apply_liveness_mode, give_up_undiscovered, released
-from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode
-from worker_lib.leases.mode_store import LivenessModeStore, ModeFollower
+from worker_lib.leases.keeping import (
+    NoticeBox,
+    apply_liveness_mode,
+    give_up_undiscovered,
+    heartbeat_loop,
+    mode_follower,
+    released,
+)
+from worker_lib.leases.mode import StoredMode
+from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.retrieval import ShardRecordFetcher
@@ -91,22 +97,12 @@ class SparkLeaseCoordinator:
         # One row per application in <app>-WorkerMetricStats: the heartbeat's UpdateItem and the load metric's
         # (WorkerMetricsStore.put, also an UpdateItem) each keep the other's attributes.
         self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock)
-        self._heartbeat: HeartbeatLoop | None = None
-        if options.lease.heartbeat_enabled:
-            self._heartbeat = HeartbeatLoop(
-                self._rows,
-                self.worker_id,
-                interval_ms=options.lease.heartbeat_interval_for(LivenessMode.LEASE),
-                fence=self._holder,
-                on_notice=self._notices.put,
-                # in worker mode, silent for longer than the failover time once fenced (see HeartbeatLoop)
-                quiet_after_lapse_ms=options.lease.quiet_after_lapse_ms,
-                clock=clock,
-            )
-        self._modes = ModeFollower(
+        self._heartbeat = heartbeat_loop(
+            options.lease, self._rows, self.worker_id, holder=self._holder, on_notice=self._notices.put, clock=clock
+        )
+        self._modes = mode_follower(
+            options.lease,
             LivenessModeStore(CoordinatorStateStore(options.app, client=self._dynamodb, clock=clock), clock=clock),
-            setting=options.lease.liveness_mode,
-            check_interval_s=options.lease.mode_check_interval_ms / 1000,
             who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
             clock=clock,
         )
@@ -162,14 +158,7 @@ class SparkLeaseCoordinator:
         background."""
         if self.started:
             return
-        try:
-            stored = self._modes.start()
-        except DependencyError as exc:  # renewing is safe under either mode: follow the table once it can be read
-            log.warning(
-                "spark source %s could not read the liveness mode (renewing until it can): %s", self.worker_id, exc
-            )
-            stored = LEASE_MODE
-        apply_liveness_mode(stored, self._holder, self._heartbeat, self.options.lease)
+        apply_liveness_mode(self._modes.start(), self._holder, self._heartbeat, self.options.lease)
         self.started = True
         if self._heartbeat is not None:
             # The first beat from this thread: no lease may be taken before one landed (from then on the fence

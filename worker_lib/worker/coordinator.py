@@ -20,10 +20,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from worker_lib.core.clock import Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import ShardInfo, WorkerState
-from worker_lib.leases.heartbeat import HeartbeatLoop
-from worker_lib.leases.keeping import NoticeBox, apply_liveness_mode, give_up_undiscovered, released
-from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode
-from worker_lib.leases.mode_store import LivenessModeSource, ModeFollower
+from worker_lib.leases.keeping import (
+    NoticeBox,
+    apply_liveness_mode,
+    give_up_undiscovered,
+    heartbeat_loop,
+    mode_follower,
+    released,
+)
+from worker_lib.leases.mode import StoredMode
+from worker_lib.leases.mode_store import LivenessModeSource
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
@@ -101,25 +107,10 @@ class LeaseCoordinator:
             throughput=throughput.renewal_value,
             on_release=self._on_release,
         )
-        self._heartbeat: HeartbeatLoop | None = None
-        if config.lease.heartbeat_enabled:
-            self._heartbeat = HeartbeatLoop(
-                worker_metrics,
-                self.worker_id,
-                interval_ms=config.lease.heartbeat_interval_for(LivenessMode.LEASE),
-                fence=self._holder,
-                on_notice=self._notices.put,
-                # in worker mode, silent for longer than the failover time once fenced (see HeartbeatLoop)
-                quiet_after_lapse_ms=config.lease.quiet_after_lapse_ms,
-                clock=clock,
-            )
-        self._modes = ModeFollower(
-            modes,
-            setting=config.lease.liveness_mode,
-            check_interval_s=config.lease.mode_check_interval_ms / 1000,
-            who=f"worker {self.worker_id}",
-            clock=clock,
+        self._heartbeat = heartbeat_loop(
+            config.lease, worker_metrics, self.worker_id, holder=self._holder, on_notice=self._notices.put, clock=clock
         )
+        self._modes = mode_follower(config.lease, modes, who=f"worker {self.worker_id}", clock=clock)
         self._discoverer = LeaseDiscoverer(store, self.worker_id)
         self._detector = KinesisShardDetector(config.stream, client=kinesis, clock=clock)
         self._running: dict[str, _Running] = {}
@@ -144,11 +135,7 @@ class LeaseCoordinator:
 
     def start_heartbeat(self) -> None:
         """Read the liveness mode (refusing a configured one that disagrees), then start beating."""
-        try:
-            apply_liveness_mode(self._modes.start(), self._holder, self._heartbeat, self.config.lease)
-        except DependencyError as exc:  # renewing is safe under either mode: follow the table once it can be read
-            log.warning("worker %s could not read the liveness mode (renewing until it can): %s", self.worker_id, exc)
-            apply_liveness_mode(LEASE_MODE, self._holder, self._heartbeat, self.config.lease)
+        apply_liveness_mode(self._modes.start(), self._holder, self._heartbeat, self.config.lease)
         if self._heartbeat is not None:
             self._heartbeat.start()
 
