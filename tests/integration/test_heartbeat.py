@@ -9,7 +9,6 @@ sleep on the system clock), bounded by polling loops.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,6 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
@@ -36,13 +34,6 @@ from worker_lib.workermetrics.stats_store import MAX_NOTICE_KEYS, WorkerMetricsS
 WALL = 1_800_000_000.0
 FAILOVER_MS = 10_000
 VALIDITY_S = (FAILOVER_MS - LeaseConfig().epsilon_ms) / 1000  # 9.975 s
-
-
-@pytest.fixture
-def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
-    client = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, client)
-    return client
 
 
 @pytest.fixture
@@ -340,14 +331,6 @@ FAST_LEASES = LeaseConfig(failover_time_ms=3_000)  # heartbeat every 1 s (a thir
 @pytest.fixture
 def kinesis(moto_aws: AwsConfig) -> Any:
     return aws.client("kinesis", moto_aws)
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.shutdown(timeout_s=5)
 
 
 def start_worker(app: str, stream: str, ddb: Any, kinesis: Any, workers: list[Worker], **config: Any) -> Worker:

@@ -35,20 +35,12 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
-from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 WALL = 1_800_000_000.0
 FAILOVER_MS = 10_000
 HANDOFF_TIMEOUT_MS = 30_000
-
-
-@pytest.fixture
-def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
-    client = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, client)
-    return client
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -62,14 +61,6 @@ def moto_clients(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any]:
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     return ddb, aws.client("kinesis", moto_aws)
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.shutdown(timeout_s=5)
 
 
 def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpoints(

@@ -10,7 +10,6 @@ holder's throughput test runs on a manual clock.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,7 +28,6 @@ from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, Stor
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
@@ -39,23 +37,8 @@ FAILOVER_MS = 6_000
 
 
 @pytest.fixture
-def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
-    client = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, client)
-    return client
-
-
-@pytest.fixture
 def kinesis(moto_aws: AwsConfig) -> Any:
     return aws.client("kinesis", moto_aws)
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.shutdown(timeout_s=5)
 
 
 def modes(app: str, ddb: Any) -> LivenessModeStore:
