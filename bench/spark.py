@@ -1,28 +1,206 @@
-"""Records/s through the shardlease Spark source vs a plain Python reader of the same shards, side by side.
+"""Records/s through the shardlease Spark source, a lease-less Python Data Source and a plain reader, side by side.
 
-    .venv/bin/python bench/spark.py [--records 20000] [--shards 4]
+    .venv/bin/python bench/spark.py [--records 100000] [--shards 4] [--rounds 2]
 
-Everything runs on one machine against a moto server: a stream is filled once; then (1) a plain reader — one
-thread per shard running the library's ShardRecordFetcher from TRIM_HORIZON to the tip, no leases, no Spark — and
-(2) the source in local[2] mode with Trigger.AvailableNow and a foreachBatch sink that counts rows, reading the
-same shards under a fresh application (its own lease table). The source is run twice: the first run pays the
-SparkSession's first-job warm-up. Ratios compare records/s; absolute numbers are context only.
+Everything runs on one machine against a moto server. A stream is filled once; then each round runs, in
+alternating order:
+
+* **plain**: one thread per shard running the library's ShardRecordFetcher from TRIM_HORIZON to the tip (no
+  Spark, no leases);
+* **lease-less**: a Python Data Source defined below that reads the same shards with the same partitioning (one
+  task per shard per micro-batch), the same stop rules and record cap, the same Arrow output, the same
+  ``Trigger.AvailableNow`` and the same counting ``foreachBatch`` sink — but keeps no leases and records each
+  read's end in a local file instead of DynamoDB. It is what the Python Data Source API costs by itself;
+* **source**: the shardlease source under a fresh application (its own lease table, leases assigned to it).
+
+A first lease-less query warms the SparkSession up and is not counted. Rates are medians over the rounds; ratios
+are what to read (absolute numbers drift with the machine). With ``SHARDLEASE_SPARK_TRACE_DIR`` set the source and
+the baseline trace every step (worker_lib/spark/trace.py): the breakdown printed per micro-batch comes from there
+and from Spark's own progress reports. The last line is::
+
+    spark records/s: plain P, lease-less L, source S; source/lease-less X×, source/plain Y×
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import statistics
 import sys
+import tempfile
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 
 def say(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+# --- the lease-less baseline (shipped to Spark's Python processes by value, as it is defined in __main__) ---------
+
+
+def _baseline_read(task: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Read one shard for one micro-batch by the source's stop rules; Arrow batches and the end reached."""
+    import pyarrow as pa
+
+    from worker_lib.core import aws
+    from worker_lib.core.config import AwsConfig
+    from worker_lib.core.models import TRIM_HORIZON, Checkpoint
+    from worker_lib.processing.config import RetrievalConfig
+    from worker_lib.processing.retrieval import ShardRecordFetcher
+
+    clients = _baseline_read.__dict__.setdefault("clients", {})
+    kinesis = clients.get(task["endpoint"])
+    if kinesis is None:
+        kinesis = clients[task["endpoint"]] = aws.client("kinesis", AwsConfig(endpoint_url=task["endpoint"]))
+    start = (
+        TRIM_HORIZON if task["seq"] == "TRIM_HORIZON" else Checkpoint(sequence=task["seq"], sub_sequence=task["sub"])
+    )
+    cap = task["max_records"]
+    fetcher = ShardRecordFetcher(
+        task["stream"],
+        task["shard"],
+        kinesis_client=kinesis,
+        start=start,
+        config=RetrievalConfig(max_records=min(cap, 10_000)),
+    )
+    records: list[Any] = []
+    caught_up = False
+    deadline = time.monotonic() + task["max_read_ms"] / 1000
+    while len(records) < cap:
+        batch = fetcher.fetch()
+        fresh = [
+            r
+            for r in batch.records
+            if task["until"] is None
+            or r.approximate_arrival_timestamp is None
+            or r.approximate_arrival_timestamp.timestamp() <= task["until"]
+        ]
+        records.extend(fresh[: cap - len(records)])
+        if len(fresh) < len(batch.records) or batch.end_of_shard:
+            caught_up = True
+            break
+        if not batch.throttled and not batch.millis_behind_latest and batch.fetched < min(cap, 10_000):
+            caught_up = True
+            break
+        if time.monotonic() > deadline:
+            break
+    end = {"seq": task["seq"], "sub": task["sub"], "records": len(records), "caught_up": caught_up}
+    if records:
+        end.update(seq=records[-1].sequence_number, sub=records[-1].sub_sequence_number)
+    if not records:
+        return [], end
+    timestamp = pa.timestamp("us", tz="UTC")
+    schema = pa.schema(
+        [
+            ("data", pa.binary()),
+            ("partition_key", pa.string()),
+            ("sequence_number", pa.string()),
+            ("sub_sequence_number", pa.int64()),
+            ("shard_id", pa.string()),
+            ("approximate_arrival_timestamp", timestamp),
+        ]
+    )
+    arrays = [
+        pa.array([r.data for r in records], pa.binary()),
+        pa.array([r.partition_key for r in records], pa.string()),
+        pa.array([r.sequence_number for r in records], pa.string()),
+        pa.array([r.sub_sequence_number for r in records], pa.int64()),
+        pa.array([task["shard"]] * len(records), pa.string()),
+        pa.array([r.approximate_arrival_timestamp for r in records], timestamp),
+    ]
+    return [pa.RecordBatch.from_arrays(arrays, schema=schema)], end
+
+
+class LeaselessReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.until: float | None = None
+
+    def _end_path(self, batch: int, shard: str) -> Path:
+        return Path(self.options["ends_dir"]) / f"{batch}-{shard}.json"
+
+    def initialOffset(self) -> dict[str, Any]:
+        shards = self.options["shards"].split(",")
+        return {"batch": 0, "shards": {s: {"seq": "TRIM_HORIZON", "sub": 0} for s in shards}}
+
+    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
+        batch = start["batch"]
+        if batch == 0:
+            return {"batch": 1, "shards": start["shards"]}
+        ends = {s: json.loads(self._end_path(batch, s).read_text()) for s in start["shards"]}
+        if self.until is not None:  # the source's rule under availableNow: a read that reached the tip is done
+            ends = {s: e for s, e in ends.items() if not e["caught_up"]}
+        if not ends or all(e["records"] == 0 and e["caught_up"] for e in ends.values()):
+            return start
+        return {"batch": batch + 1, "shards": {s: {"seq": e["seq"], "sub": e["sub"]} for s, e in ends.items()}}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        common = {key: self.options[key] for key in ("stream", "endpoint", "ends_dir")}
+        return [
+            InputPartition(
+                {
+                    **common,
+                    "shard": s,
+                    "seq": p["seq"],
+                    "sub": p["sub"],
+                    "batch": end["batch"],
+                    "until": self.until,
+                    "max_records": int(self.options["max_records"]),
+                    "max_read_ms": int(self.options["max_read_ms"]),
+                }
+            )
+            for s, p in sorted(end["shards"].items())
+        ]
+
+    def read(self, partition: InputPartition) -> Any:
+        task = partition.value
+        started = time.perf_counter()
+        batches, end = _baseline_read(task)
+        Path(task["ends_dir"], f"{task['batch']}-{task['shard']}.json").write_text(json.dumps(end))
+        trace_dir = os.environ.get("SHARDLEASE_SPARK_TRACE_DIR")
+        if trace_dir:
+            line = {
+                "kind": "baseline_task",
+                "at": time.time(),
+                "seconds": time.perf_counter() - started,
+                "records": end["records"],
+            }
+            with open(os.path.join(trace_dir, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as out:
+                out.write(json.dumps(line) + "\n")
+        return iter(batches)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.until = time.time()
+
+
+class LeaselessSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "leaseless-kinesis"
+
+    def schema(self) -> str:
+        from worker_lib.spark.source import SCHEMA
+
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> LeaselessReader:
+        return LeaselessReader(dict(self.options))
+
+
+# --- the runs ---------------------------------------------------------------------------------------------------
 
 
 def plain_reader(kinesis: Any, stream: str, shard_ids: list[str]) -> int:
@@ -47,14 +225,111 @@ def plain_reader(kinesis: Any, stream: str, shard_ids: list[str]) -> int:
     return sum(counts.values())
 
 
+class Run:
+    def __init__(self, label: str, records: int, seconds: float, progress: list[Any], window: tuple[float, float]):
+        self.label, self.records, self.seconds, self.progress, self.window = label, records, seconds, progress, window
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds
+
+
+def run_query(spark: Any, reader: Any, label: str, workdir: Path) -> Run:
+    seen = [0]
+
+    def count(df: Any, batch_id: int) -> None:
+        seen[0] += df.count()
+
+    checkpoint = workdir / f"ckpt-{label}-{time.monotonic_ns()}"
+    began = time.time()
+    started = time.monotonic()
+    query = (
+        reader.writeStream.foreachBatch(count)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    elapsed = time.monotonic() - started
+    return Run(label, seen[0], elapsed, list(query.recentProgress), (began, time.time()))
+
+
+def trace_lines(trace_dir: Path, window: tuple[float, float]) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    for path in trace_dir.glob("*.jsonl"):
+        for raw in path.read_text().splitlines():
+            line = json.loads(raw)
+            if window[0] <= line["at"] <= window[1] + 0.5:
+                lines.append(line)
+    return lines
+
+
+def describe(run: Run, trace_dir: Path, shards: int, slots: int) -> None:
+    batches = [p for p in run.progress if "addBatch" in p.durationMs]
+    if not batches:
+        say(f"  {run.label}: no micro-batch ran")
+        return
+    durations: dict[str, float] = defaultdict(float)
+    for p in batches:
+        for key, value in p.durationMs.items():
+            durations[key] += value / len(batches)
+    lines = trace_lines(trace_dir, run.window)
+    n = len(batches)
+    trigger, add_batch, latest = durations["triggerExecution"], durations["addBatch"], durations["latestOffset"]
+    say(
+        f"  {run.label}: {n} micro-batches, {run.records / n:,.0f} rows each on average; "
+        f"per micro-batch (Spark's progress, mean): trigger {trigger:,.0f} ms = latestOffset {latest:,.0f} "
+        f"+ addBatch {add_batch:,.0f} "
+        f"+ rest {trigger - latest - add_batch:,.0f} (offset log, planning, commit log)"
+    )
+    tasks = [line for line in lines if line["kind"] in ("task", "baseline_task")]
+    task_ms = 1000 * sum(line["seconds"] for line in tasks) / n
+    calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for line in lines:
+        for key, (count, seconds) in line.get("calls", {}).items():
+            calls[key][0] += count
+            calls[key][1] += seconds
+    convert_ms = 1000 * sum(line.get("convert_s", 0.0) for line in tasks) / n
+    kinesis_ms = 1000 * sum(s for k, (c, s) in calls.items() if k.endswith("kinesis")) / n
+    say(
+        f"    tasks: {len(tasks) / n:.1f} per micro-batch, {task_ms:,.0f} ms of task time in all"
+        + (f" (GetRecords+iterators {kinesis_ms:,.0f}, Arrow conversion {convert_ms:,.0f})" if calls else "")
+        + f"; Spark scheduling and sink ≈ addBatch − task time ÷ {slots} slots = {add_batch - task_ms / slots:,.0f} ms"
+    )
+    ddb = {k: v for k, v in calls.items() if not k.endswith("kinesis")}
+    if ddb:
+        per_batch = sum(c for c, _ in ddb.values()) / n
+        parts = ", ".join(f"{k} {c / n:.1f} ({1000 * s / n:,.0f} ms)" for k, (c, s) in sorted(ddb.items()))
+        say(f"    DynamoDB calls per micro-batch: {per_batch:.1f} for {shards} shards — {parts}")
+    driver = [line for line in lines if line["kind"] in ("latest_offset", "partitions")]
+    if driver:
+        say(
+            "    driver: "
+            + ", ".join(
+                f"{kind} {1000 * sum(x['seconds'] for x in driver if x['kind'] == kind) / n:,.0f} ms"
+                for kind in ("latest_offset", "partitions")
+            )
+            + " per micro-batch"
+        )
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description="shardlease Spark source vs plain reader")
-    parser.add_argument("--records", type=int, default=20_000)
+    parser = argparse.ArgumentParser(description="shardlease Spark source vs a lease-less source vs a plain reader")
+    parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--max-records-per-shard", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    from worker_lib.spark.options import SourceOptions
+
+    defaults = SourceOptions.__dataclass_fields__
+    parser.add_argument("--max-records-per-shard", type=int, default=defaults["max_records_per_shard"].default)
+    parser.add_argument("--max-read-ms", type=int, default=defaults["max_read_ms"].default)
     args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-spark-"))
+    trace_dir = workdir / "trace"
+    trace_dir.mkdir(parents=True)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["SHARDLEASE_SPARK_TRACE_DIR"] = str(trace_dir)  # before Spark starts its Python processes
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "local")
 
@@ -77,20 +352,18 @@ def main() -> int:
             batch = [{"Data": payload, "PartitionKey": f"k{i + j}"} for j in range(min(500, args.records - i))]
             kinesis.put_records(StreamName=stream, Records=batch)
         shard_ids = [s["ShardId"] for s in kinesis.list_shards(StreamName=stream)["Shards"]]
-        say(f"stream {stream}: {args.shards} shards, {args.records} records of {len(payload)} B (moto)")
-
-        started = time.monotonic()
-        plain_count = plain_reader(kinesis, stream, shard_ids)
-        plain_s = time.monotonic() - started
-        plain_rate = plain_count / plain_s
-        say(f"plain reader : {plain_count:>7} records in {plain_s:6.2f} s = {plain_rate:9.0f} records/s")
+        say(
+            f"stream {stream}: {args.shards} shards, {args.records} records of {len(payload)} B (moto); "
+            f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} before the runs"
+        )
 
         from pyspark.sql import SparkSession
 
         from worker_lib.spark import register
 
+        slots = 2
         spark = (
-            SparkSession.builder.master("local[2]")
+            SparkSession.builder.master(f"local[{slots}]")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
@@ -98,50 +371,86 @@ def main() -> int:
         )
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
-        rates: list[float] = []
-        try:
-            for run in (1, 2):
-                app = f"bench-spark-{run}"
-                ensure_tables(app, ddb)
-                store = DynamoDBLeaseStore(app, client=ddb)
-                for shard_id in shard_ids:
-                    store.create_lease_if_absent(Lease(lease_key=shard_id, checkpoint=TRIM_HORIZON))
-                for lease in store.list_leases():
-                    store.assign_lease(lease, "bench")
-                seen = [0]
+        spark.dataSource.register(LeaselessSource)
+        runs: dict[str, list[Run]] = defaultdict(list)
+        counter = [0]
 
-                def count(df: Any, batch_id: int, seen: list[int] = seen) -> None:
-                    seen[0] += df.count()
-
-                checkpoint = Path(f"/tmp/shardlease-bench-spark-{os.getpid()}-{run}")
-                started = time.monotonic()
-                query = (
-                    spark.readStream.format("shardlease")
-                    .options(
-                        app=app,
-                        stream=stream,
-                        endpoint_url=emulator.endpoint_url,
-                        worker_id="bench",
-                        max_records_per_shard=str(args.max_records_per_shard),
-                        metrics="false",
-                    )
-                    .load()
-                    .writeStream.foreachBatch(count)
-                    .option("checkpointLocation", str(checkpoint))
-                    .trigger(availableNow=True)
-                    .start()
+        def leaseless() -> Any:
+            counter[0] += 1
+            ends = workdir / f"ends-{counter[0]}"
+            ends.mkdir()
+            return (
+                spark.readStream.format("leaseless-kinesis")
+                .options(
+                    stream=stream,
+                    endpoint=emulator.endpoint_url,
+                    shards=",".join(shard_ids),
+                    ends_dir=str(ends),
+                    max_records=str(args.max_records_per_shard),
+                    max_read_ms=str(args.max_read_ms),
                 )
-                query.awaitTermination()
-                elapsed = time.monotonic() - started
-                rate = seen[0] / elapsed
-                rates.append(rate)
-                label = "cold" if run == 1 else "warm"
-                say(f"spark source ({label}): {seen[0]:>7} records in {elapsed:6.2f} s = {rate:9.0f} records/s")
+                .load()
+            )
+
+        def source() -> Any:
+            counter[0] += 1
+            app = f"bench-spark-{counter[0]}"
+            ensure_tables(app, ddb)
+            store = DynamoDBLeaseStore(app, client=ddb)
+            for shard_id in shard_ids:
+                store.create_lease_if_absent(Lease(lease_key=shard_id, checkpoint=TRIM_HORIZON))
+            for lease in store.list_leases():
+                store.assign_lease(lease, "bench")
+            return (
+                spark.readStream.format("shardlease")
+                .options(
+                    app=app,
+                    stream=stream,
+                    endpoint_url=emulator.endpoint_url,
+                    worker_id="bench",
+                    max_records_per_shard=str(args.max_records_per_shard),
+                    metrics="false",
+                )
+                .load()
+            )
+
+        def plain() -> Run:
+            began, started = time.time(), time.monotonic()
+            count = plain_reader(kinesis, stream, shard_ids)
+            return Run("plain", count, time.monotonic() - started, [], (began, time.time()))
+
+        try:
+            warm = run_query(spark, leaseless(), "warm-up", workdir)
+            say(f"warm-up (lease-less, not counted): {warm.records} records in {warm.seconds:.2f} s")
+            for round_no in range(args.rounds):
+                order = ("plain", "leaseless", "source") if round_no % 2 == 0 else ("source", "leaseless", "plain")
+                for label in order:
+                    if label == "plain":
+                        run = plain()
+                    else:
+                        run = run_query(spark, leaseless() if label == "leaseless" else source(), label, workdir)
+                    runs[label].append(run)
+                    say(
+                        f"round {round_no + 1} {label:>9}: {run.records:>7} records in {run.seconds:6.2f} s "
+                        f"= {run.rate:9.0f} records/s"
+                    )
+                    if run.records != args.records:
+                        say(f"  !! {label} read {run.records} of {args.records} records")
+            say("where a micro-batch's time goes (last round):")
+            for label in ("leaseless", "source"):
+                describe(runs[label][-1], trace_dir, args.shards, slots)
         finally:
             spark.stop()
-        say(f"ratio source/plain: cold {rates[0] / plain_rate:.2f}x, warm {rates[1] / plain_rate:.2f}x")
+        rate = {label: statistics.median(r.rate for r in found) for label, found in runs.items()}
+        say(f"load average after the runs: {os.getloadavg()[0]:.2f}")
+        say(
+            f"spark records/s: plain {rate['plain']:.0f}, lease-less {rate['leaseless']:.0f}, "
+            f"source {rate['source']:.0f}; source/lease-less {rate['source'] / rate['leaseless']:.2f}×, "
+            f"source/plain {rate['source'] / rate['plain']:.2f}×"
+        )
     finally:
         emulator.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
 from worker_lib.leases.mode import LivenessMode
+from worker_lib.processing.processor import KinesisRecord
+from worker_lib.spark.load import ExecutorCpu
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
@@ -14,15 +17,18 @@ from worker_lib.spark.planning import (
     ReadSettings,
     ShardOffset,
     SourceOffset,
-    busy_seconds,
+    caught_up_shards,
     commit_actions,
     handoffs_to_complete,
     is_idle,
     later_of,
+    peak_concurrency,
     plan_next_offset,
     plan_partitions,
     positions_after,
+    without_shards,
 )
+from worker_lib.spark.reading import records_up_to
 
 
 def cp(seq: int, sub: int = 0) -> Checkpoint:
@@ -172,10 +178,81 @@ def test_handoffs_complete_once_no_uncommitted_batch_reads_the_shard() -> None:
     assert handoffs_to_complete(["a", "b", "c"], {"a": 4, "b": 5}, 4) == ["a", "c"]
 
 
-def test_busy_seconds() -> None:
-    ends = [BatchEnd(lease_key="a", position=cp(1), finished_at=105.0), BatchEnd(lease_key="b", position=cp(1))]
-    assert busy_seconds(100.0, ends) == 5.0
-    assert busy_seconds(None, ends) == 0.0
+def test_peak_concurrency_counts_reads_running_at_once() -> None:
+    # GIVEN four reads on two slots (two waves) and one that ran alone afterwards
+    def read(key: str, start: float, finish: float) -> BatchEnd:
+        return BatchEnd(lease_key=key, position=cp(1), started_at=start, finished_at=finish)
+
+    ends = [read("a", 10, 12), read("b", 10.5, 11), read("c", 11, 13), read("d", 12, 14), read("e", 20, 21)]
+    # THEN at most two ran at the same time (a read ending as another starts does not overlap it)
+    assert peak_concurrency(ends) == 2
+    assert peak_concurrency([read("a", 1, 2)]) == 1
+    assert peak_concurrency([BatchEnd(lease_key="x", position=cp(1))]) == 0  # no times recorded
+
+
+def test_executor_cpu_grows_with_the_work_held_and_shrinks_with_the_slots() -> None:
+    # GIVEN an application whose batches read 1 shard, then one whose batches read 7 (same CPU per shard read)
+    clock = ManualClock()
+
+    def batch(shards: int, slots: int) -> list[BatchEnd]:
+        return [
+            BatchEnd(
+                lease_key=f"s{i}",
+                position=cp(1),
+                started_at=100 + i // slots,
+                finished_at=100.9 + i // slots,
+                cpu_seconds=0.05,
+            )
+            for i in range(shards)
+        ]
+
+    def load(shards: int, slots: int, fixed: int | None = None) -> float:
+        metric = ExecutorCpu(slots=fixed, clock=clock)
+        metric.sample()
+        for _ in range(10):
+            metric.add_batch(batch(shards, slots))
+        clock.advance(10.0)
+        value = metric.sample()
+        assert value is not None
+        return value
+
+    # THEN the figure is proportional to the shards held (10 batches x shards x 0.05 s over 10 s, on 2 slots)
+    assert load(1, 2, fixed=2) == pytest.approx(2.5)
+    assert load(7, 2, fixed=2) == pytest.approx(17.5)
+    # AND with slots measured from the reads, half the slots doubles the figure for the same work
+    assert load(4, 2) == pytest.approx(10.0)
+    assert load(4, 1) == pytest.approx(20.0)
+
+
+def test_caught_up_shards_leave_an_available_now_run() -> None:
+    # GIVEN batch 3 read a (to the tip) and b (stopped by the record cap); c was not read in it
+    start = offset(3, a=(cp(1), "e"), b=(cp(1), "e"))
+    ends = {
+        "a": BatchEnd(lease_key="a", position=cp(9), records=8, caught_up=True),
+        "b": BatchEnd(lease_key="b", position=cp(9), records=8, caught_up=False),
+    }
+    candidate = offset(4, a=(cp(9), "e"), b=(cp(9), "e"), c=(cp(1), "e"))
+    # THEN only a is done, and leaving it out keeps the others
+    assert caught_up_shards(start, ends) == {"a"}
+    assert set(without_shards(candidate, {"a"}).shards) == {"b", "c"}
+    assert caught_up_shards(offset(0, a=(cp(1), "e")), ends) == set()  # the initial offset was never read
+
+
+def record(seq: int) -> KinesisRecord:
+    return KinesisRecord(data=b"x", partition_key="k", sequence_number=str(seq))
+
+
+def test_records_up_to_a_recorded_end() -> None:
+    # GIVEN a read that returned records 5..9
+    records = [record(n) for n in range(5, 10)]
+    # THEN a recorded end inside it gives the prefix, one beyond it or at SHARD_END needs a re-read (None)
+    assert [r.sequence_number for r in records_up_to(records, cp(7)) or ()] == ["5", "6", "7"]
+    assert records_up_to(records, cp(9)) == tuple(records)
+    assert records_up_to(records, cp(12)) is None
+    assert records_up_to(records, SHARD_END) is None
+    # AND a recorded read that found nothing (its end is the start sentinel) gives nothing
+    assert records_up_to(records, TRIM_HORIZON) == ()
+    assert records_up_to([], cp(3)) is None
 
 
 def test_options() -> None:

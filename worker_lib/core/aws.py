@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import botocore.config
@@ -48,11 +49,28 @@ CREDENTIAL_CODES = frozenset(
 )
 
 
+def parse_timestamp(value: Any) -> datetime:
+    """botocore's timestamp parser, with epoch numbers (Kinesis' ``ApproximateArrivalTimestamp``, one per record)
+    read straight into UTC: botocore's own path builds a ``dateutil`` local-time zone per value, which costs more
+    than the rest of a record's parsing, and every later use of the value (``utcoffset``, Arrow conversion) calls
+    back into it."""
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, timezone.utc)
+    import botocore.parsers
+
+    parsed: datetime = botocore.parsers.DEFAULT_TIMESTAMP_PARSER(value)
+    return parsed
+
+
 def client(service: str, aws: AwsConfig, boto3_session: boto3.Session | None = None) -> Any:
     """A low-level client for ``service`` honouring ``aws`` (region, endpoint, timeouts, retries)."""
     import boto3 as _boto3  # imported lazily so that importing worker_lib stays cheap
 
-    session = boto3_session or _boto3.session.Session()
+    session = boto3_session
+    if session is None:
+        # A session of our own (a caller's session is left as it is): timestamps are parsed into UTC.
+        session = _boto3.session.Session()
+        session._session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
     cfg = botocore.config.Config(
         region_name=aws.region,
         connect_timeout=aws.connect_timeout_s,

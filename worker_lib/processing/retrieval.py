@@ -62,6 +62,8 @@ class RecordBatch:
     end_of_shard: the shard is closed and everything in it has now been returned.
     child_shards: the ids of the shards that replaced it (only with ``end_of_shard``).
     throttled: the call was throttled; the next one is pushed back.
+    fetched: Kinesis records the call returned, before de-aggregation and before dropping the ones at or before
+      the starting point (a response with fewer than the ``Limit`` asked for reached the tip of the shard).
     """
 
     records: tuple[KinesisRecord, ...]
@@ -69,6 +71,7 @@ class RecordBatch:
     end_of_shard: bool = False
     child_shards: tuple[str, ...] = ()
     throttled: bool = False
+    fetched: int = 0
 
     @property
     def data_bytes(self) -> int:
@@ -208,7 +211,7 @@ class ShardRecordFetcher:
             self._next_call_at = max(self._next_call_at, now + self._config.idle_time_between_reads_ms / 1000)
         if next_iterator:
             self._iterator = str(next_iterator)
-            return RecordBatch(records=tuple(records), millis_behind_latest=millis_behind)
+            return RecordBatch(records=tuple(records), millis_behind_latest=millis_behind, fetched=len(raw_records))
         self._iterator = None
         self._ended = True
         if "ChildShards" in response:
@@ -218,7 +221,11 @@ class ShardRecordFetcher:
         self._child_shards = children
         log.info("shard %s ended; child shards %s", self.shard_id, ", ".join(children) or "none")
         return RecordBatch(
-            records=tuple(records), millis_behind_latest=millis_behind, end_of_shard=True, child_shards=children
+            records=tuple(records),
+            millis_behind_latest=millis_behind,
+            end_of_shard=True,
+            child_shards=children,
+            fetched=len(raw_records),
         )
 
     def _throttled(self, code: str) -> RecordBatch:

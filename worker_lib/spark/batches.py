@@ -37,23 +37,26 @@ class BatchEndStore:
         item = response.get("Item")
         return _from_item(item) if item else None
 
-    def put_if_absent(self, key: str, end: BatchEnd, *, now_epoch_s: float) -> BatchEnd:
-        """Record ``end`` unless an end is recorded already; return the one that stands."""
+    def put_if_absent(self, key: str, end: BatchEnd, *, now_epoch_s: float) -> tuple[BatchEnd, bool]:
+        """Record ``end`` unless an end is recorded already: one conditional PutItem, whose failure returns the
+        end that stands. Returns that end and whether it is ours."""
         try:
             self._client.put_item(
                 TableName=self.table_name,
                 Item=batch_end_item(key, end, now_epoch_s=now_epoch_s),
                 ConditionExpression="attribute_not_exists(#k)",
                 ExpressionAttributeNames={"#k": KEY},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except Exception as exc:
             if not aws.is_conditional_check_failed(exc):
                 aws.raise_translated(exc, operation="PutItem (batch end)", resource=self.table_name)
-            existing = self.get(key)
+            old = getattr(exc, "response", {}).get("Item")
+            existing = _from_item(old) if old else self.get(key)
             if existing is None:  # deleted in between: cannot happen before the batch is committed
                 raise
-            return existing
-        return end
+            return existing, False
+        return end, True
 
     def touch(self, key: str, finished_epoch_s: float) -> None:
         """A re-read of a recorded batch (a second action on the same DataFrame) moves its finish time."""
@@ -89,9 +92,16 @@ class BatchEndStore:
         return found
 
     def delete(self, keys: Iterable[str]) -> None:
-        """Best effort: a failure only leaves items for TTL."""
-        for key in keys:
-            try:
-                self._client.delete_item(TableName=self.table_name, Key=key_of(key))
-            except Exception as exc:
-                log.debug("could not delete batch end %s: %s", key, exc)
+        """Best effort, 25 keys per BatchWriteItem: a failure only leaves items for TTL."""
+        requests = [{"DeleteRequest": {"Key": key_of(key)}} for key in keys]
+        for i in range(0, len(requests), 25):
+            chunk = requests[i : i + 25]
+            for _ in range(3):  # unprocessed items (throttling) are retried a little, then left for TTL
+                try:
+                    response = self._client.batch_write_item(RequestItems={self.table_name: chunk})
+                except Exception as exc:
+                    log.debug("could not delete %d batch ends: %s", len(chunk), exc)
+                    break
+                chunk = response.get("UnprocessedItems", {}).get(self.table_name, [])
+                if not chunk:
+                    break

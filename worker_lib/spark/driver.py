@@ -40,8 +40,9 @@ from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.shardsync.children import ensure_child_leases
 from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
-from worker_lib.spark.load import BatchDutyCycle
+from worker_lib.spark.load import ExecutorCpu
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
@@ -50,11 +51,13 @@ from worker_lib.spark.planning import (
     ShardReadTask,
     SourceOffset,
     batch_item_key,
+    caught_up_shards,
     commit_actions,
     handoffs_to_complete,
     is_idle,
     new_run_id,
     plan_next_offset,
+    without_shards,
 )
 from worker_lib.spark.reading import start_timestamp
 from worker_lib.workermetrics.config import WorkerMetricsConfig
@@ -79,8 +82,8 @@ class SparkLeaseCoordinator:
         self.options = options
         self.worker_id = options.worker_id
         self._clock = clock
-        self._dynamodb = dynamodb or aws.client("dynamodb", options.aws)
-        self._kinesis = kinesis or aws.client("kinesis", options.aws)
+        self._dynamodb = dynamodb or trace.attach(aws.client("dynamodb", options.aws))
+        self._kinesis = kinesis or trace.attach(aws.client("kinesis", options.aws))
         self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
         self._batches = BatchEndStore(options.app, self._dynamodb)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
@@ -106,12 +109,12 @@ class SparkLeaseCoordinator:
             who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
             clock=clock,
         )
-        self.duty_cycle = BatchDutyCycle(clock=clock)
+        self.executor_cpu = ExecutorCpu(slots=options.executor_slots, clock=clock)
         self._reporter: WorkerMetricsReporter | None = None
         if options.metrics:
             self._reporter = WorkerMetricsReporter(
                 self.worker_id,
-                [self.duty_cycle],
+                [self.executor_cpu],
                 self._rows,
                 config=WorkerMetricsConfig(
                     report_interval_ms=options.metrics_report_interval_ms,
@@ -127,13 +130,13 @@ class SparkLeaseCoordinator:
         self._thread: threading.Thread | None = None
         self._finished_parents: set[str] = set()
         self._last_planned: dict[str, int] = {}
-        self._planned_at: dict[tuple[str, int], float] = {}
         self._planned_shards: dict[tuple[str, int], list[str]] = {}
         self._ends: dict[tuple[str, int], dict[str, BatchEnd]] = {}
         self._committed: tuple[str, int] = ("", -1)
         self._pending_shard_ends: dict[str, BatchEnd] = {}
         self._last_probe: dict[str, float] = {}
         self._available_now_until: float | None = None
+        self._done_for_trigger: set[str] = set()  # AvailableNow: shards read up to the tip since the trigger
         self._initial: SourceOffset | None = None
         self.started = False
         self.checkpoints_written = 0
@@ -343,15 +346,22 @@ class SparkLeaseCoordinator:
         )
         if not candidate.shards and not start.shards:
             return start
-        if is_idle(start, ends, candidate) and self._available_now_until is not None:
-            # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be taken
-            # (a take can lose a race with the previous holder's last renewal and only succeed a moment later).
-            self._discover()
-            candidate = plan_next_offset(
-                start, ends, self.held_leases(), now_epoch_s=self._clock.wall(), initial_timestamp_epoch_s=initial_ts
-            )
-            if is_idle(start, ends, candidate):
-                return start
+        if self._available_now_until is not None:
+            self._done_for_trigger |= caught_up_shards(start, ends)
+            candidate = without_shards(candidate, self._done_for_trigger)
+            if not candidate.shards or is_idle(start, ends, candidate):
+                # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be
+                # taken (a take can lose a race with the previous holder's last renewal and only succeed a moment
+                # later).
+                self._discover()
+                held = self.held_leases()
+                now = self._clock.wall()
+                candidate = without_shards(
+                    plan_next_offset(start, ends, held, now_epoch_s=now, initial_timestamp_epoch_s=initial_ts),
+                    self._done_for_trigger,
+                )
+                if not candidate.shards or is_idle(start, ends, candidate):
+                    return start
         elif is_idle(start, ends, candidate) and not self._probe(candidate):
             return start
         for key in candidate.shards:
@@ -360,7 +370,6 @@ class SparkLeaseCoordinator:
 
     def planned(self, end: SourceOffset) -> None:
         """``partitions(start, end)`` was called: batch ``end`` starts now (also after a restart's replay)."""
-        self._planned_at.setdefault((end.run, end.batch), self._clock.wall())
         self._planned_shards[(end.run, end.batch)] = sorted(end.shards)
         for key in end.shards:
             self._last_planned[key] = max(self._last_planned.get(key, -1), end.batch)
@@ -368,6 +377,7 @@ class SparkLeaseCoordinator:
     def prepare_available_now(self) -> None:
         """Trigger.AvailableNow: records arriving from now on are left for a later query."""
         self._available_now_until = self._clock.wall()
+        self._done_for_trigger = set()
 
     def _probe(self, candidate: SourceOffset) -> bool:
         """Whether any idle shard has something new (one small GetRecords each, at most once per probe interval)."""
@@ -441,10 +451,7 @@ class SparkLeaseCoordinator:
             else:
                 self.checkpoints_written += 1
         self._retry_shard_ends()
-        planned_at = self._planned_at.pop((offset.run, offset.batch), None)
-        finished = [end.finished_at for end in ends.values() if end.finished_at > 0]
-        if planned_at is not None and finished:
-            self.duty_cycle.add_busy(max(0.0, max(finished) - planned_at))
+        self.executor_cpu.add_batch(list(ends.values()))
         self._committed = (offset.run, offset.batch)
         previous = self._planned_shards.pop((offset.run, offset.batch - 1), None)
         if previous:

@@ -1,12 +1,17 @@
 """The Spark application's load as a worker metric, and where it is written.
 
 Metric ``C`` (the code KCL uses for CPU, so the leader balances a Spark application against ordinary workers on
-the same 0–100 scale): the **duty cycle of micro-batches** — the share of wall time during which a micro-batch
-was planned and its shard reads had not yet finished. CPU of the driver host says nothing about a Spark job
-(the work runs on executors, often other hosts); executor CPU is not visible to a Python source. The duty cycle
-is what Spark itself uses to judge a streaming query's health (processing time vs trigger interval): near 100 %
-the application has no spare time and more shards would only add latency; near 0 % it idles. docs/spark.md
-discusses the limits (work after a shuffle is not counted).
+the same 0–100 scale): the **executor CPU of the source's shard reads per executor slot** — CPU seconds the
+executors' Python processes spent reading (GetRecords, parsing, de-aggregation), summed over the reads of the
+batches committed since the last sample, ÷ wall seconds ÷ the application's executor slots × 100. It is what a
+worker's CPU metric measures (CPU used ÷ CPU available), counted where a Spark application's reading work is done,
+so it grows with the records and shards the application holds, and a smaller application (fewer slots) reaches a
+given figure with less work. docs/spark.md argues the choice against the micro-batch duty cycle (which it
+replaces: at low traffic the duty cycle is mostly fixed per-batch time, the same for 1 shard and for 7).
+
+Slots: the ``executor_slots`` option, else the most reads of one micro-batch seen running at the same time over the
+last batches (a lower bound: an application holding fewer shards than it has slots looks as busy as its shards
+are, and balancing then gives it more).
 
 The sink is the WorkerMetricStats table in KCL's format (``wid``, ``lut``, ``sts``, ``opr``), written by
 :class:`~worker_lib.workermetrics.stats_store.WorkerMetricsStore` as for any worker, on the same row the driver
@@ -16,37 +21,50 @@ heartbeats on (:mod:`worker_lib.spark.driver`).
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Sequence
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.spark.planning import BatchEnd, peak_concurrency
+
+SLOT_WINDOW_BATCHES = 50
 
 
-class BatchDutyCycle:
-    """Metric ``C``: busy seconds reported by the driver ÷ wall seconds between samples, × 100.
+class ExecutorCpu:
+    """Metric ``C``: executor CPU seconds of committed reads ÷ wall seconds between samples ÷ slots, × 100."""
 
-    Busy time arrives when a batch is committed (it is only known then); :meth:`sample` spreads it over the time
-    since the previous sample, so the reporter's 30 s window average is busy ÷ wall over that window.
-    """
-
-    name = "spark-batch-duty-cycle"
+    name = "spark-executor-cpu"
     code = "C"
     operating_range_max = 100.0
 
-    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, *, slots: int | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock
+        self._fixed_slots = slots
         self._lock = threading.Lock()
-        self._busy = 0.0
+        self._cpu = 0.0
+        self._peaks: deque[int] = deque(maxlen=SLOT_WINDOW_BATCHES)
         self._last: float | None = None
 
-    def add_busy(self, seconds: float) -> None:
-        if seconds > 0:
-            with self._lock:
-                self._busy += seconds
+    @property
+    def slots(self) -> int:
+        if self._fixed_slots is not None:
+            return self._fixed_slots
+        with self._lock:
+            return max(self._peaks, default=1) or 1
+
+    def add_batch(self, ends: Sequence[BatchEnd]) -> None:
+        """A committed micro-batch's reads (each counted once: a replay's ends are the first reads')."""
+        with self._lock:
+            self._cpu += sum(max(0.0, end.cpu_seconds) for end in ends)
+            if ends:
+                self._peaks.append(peak_concurrency(ends))
 
     def sample(self) -> float | None:
+        slots = self.slots
         with self._lock:
             now = self._clock.monotonic()
             last, self._last = self._last, now
-            busy, self._busy = self._busy, 0.0
+            cpu, self._cpu = self._cpu, 0.0
         if last is None or now <= last:
             return None if last is None else 0.0
-        return min(100.0, 100.0 * busy / (now - last))
+        return min(100.0, 100.0 * cpu / (now - last) / slots)

@@ -30,6 +30,7 @@ OPTION_NAMES = (
     "discovery_interval_ms",
     "idle_probe_interval_ms",
     "metrics",
+    "executor_slots",
     "metrics_report_interval_ms",
     "metrics_first_report_delay_ms",
 )
@@ -73,7 +74,8 @@ class SourceOptions:
     (:meth:`LeaseConfig.from_env`) with the options ``failover_time_ms``, ``liveness_mode`` (``lease``, ``worker``
     or ``auto``; docs/liveness-modes.md) and ``heartbeat_interval_ms`` (0 = off, ``lease`` mode only) over them.
     idle_probe_interval_ms: how often an idle shard is probed for new data. metrics: write the load metric to
-    ``<app>-WorkerMetricStats`` (default true)."""
+    ``<app>-WorkerMetricStats`` (default true). executor_slots: the application's executor slots (cores) for the
+    load metric (default: the most reads seen running at once)."""
 
     app: str
     stream: str
@@ -81,14 +83,15 @@ class SourceOptions:
     aws: AwsConfig
     initial_position: InitialPosition = InitialPosition.LATEST
     initial_timestamp: datetime | None = None
-    max_records_per_shard: int = 10_000
-    max_read_ms: int = 10_000
+    max_records_per_shard: int = 100_000
+    max_read_ms: int = 2_000
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     discovery_interval_ms: int = 9_975
     idle_probe_interval_ms: int = 1_000
     metrics: bool = True
     metrics_report_interval_ms: int = 30_000
     metrics_first_report_delay_ms: int = 2_000
+    executor_slots: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> SourceOptions:
@@ -127,12 +130,13 @@ class SourceOptions:
             aws=aws,
             initial_position=position,
             initial_timestamp=timestamp,
-            max_records_per_shard=_int(opts, "max_records_per_shard", 10_000, 1),
-            max_read_ms=_int(opts, "max_read_ms", 10_000, 100),
+            max_records_per_shard=_int(opts, "max_records_per_shard", cls.max_records_per_shard, 1),
+            max_read_ms=_int(opts, "max_read_ms", cls.max_read_ms, 100),
             lease=lease_config(opts, env),
             discovery_interval_ms=_int(opts, "discovery_interval_ms", 9_975, 100),
             idle_probe_interval_ms=_int(opts, "idle_probe_interval_ms", 1_000, 200),
             metrics=parse_bool(opts.get("metrics"), name="shardlease option metrics", default=True),
             metrics_report_interval_ms=_int(opts, "metrics_report_interval_ms", 30_000, 1_000),
             metrics_first_report_delay_ms=_int(opts, "metrics_first_report_delay_ms", 2_000, 0),
+            executor_slots=_int(opts, "executor_slots", 0, 1) or None,
         )

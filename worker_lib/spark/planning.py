@@ -21,8 +21,8 @@ leases still held under the epoch that planned the read (a lease lost mid-batch 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker_lib.core.errors import ConfigError
@@ -130,7 +130,8 @@ class BatchEnd:
       ended and every record in it was delivered.
     caught_up: the read stopped because it reached the tip of the shard (not because of the record cap or the
       time budget); with ``records == 0`` this means the shard had nothing new.
-    started_at / finished_at: wall epoch seconds of the read (the load metric uses them).
+    started_at / finished_at: wall epoch seconds of the read.
+    cpu_seconds: CPU time the executor's Python process spent on the read (the load metric).
     """
 
     lease_key: str
@@ -141,6 +142,7 @@ class BatchEnd:
     children: tuple[str, ...] = ()
     started_at: float = 0.0
     finished_at: float = 0.0
+    cpu_seconds: float = 0.0
 
     @property
     def ended(self) -> bool:
@@ -233,6 +235,21 @@ def is_idle(start: SourceOffset, ends: Mapping[str, BatchEnd], candidate: Source
         key in idle and shard.position == ends[key].position and shard.epoch == start.shards[key].epoch
         for key, shard in candidate.shards.items()
     )
+
+
+def caught_up_shards(start: SourceOffset, ends: Mapping[str, BatchEnd]) -> set[str]:
+    """Shards of ``start`` whose read in batch ``start.batch`` stopped at the tip of the shard, or (under
+    ``Trigger.AvailableNow``) at a record that arrived after the trigger started. Under ``AvailableNow`` such a
+    shard has nothing more for this run: its read was made after the trigger started. Leaving it out of later
+    batches saves the last micro-batch, which would read nothing."""
+    if start.batch == 0:
+        return set()
+    return {key for key in start.shards if (end := ends.get(key)) is not None and end.caught_up}
+
+
+def without_shards(offset: SourceOffset, keys: Iterable[str]) -> SourceOffset:
+    left_out = set(keys)
+    return replace(offset, shards={key: shard for key, shard in offset.shards.items() if key not in left_out})
 
 
 # --- partitions -------------------------------------------------------------------------------------------------
@@ -368,10 +385,14 @@ def handoffs_to_complete(
 # --- load -------------------------------------------------------------------------------------------------------
 
 
-def busy_seconds(planned_at: float | None, ends: Sequence[BatchEnd]) -> float:
-    """Busy time of one micro-batch as the driver can see it: from planning to the last shard read finishing
-    (wall clock; 0 when unknown)."""
-    finished = [end.finished_at for end in ends if end.finished_at > 0]
-    if planned_at is None or not finished:
-        return 0.0
-    return max(0.0, max(finished) - planned_at)
+def peak_concurrency(ends: Iterable[BatchEnd]) -> int:
+    """The most shard reads of one micro-batch that ran at the same time (their executor slots, at least)."""
+    events: list[tuple[float, int]] = []
+    for end in ends:
+        if end.finished_at > 0 and end.finished_at >= end.started_at > 0:
+            events += [(end.started_at, 1), (end.finished_at, -1)]
+    running = peak = 0
+    for _, step in sorted(events, key=lambda event: (event[0], event[1])):  # an end before a start at a tie
+        running += step
+        peak = max(peak, running)
+    return peak

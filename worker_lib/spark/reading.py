@@ -1,16 +1,23 @@
 """The executor side: read one shard for one micro-batch and record where the read ended.
 
-A first read stops at the first of: ``max_records`` user records, the tip of the shard (a read returning fewer
-records than asked with ``MillisBehindLatest`` 0, or none), the end of the shard, the ``max_read_ms`` budget, or
+A read stops at the first of: ``max_records`` user records, the tip of the shard (a read returning fewer records
+than asked with ``MillisBehindLatest`` 0, or none), the end of the shard, the ``max_read_ms`` budget, or
 (``Trigger.AvailableNow``) a record that arrived after the trigger started. Its end is then recorded (first writer
-wins) *before* any row is returned, so a task retry, a speculative copy or a replay after a driver restart reads
-exactly the same records.
+wins, one conditional PutItem) *before* any row is returned. A task retry, a speculative copy or a replay after a
+driver restart finds an end recorded already (the PutItem's condition fails and returns it): it returns exactly the
+records up to that end — the prefix of what it read, or, when it read less, a re-read up to the end.
+
+Rows leave as Arrow record batches (the PySpark Python Data Source API takes ``pyarrow.RecordBatch`` from ``read``
+as is, skipping its per-value conversion of tuples), and clients are made once per Python worker process (Spark
+reuses the process for later tasks).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -23,14 +30,13 @@ from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import KinesisRecord
 from worker_lib.processing.retrieval import ShardRecordFetcher
+from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
 from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask
 
 log = logging.getLogger("shardlease.spark.reading")
 
 GET_RECORDS_LIMIT = 10_000
-
-Row = tuple[bytes, str, str, int, str, datetime | None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +54,21 @@ def aws_config(settings: ReadSettings) -> AwsConfig:
     return AwsConfig(
         region=settings.region, endpoint_url=settings.endpoint_url, service_endpoints=services, max_attempts=3
     )
+
+
+_CLIENTS: dict[tuple[str, str], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def cached_client(service: str, config: AwsConfig) -> Any:
+    """One client per service and settings per process: a Python worker runs many tasks, and making a boto3
+    client (a session, the service model) costs more than a small shard read."""
+    key = (service, repr(config))
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            found = _CLIENTS[key] = trace.attach(aws.client(service, config))
+        return found
 
 
 def start_timestamp(task: ShardReadTask) -> datetime | None:
@@ -73,6 +94,7 @@ def read_up_to(
     """Read the shard after ``task.position``: exactly up to ``bound`` when given, else by the stop rules."""
     settings = task.settings
     started = clock.wall()
+    cpu_started = time.process_time()
     if bound is not None and bound.is_sentinel and not bound.is_shard_end:
         # The recorded read found nothing: a replay must find nothing too.
         return ShardRead(
@@ -127,7 +149,9 @@ def read_up_to(
             break
         if len(records) >= settings.max_records:
             break
-        at_tip = not batch.throttled and not batch.millis_behind_latest and len(batch.records) < limit
+        # Fewer Kinesis records than asked for (not user records: de-aggregation adds some, the starting point's
+        # own record is dropped) with nothing behind: the tip.
+        at_tip = not batch.throttled and not batch.millis_behind_latest and batch.fetched < limit
         if at_tip:
             caught_up = True
             break
@@ -149,8 +173,21 @@ def read_up_to(
         children=fetcher.child_shards if ended else (),
         started_at=started,
         finished_at=finished,
+        cpu_seconds=time.process_time() - cpu_started,
     )
     return ShardRead(records=tuple(records), end=end)
+
+
+def records_up_to(records: Sequence[KinesisRecord], bound: Checkpoint) -> tuple[KinesisRecord, ...] | None:
+    """The records of a read up to ``bound`` (a recorded end), when the read got that far; None when it stopped
+    short of it (the caller reads again, bounded)."""
+    if bound.is_shard_end:
+        return None
+    if bound.is_sentinel:  # the recorded read found nothing
+        return ()
+    if not records or bound.is_after(records[-1].checkpoint):
+        return None
+    return tuple(record for record in records if not record.checkpoint.is_after(bound))
 
 
 def read_task(
@@ -162,32 +199,58 @@ def read_task(
 ) -> ShardRead:
     """Read one input partition deterministically (see the module documentation)."""
     config = aws_config(task.settings)
-    kinesis = kinesis or aws.client("kinesis", replace(config, max_attempts=2))
-    store = batch_store or BatchEndStore(task.settings.app, aws.client("dynamodb", config))
-    recorded = store.get(task.item_key)
-    if recorded is not None:
-        result = read_up_to(task, kinesis, bound=recorded.position, clock=clock)
-        store.touch(task.item_key, clock.wall())
-        return ShardRead(records=result.records, end=recorded)
+    kinesis = kinesis or cached_client("kinesis", replace(config, max_attempts=2))
+    store = batch_store or BatchEndStore(task.settings.app, cached_client("dynamodb", config))
     first = read_up_to(task, kinesis, bound=None, clock=clock)
-    standing = store.put_if_absent(task.item_key, first.end, now_epoch_s=clock.wall())
-    if standing.position == first.end.position:
+    standing, recorded_now = store.put_if_absent(task.item_key, first.end, now_epoch_s=clock.wall())
+    if recorded_now:
+        return first
+    # Read before (a retry, a speculative copy, a second action on the DataFrame, a replay after a restart):
+    # return exactly the recorded records.
+    store.touch(task.item_key, clock.wall())
+    if first.end.ended and standing.ended:
         return ShardRead(records=first.records, end=standing)
-    # Another attempt of this task recorded a different end first: return exactly its records.
-    log.info("batch %d of %s: another attempt recorded its end first; re-reading to it", task.batch, task.lease_key)
-    again = read_up_to(task, kinesis, bound=standing.position, clock=clock)
-    return ShardRead(records=again.records, end=standing)
+    records = records_up_to(first.records, standing.position)
+    if records is None:
+        log.info("batch %d of %s: recorded end lies further; re-reading to it", task.batch, task.lease_key)
+        records = read_up_to(task, kinesis, bound=standing.position, clock=clock).records
+    return ShardRead(records=records, end=standing)
 
 
-def to_rows(lease_key: str, records: tuple[KinesisRecord, ...]) -> Iterator[Row]:
-    """Rows in the source schema (data, partition_key, sequence_number, sub_sequence_number, shard_id,
-    approximate_arrival_timestamp)."""
-    for record in records:
-        yield (
-            record.data,
-            record.partition_key,
-            record.sequence_number,
-            record.sub_sequence_number,
-            lease_key,
-            record.approximate_arrival_timestamp,
-        )
+ARROW_ROWS_PER_BATCH = 10_000
+
+
+def arrow_schema() -> Any:
+    """The source's schema as PySpark expects Arrow batches from ``read`` (``to_arrow_schema`` of it, UTC)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data", pa.binary()),
+            ("partition_key", pa.string()),
+            ("sequence_number", pa.string()),
+            ("sub_sequence_number", pa.int64()),
+            ("shard_id", pa.string()),
+            ("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+
+
+def to_arrow(lease_key: str, records: Sequence[KinesisRecord]) -> list[Any]:
+    """Records as ``pyarrow.RecordBatch``es in the source schema (data, partition_key, sequence_number,
+    sub_sequence_number, shard_id, approximate_arrival_timestamp), at most ``ARROW_ROWS_PER_BATCH`` rows each."""
+    import pyarrow as pa
+
+    if not records:
+        return []
+    schema = arrow_schema()
+    columns = [
+        pa.array([r.data for r in records], pa.binary()),
+        pa.array([r.partition_key for r in records], pa.string()),
+        pa.array([r.sequence_number for r in records], pa.string()),
+        pa.array([r.sub_sequence_number for r in records], pa.int64()),
+        pa.array([lease_key] * len(records), pa.string()),
+        pa.array([r.approximate_arrival_timestamp for r in records], schema.field(5).type),
+    ]
+    whole = pa.RecordBatch.from_arrays(columns, schema=schema)
+    return [whole.slice(i, ARROW_ROWS_PER_BATCH) for i in range(0, whole.num_rows, ARROW_ROWS_PER_BATCH)]

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from worker_lib.spark import trace
 from worker_lib.spark.driver import SparkLeaseCoordinator
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import ShardReadTask, SourceOffset, plan_partitions
-from worker_lib.spark.reading import Row, read_task, to_rows
+from worker_lib.spark.reading import read_task, to_arrow
 
 SCHEMA = (
     "data binary, partition_key string, sequence_number string, sub_sequence_number long, shard_id string, "
@@ -57,18 +59,31 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._driver().initial_offset().to_json()
 
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
-        return self._driver().latest_offset(SourceOffset.from_json(start)).to_json()
+        offset = SourceOffset.from_json(start)
+        with trace.step("latest_offset", batch=offset.batch) as noted:
+            latest = self._driver().latest_offset(offset)
+            noted.update(next_batch=latest.batch, shards=len(latest.shards))
+        return latest.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
-        driver = self._driver()
         offset = SourceOffset.from_json(end)
-        driver.planned(offset)
-        return [ShardPartition(task) for task in plan_partitions(offset, driver.read_settings())]
+        with trace.step("partitions", batch=offset.batch):
+            driver = self._driver()
+            driver.planned(offset)
+            return [ShardPartition(task) for task in plan_partitions(offset, driver.read_settings())]
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         task: ShardReadTask = partition.value
-        result = read_task(task)
-        return to_rows(task.lease_key, result.records)
+        with trace.step("task", batch=task.batch, lease=task.lease_key) as noted:
+            result = read_task(task)
+            converting = time.perf_counter()
+            batches = to_arrow(task.lease_key, result.records)
+            noted.update(
+                records=len(result.records),
+                caught_up=result.end.caught_up,
+                convert_s=time.perf_counter() - converting,
+            )
+        return iter(batches)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._driver().commit(SourceOffset.from_json(end))

@@ -254,6 +254,7 @@ class BatchEndAttr:
     CAUGHT_UP = "cu"
     STARTED = "t0"
     FINISHED = "t1"
+    CPU = "cpu"  # CPU seconds the executor spent on the read (the load metric; absent in older items)
     TTL = "ttl"  # a table with TTL enabled on it sweeps abandoned lineages
     CHILDREN = "ch"
 
@@ -280,6 +281,8 @@ class BatchEndLike(Protocol):
     def started_at(self) -> float: ...
     @property
     def finished_at(self) -> float: ...
+    @property
+    def cpu_seconds(self) -> float: ...
 
 
 class BatchEndFields(TypedDict):
@@ -293,6 +296,7 @@ class BatchEndFields(TypedDict):
     children: tuple[str, ...]
     started_at: float
     finished_at: float
+    cpu_seconds: float
 
 
 def batch_end_item(item_key: str, end: BatchEndLike, *, now_epoch_s: float) -> Item:
@@ -306,6 +310,7 @@ def batch_end_item(item_key: str, end: BatchEndLike, *, now_epoch_s: float) -> I
         BatchEndAttr.CAUGHT_UP: {"BOOL": end.caught_up},
         BatchEndAttr.STARTED: {"N": repr(end.started_at)},
         BatchEndAttr.FINISHED: {"N": repr(end.finished_at)},
+        BatchEndAttr.CPU: {"N": repr(end.cpu_seconds)},
         BatchEndAttr.TTL: {"N": str(int(now_epoch_s) + BATCH_END_TTL_S)},
     }
     if end.children:
@@ -325,4 +330,5 @@ def parse_batch_end(item: Mapping[str, Any]) -> BatchEndFields:
         children=tuple(child["S"] for child in item.get(BatchEndAttr.CHILDREN, {}).get("L", [])),
         started_at=float(item[BatchEndAttr.STARTED]["N"]),
         finished_at=float(item[BatchEndAttr.FINISHED]["N"]),
+        cpu_seconds=float(item.get(BatchEndAttr.CPU, {}).get("N", 0.0)),
     )
