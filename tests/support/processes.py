@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,18 @@ class ProcessGroup:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        """``shardlease <args>``."""
+        return self.start_command(name, shardlease_command(*args), env)
+
+    def start_python(self, name: str, args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        """``python <args>`` with the test's interpreter."""
+        return self.start_command(name, [sys.executable, *args], env)
+
+    def start_command(self, name: str, command: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         full_env = {**os.environ, **FAST_ENV, **env, "PYTHONPATH": str(REPO)}
         log = (self.log_dir / f"{name}.log").open("wb")
         process = subprocess.Popen(
-            shardlease_command(*args),
+            command,
             cwd=REPO,
             env=full_env,
             stdout=log,

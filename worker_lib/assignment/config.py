@@ -22,6 +22,9 @@ class AssignmentConfig:
       LeaseAssignmentStrategy.LEASE_COUNT); ``SHARDLEASE_ASSIGNMENT_STRATEGY``.
     rebalance_threshold_pct: a worker outside fleet average × (1 ± t/100) triggers balancing (10);
       ``SHARDLEASE_REBALANCE_THRESHOLD_PCT``.
+    rebalance_min_gap_pct: the band is never narrower than ± this many points of the metric (2; ours only, not
+      KCL): at low utilisation 10 % of the average is measurement noise, and balancing on it moves leases back
+      and forth; ``SHARDLEASE_REBALANCE_MIN_GAP_PCT``.
     dampening_pct: share of a donor's excess moved in one balancing run (60; KCL code default — the deep-dive
       document says 80, the Java tests use 80); ``SHARDLEASE_DAMPENING_PCT``.
     balancing_frequency: balance on every Nth run (3: runs 1, 4, 7, …); ``SHARDLEASE_BALANCING_FREQUENCY``.
@@ -47,6 +50,7 @@ class AssignmentConfig:
 
     strategy: Strategy = "variance"
     rebalance_threshold_pct: float = 10.0
+    rebalance_min_gap_pct: float = 2.0
     dampening_pct: float = 60.0
     balancing_frequency: int = 3
     ema_alpha: float = 0.5
@@ -64,6 +68,8 @@ class AssignmentConfig:
             raise ConfigError(f"invalid assignment strategy {self.strategy!r}: expected variance or count")
         if not 0 <= self.rebalance_threshold_pct <= 100 or math.isnan(self.rebalance_threshold_pct):
             raise ConfigError(f"rebalance_threshold_pct={self.rebalance_threshold_pct} must be within 0..100")
+        if not 0 <= self.rebalance_min_gap_pct <= 100 or math.isnan(self.rebalance_min_gap_pct):
+            raise ConfigError(f"rebalance_min_gap_pct={self.rebalance_min_gap_pct} must be within 0..100")
         if not 0 < self.dampening_pct <= 100:
             raise ConfigError(f"dampening_pct={self.dampening_pct} must be within 1..100")
         if self.balancing_frequency < 1:
@@ -107,6 +113,7 @@ class AssignmentConfig:
         values: dict[str, object] = {
             "strategy": strategy,
             "rebalance_threshold_pct": env_float(e, "SHARDLEASE_REBALANCE_THRESHOLD_PCT", 10.0),
+            "rebalance_min_gap_pct": env_float(e, "SHARDLEASE_REBALANCE_MIN_GAP_PCT", 2.0),
             "dampening_pct": env_float(e, "SHARDLEASE_DAMPENING_PCT", 60.0),
             "balancing_frequency": env_int(e, "SHARDLEASE_BALANCING_FREQUENCY", 3),
             "ema_alpha": env_float(e, "SHARDLEASE_WORKER_METRICS_EMA_ALPHA", 0.5),

@@ -239,7 +239,9 @@ class OursVarianceRun(VarianceRun):
         while True:
             members = [w for w in candidates if w not in pinned]
             avg = sum(self.values[w][metric] for w in members) / len(members)
-            upper = avg * (1.0 + threshold)
+            # Never narrower than the absolute gap: at low utilisation 10 % of the average is noise.
+            half_width = max(avg * threshold, self.config.rebalance_min_gap_pct)
+            upper = avg + half_width
             lowest = min((self.values[w][metric] for w in members if self.eligible(w)), default=math.inf)
             newly = [
                 w
@@ -250,7 +252,7 @@ class OursVarianceRun(VarianceRun):
             if not newly or len(newly) == len(members):
                 break
             pinned.update(newly)
-        lower = avg * (1.0 - threshold)
+        lower = avg - half_width
         damp = self.config.dampening_pct / 100.0
         triggered = False
         amounts: dict[str, float] = {}

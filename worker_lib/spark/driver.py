@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,7 +110,7 @@ class SparkLeaseCoordinator:
             who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
             clock=clock,
         )
-        self.executor_cpu = ExecutorCpu(slots=options.executor_slots, clock=clock)
+        self.executor_cpu = ExecutorCpu(slots=options.executor_slots, clock=clock, own_cpu_seconds=time.process_time)
         self._reporter: WorkerMetricsReporter | None = None
         if options.metrics:
             self._reporter = WorkerMetricsReporter(
@@ -191,6 +192,7 @@ class SparkLeaseCoordinator:
         then fence and say STOPPED, so the leader moves anything left without waiting for the failover time."""
         if not self.started or self._stop.is_set():
             return
+        log.info("spark source %s departing: giving up %d leases", self.worker_id, len(self._holder.held_keys()))
         if self._heartbeat is not None:
             self._heartbeat.announce(WorkerState.DEPARTING)
         self._stop.set()

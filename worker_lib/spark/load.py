@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.spark.planning import BatchEnd, peak_concurrency
@@ -37,9 +37,17 @@ class ExecutorCpu:
     code = "C"
     operating_range_max = 100.0
 
-    def __init__(self, *, slots: int | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        *,
+        slots: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        own_cpu_seconds: Callable[[], float] | None = None,
+    ) -> None:
         self._clock = clock
         self._fixed_slots = slots
+        self._own_cpu_seconds = own_cpu_seconds
+        self._own_cpu_last = own_cpu_seconds() if own_cpu_seconds is not None else 0.0
         self._lock = threading.Lock()
         self._cpu = 0.0
         self._peaks: deque[int] = deque(maxlen=SLOT_WINDOW_BATCHES)
@@ -65,6 +73,10 @@ class ExecutorCpu:
             now = self._clock.monotonic()
             last, self._last = self._last, now
             cpu, self._cpu = self._cpu, 0.0
+            if self._own_cpu_seconds is not None:
+                own = self._own_cpu_seconds()
+                cpu += max(0.0, own - self._own_cpu_last)
+                self._own_cpu_last = own
         if last is None or now <= last:
             return None if last is None else 0.0
         return min(100.0, 100.0 * cpu / (now - last) / slots)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +30,29 @@ SCHEMA = (
     "data binary, partition_key string, sequence_number string, sub_sequence_number long, shard_id string, "
     "approximate_arrival_timestamp timestamp"
 )
+
+
+DEPARTURE_TIMEOUT_S = 10.0
+
+
+def depart_on_termination(coordinator: SparkLeaseCoordinator) -> None:
+    """When the query stops, Spark ends the source runner process with SIGTERM and does not call the reader's
+    ``stop()``: leave the way a worker's SIGTERM does (DEPARTING, leases given up, STOPPED), then exit quietly.
+
+    The departure runs on a thread of its own (the signal arrives in the main thread, which may be inside a call
+    holding the coordinator's locks) and is given ``DEPARTURE_TIMEOUT_S``; the process then exits without
+    unwinding, so Spark sees nothing but the end it asked for."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_terminate(signum: int, frame: Any) -> None:
+        departing = threading.Thread(target=coordinator.stop, name="shardlease-departure", daemon=True)
+        departing.start()
+        departing.join(DEPARTURE_TIMEOUT_S)
+        logging.shutdown()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_terminate)
 
 
 class ShardPartition(InputPartition):
@@ -52,6 +77,7 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if level:  # the source runner is a Python process of its own: nobody configured its logging
                 logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
             self._coordinator = SparkLeaseCoordinator(self.options)
+            depart_on_termination(self._coordinator)
         self._coordinator.start()
         return self._coordinator
 
