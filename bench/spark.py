@@ -282,6 +282,19 @@ def describe(run: Run, trace_dir: Path, shards: int, slots: int) -> None:
         f"+ addBatch {add_batch:,.0f} "
         f"+ rest {trigger - latest - add_batch:,.0f} (offset log, planning, commit log)"
     )
+    if run.progress:
+        from datetime import datetime
+
+        def at(progress: Any) -> float:
+            return datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
+
+        first, last = run.progress[0], run.progress[-1]
+        start_ms = 1000 * (at(first) - run.window[0])
+        end_ms = 1000 * (run.window[1] - at(last)) - last.durationMs.get("triggerExecution", 0)
+        say(
+            f"    query start to first trigger {start_ms:,.0f} ms; last trigger's end to termination {end_ms:,.0f} ms; "
+            f"{len(run.progress)} triggers"
+        )
     tasks = [line for line in lines if line["kind"] in ("task", "baseline_task")]
     task_ms = 1000 * sum(line["seconds"] for line in tasks) / n
     calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
