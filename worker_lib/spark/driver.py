@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from worker_lib.core import aws
@@ -263,14 +264,23 @@ class SparkLeaseCoordinator:
             return  # the fence ran out: nothing may be taken until a beat lands (which asks for a look again)
         held = set(self._holder.held_keys())
         found = self._discoverer.discover(held) if keys is None else self._discoverer.discover_keys(keys, held)
-        for lease in found:
-            if self._stop.is_set():
-                return
-            self._throughput.seed(lease.lease_key, lease.throughput_kbps)
-            if self._holder.take(lease):
-                with self._guard:
-                    self._takes += 1
-                    self._epochs[lease.lease_key] = f"{self._session}:{self._takes}"
+        if len(found) > 1:
+            # Each take is one conditional write; at a query's start (every lease at once) they would otherwise
+            # delay the first batch one round trip each.
+            with ThreadPoolExecutor(max_workers=min(8, len(found)), thread_name_prefix="spark-take") as pool:
+                list(pool.map(self._take, found))
+        else:
+            for lease in found:
+                self._take(lease)
+
+    def _take(self, lease: Lease) -> None:
+        if self._stop.is_set():
+            return
+        self._throughput.seed(lease.lease_key, lease.throughput_kbps)
+        if self._holder.take(lease):
+            with self._guard:
+                self._takes += 1
+                self._epochs[lease.lease_key] = f"{self._session}:{self._takes}"
 
     # --- notices (docs/failover.md) ---------------------------------------------------------------------------
 
