@@ -73,6 +73,7 @@ SPARK_BATCH_ACTIONS = (
     "dynamodb:PutItem",
     "dynamodb:UpdateItem",
     "dynamodb:DeleteItem",
+    "dynamodb:BatchWriteItem",  # deleting committed batch ends, 25 per call
 )
 
 # DynamoDB encrypts and decrypts with a customer managed key on the caller's behalf (kms:ViaService).
