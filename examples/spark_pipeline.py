@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ EVENT_SCHEMA = "id long, kind string, amount double, ts double"
 
 def say(text: str) -> None:
     sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) -> Any:
@@ -42,8 +44,9 @@ def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) ->
         "stream": args.stream,
         "region": args.region,
         "worker_id": args.worker_id,
-        "max_records_per_shard": str(args.max_records_per_shard),
     }
+    if args.max_records_per_shard:
+        options["max_records_per_shard"] = str(args.max_records_per_shard)
     if args.endpoint_url:
         options["endpoint_url"] = args.endpoint_url
     events = (
@@ -86,10 +89,12 @@ def local_setup(args: argparse.Namespace, events: int) -> tuple[Any, int]:
     from worker_lib.tables.admin import ensure_tables
     from worker_lib.testing import create_stream, start_moto
 
+    say("starting a moto server (DynamoDB and Kinesis on loopback) ...")
     emulator = start_moto()
     args.endpoint_url = emulator.endpoint_url
     config = AwsConfig(endpoint_url=emulator.endpoint_url, region=args.region)
     ddb, kinesis = aws.client("dynamodb", config), aws.client("kinesis", config)
+    say(f"creating the lease tables of {args.app} and the 4-shard stream {args.stream} ...")
     ensure_tables(args.app, ddb)
     create_stream(kinesis, args.stream, 4)
     store = DynamoDBLeaseStore(args.app, client=ddb)
@@ -114,9 +119,24 @@ def local_setup(args: argparse.Namespace, events: int) -> tuple[Any, int]:
         for i in range(events)
     ]
     records.append({"Data": b"not json", "PartitionKey": "bad"})
+    say(f"producing {events} events and one malformed record ...")
     for i in range(0, len(records), 500):
         kinesis.put_records(StreamName=args.stream, Records=records[i : i + 500])
     return emulator, events
+
+
+def await_with_progress(query: Any, started: float) -> None:
+    """Wait for the query, printing each new micro-batch (batch id, rows, elapsed) as Spark reports it."""
+    seen = -1
+    while True:
+        finished = query.awaitTermination(2)
+        progress = query.lastProgress
+        if progress is not None and progress["batchId"] != seen:
+            seen = progress["batchId"]
+            rows = progress["numInputRows"]
+            say(f"  micro-batch {seen}: {rows} rows ({time.monotonic() - started:.1f} s)")
+        if finished:
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None)
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--events", type=int, default=5000)
-    parser.add_argument("--max-records-per-shard", type=int, default=1000)
+    parser.add_argument("--max-records-per-shard", type=int, default=None, help="default: the source's (100 000)")
     parser.add_argument("--continuous", action="store_true", help="keep running (processing-time trigger)")
+    parser.add_argument("--keep-output", action="store_true", help="keep the temporary output and checkpoint")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="shardlease-spark-example-"))
     args.output = args.output or str(workdir / "aggregates")
@@ -149,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from worker_lib.spark import register
 
+    say("starting Spark" + (" (local[2])" if args.local else "") + " ...")
     builder = SparkSession.builder.appName("shardlease-example")
     if args.local:
         builder = builder.master("local[2]").config("spark.ui.showConsoleProgress", "false")
@@ -158,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         started = time.monotonic()
         query = build_query(spark, args, available_now=not args.continuous)
-        query.awaitTermination()
+        say(f"query running (worker id {args.worker_id}, {'continuous' if args.continuous else 'availableNow'})")
+        await_with_progress(query, started)
         elapsed = time.monotonic() - started
         result = spark.read.parquet(args.output)
         totals = result.groupBy("kind").agg(
@@ -175,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         if emulator is not None:
             emulator.stop()
+        # Only the temporary directory goes: an --output or --checkpoint given on the command line is the user's.
+        if args.keep_output and any(workdir.iterdir()):
+            say(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
