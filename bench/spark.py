@@ -331,6 +331,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2, help="Spark local[N]")
     from worker_lib.spark.options import SourceOptions
 
     defaults = SourceOptions.__dataclass_fields__
@@ -374,7 +375,7 @@ def main() -> int:
 
         from worker_lib.spark import register
 
-        slots = 2
+        slots = args.slots
         spark = (
             SparkSession.builder.master(f"local[{slots}]")
             .config("spark.ui.enabled", "false")
