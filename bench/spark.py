@@ -50,18 +50,13 @@ def say(text: str) -> None:
 
 def _baseline_read(task: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """Read one shard for one micro-batch by the source's stop rules; Arrow batches and the end reached."""
-    import pyarrow as pa
-
-    from worker_lib.core import aws
     from worker_lib.core.config import AwsConfig
     from worker_lib.core.models import TRIM_HORIZON, Checkpoint
     from worker_lib.processing.config import RetrievalConfig
     from worker_lib.processing.retrieval import ShardRecordFetcher
+    from worker_lib.spark.reading import cached_client, to_arrow
 
-    clients = _baseline_read.__dict__.setdefault("clients", {})
-    kinesis = clients.get(task["endpoint"])
-    if kinesis is None:
-        kinesis = clients[task["endpoint"]] = aws.client("kinesis", AwsConfig(endpoint_url=task["endpoint"]))
+    kinesis = cached_client("kinesis", AwsConfig(endpoint_url=task["endpoint"]))
     start = (
         TRIM_HORIZON if task["seq"] == "TRIM_HORIZON" else Checkpoint(sequence=task["seq"], sub_sequence=task["sub"])
     )
@@ -97,28 +92,8 @@ def _baseline_read(task: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     end = {"seq": task["seq"], "sub": task["sub"], "records": len(records), "caught_up": caught_up}
     if records:
         end.update(seq=records[-1].sequence_number, sub=records[-1].sub_sequence_number)
-    if not records:
-        return [], end
-    timestamp = pa.timestamp("us", tz="UTC")
-    schema = pa.schema(
-        [
-            ("data", pa.binary()),
-            ("partition_key", pa.string()),
-            ("sequence_number", pa.string()),
-            ("sub_sequence_number", pa.int64()),
-            ("shard_id", pa.string()),
-            ("approximate_arrival_timestamp", timestamp),
-        ]
-    )
-    arrays = [
-        pa.array([r.data for r in records], pa.binary()),
-        pa.array([r.partition_key for r in records], pa.string()),
-        pa.array([r.sequence_number for r in records], pa.string()),
-        pa.array([r.sub_sequence_number for r in records], pa.int64()),
-        pa.array([task["shard"]] * len(records), pa.string()),
-        pa.array([r.approximate_arrival_timestamp for r in records], timestamp),
-    ]
-    return [pa.RecordBatch.from_arrays(arrays, schema=schema)], end
+    # The source's own conversion, so that both Spark readers hand Spark the same Arrow batches.
+    return to_arrow(task["shard"], records), end
 
 
 class LeaselessReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
