@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from worker_lib.spark import register
+    from worker_lib.spark import register, stop_between_batches
 
     say("starting Spark" + (" (local[2])" if args.local else "") + " ...")
     builder = SparkSession.builder.appName("shardlease-example")
@@ -181,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         query = build_query(spark, args, available_now=not args.continuous)
         say(f"query running (worker id {args.worker_id}, {'continuous' if args.continuous else 'availableNow'})")
-        await_with_progress(query, started)
+        try:
+            await_with_progress(query, started)
+        except KeyboardInterrupt:
+            # Ctrl-C in --continuous mode: let the running micro-batch finish, so the source leaves cleanly.
+            say("stopping the query between micro-batches ...")
+            stop_between_batches(query)
         elapsed = time.monotonic() - started
         result = spark.read.parquet(args.output)
         totals = result.groupBy("kind").agg(

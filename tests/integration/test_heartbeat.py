@@ -323,6 +323,72 @@ def test_fence_all_drops_everything_and_nothing_is_valid_until_the_next_beat(rig
     assert not rig.holder.is_valid("shard-c")
 
 
+# ------------------------------------------------------------------- two processes under one worker id
+
+
+def second_process(rig: Rig, superseded: list[str]) -> tuple[LeaseHolder, HeartbeatLoop]:
+    """Another process's holder and heartbeat under the worker id w1, on the same row."""
+    holder = LeaseHolder(rig.leases, "w1", config=LeaseConfig(failover_time_ms=FAILOVER_MS), clock=rig.clock)
+    loop = HeartbeatLoop(
+        rig.rows,
+        "w1",
+        interval_ms=1_000,
+        fence=holder,
+        on_notice=lambda keys: None,
+        on_superseded=lambda: superseded.append("new"),
+        clock=rig.clock,
+    )
+    return holder, loop
+
+
+def test_a_newer_process_under_the_same_worker_id_waits_for_the_older_which_stands_down(rig: Rig) -> None:
+    # GIVEN an older process w1 beating and holding a lease
+    rig.take("shard-a")
+    assert rig.loop.beat() and rig.holder.is_valid("shard-a")
+    # WHEN a newer process starts under w1 half a second later (a restarted query whose old runner still leaves)
+    rig.clock.advance(0.5)
+    superseded: list[str] = []
+    _, newer = second_process(rig, superseded)
+    assert newer.beat()
+    # THEN the newer one takes nothing yet: the older one beat lately and has not seen it
+    assert not newer.established.is_set()
+    # WHEN the older one beats again
+    rig.clock.advance(0.5)
+    assert rig.loop.beat() is False
+    # THEN it has stood down: fenced (its lease dropped), no longer established, beating no more
+    assert rig.loop.superseded.is_set() and not rig.loop.established.is_set()
+    assert rig.holder.held_keys() == [] and ("shard-a", "a newer process runs under this worker id") in rig.lost
+    written = rig.rows.get("w1")
+    assert rig.loop.announce(WorkerState.STOPPED) is False  # its departure does not overwrite the newer one's row
+    assert rig.rows.get("w1") == written
+    # AND the newer one takes leases once the older one's next beat was due (two of its intervals and a margin)
+    rig.clock.advance(1.0)
+    assert newer.beat() and not newer.established.is_set()
+    row = rig.rows.get("w1")
+    assert row is not None and row.heartbeat is not None and row.heartbeat.session == newer.session
+    rig.clock.advance(1.1)
+    assert newer.beat() and newer.established.is_set() and not newer.superseded.is_set()
+    # AND the older one's row entries never make the newer one stand down
+    assert superseded == []
+
+
+def test_a_process_after_a_stopped_or_silent_one_takes_leases_at_its_first_beat(rig: Rig) -> None:
+    # GIVEN a process w1 that stopped (said STOPPED)
+    assert rig.loop.beat()
+    rig.holder.fence_all("worker stopped")
+    assert rig.loop.announce(WorkerState.STOPPED)
+    # WHEN a new process starts under w1 THEN its first beat establishes at once
+    rig.clock.advance(0.5)
+    _, after_stop = second_process(rig, [])
+    assert after_stop.beat() and after_stop.established.is_set()
+    # GIVEN a process w1 that went silent (killed) 4 s before another starts
+    rig.clock.advance(4.0)
+    _, after_silence = second_process(rig, [])
+    # WHEN it beats THEN it does not wait either (the silent one's fence has run out: it can take nothing before a
+    # beat of its own would show it the newer session)
+    assert after_silence.beat() and after_silence.established.is_set()
+
+
 # ----------------------------------------------------------------------------------------------- the Worker
 
 FAST_LEASES = LeaseConfig(failover_time_ms=3_000)  # heartbeat every 1 s (a third of the failover time)

@@ -104,6 +104,23 @@ def test_next_offset_takes_the_lease_checkpoint_when_another_owner_moved_it() ->
     assert nxt.positions() == {"s1": cp(50)}
 
 
+def test_a_shard_taken_again_resumes_after_what_committed_batches_delivered_not_from_its_stale_checkpoint() -> None:
+    # GIVEN a restarted query whose replayed batch read s1 up to 9 and was committed while the lease was not yet
+    # held again (no checkpoint written: the lease table still says 3), and a batch without s1 since
+    start = offset(5, s2=(cp(1), "e2"))
+    ends = {"s2": BatchEnd(lease_key="s2", position=cp(2), records=1)}
+    held = [
+        HeldLease(lease_key="s1", checkpoint=cp(3), epoch="e3"),
+        HeldLease(lease_key="s2", checkpoint=cp(1), epoch="e2"),
+    ]
+    # WHEN s1's lease is held again THEN it is read after 9, not again from 3
+    nxt = plan_next_offset(start, ends, held, now_epoch_s=1, delivered={"s1": cp(9), "s2": cp(1)})
+    assert nxt.positions() == {"s1": cp(9), "s2": cp(2)}
+    # AND another owner's later checkpoint still wins
+    moved = [HeldLease(lease_key="s1", checkpoint=cp(50), epoch="e4")]
+    assert plan_next_offset(start, ends, moved, now_epoch_s=1, delivered={"s1": cp(9)}).positions() == {"s1": cp(50)}
+
+
 def test_latest_is_pinned_to_the_time_it_was_first_planned() -> None:
     start = offset(0)
     held = [HeldLease(lease_key="s1", checkpoint=LATEST, epoch="e1")]

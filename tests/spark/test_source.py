@@ -18,6 +18,7 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.mode import LivenessMode
 from worker_lib.leases.mode_store import LivenessModeStore
+from worker_lib.spark import stop_between_batches
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
@@ -50,7 +51,7 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     try:
         assert wait_until(lambda: len(sink.rows()) >= 300, timeout_s=60), "the first query read too little"
     finally:
-        query.stop()
+        query.stop()  # abruptly, perhaps in the middle of a micro-batch
     first_run = len(sink.rows())
     assert first_run < 400, "the restart should happen in the middle"
     env.produce(200)
@@ -63,7 +64,7 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
         expected = last_sequence_per_shard(env)
         assert wait_until(lambda: lease_checkpoints(env) == expected, timeout_s=20), lease_checkpoints(env)
     finally:
-        query.stop()
+        stop_between_batches(query)
     datas = sink.datas()
     assert sorted(datas) == sorted(env.produced)
     assert len(datas) == len(set(datas)) == 600
@@ -90,8 +91,8 @@ def test_two_queries_share_one_stream(spark: Any, env: Env, tmp_path: Path) -> N
         expected = last_sequence_per_shard(env)
         assert wait_until(lambda: lease_checkpoints(env) == expected, timeout_s=20)
     finally:
-        query_a.stop()
-        query_b.stop()
+        stop_between_batches(query_a)
+        stop_between_batches(query_b)
     shards_a = {row[0] for row in sink_a.rows()}
     shards_b = {row[0] for row in sink_b.rows()}
     assert shards_a == {k for k, o in owners.items() if o == "spark-a"}

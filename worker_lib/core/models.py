@@ -151,7 +151,9 @@ class WorkerHeartbeat:
     """A worker's heartbeat attributes: ``hbc`` (counter, +1 per beat), ``hbt`` (its wall clock at sending, ms),
     ``hbi`` (its beat interval, ms), ``wst`` (state), ``evc`` (a counter it bumps when it released or created
     leases the leader should look at) and ``lvm`` (the liveness mode it runs in: ``lease`` = renewing, ``worker``;
-    ``None`` for a worker older than liveness modes, which always renews)."""
+    ``None`` for a worker older than liveness modes, which always renews) and ``hbs`` (the session of the process
+    that beat: its start time in ms, zero-padded, and a random suffix — a newer process under the same worker id
+    supersedes an older one; ``None`` from a worker older than sessions)."""
 
     counter: int
     wall_ms: int
@@ -159,6 +161,7 @@ class WorkerHeartbeat:
     state: WorkerState = WorkerState.ACTIVE
     events: int = 0
     liveness: str | None = None
+    session: str | None = None
 
     @property
     def renews(self) -> bool:

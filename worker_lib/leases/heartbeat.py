@@ -12,11 +12,21 @@ still for the failover time (without waiting for each lease's own counter), so a
 lease as valid only while ``now < last beat's send time + failover − ε``, and a beat whose reply comes back after
 that moment does not revive anything — every lease held then is dropped as lost (the leader may have judged us
 dead in between). A worker that announces ``STOPPED`` fences itself first.
+
+Each process beats with a session of its own (``hbs``: start time, then a random suffix), and each reply shows the
+session of the beat before. Two processes under one worker id — a restarted Spark query whose old source runner is
+still leaving, a worker restarted with a fixed id before the old process ended — would otherwise take the same
+leases from each other in turn (each sees leases owned by its id that it does not hold). The newer process wins,
+"newer" by what the row shows rather than by clocks: the session a process's first beat finds on the row is its
+predecessor; a process that later finds any *other* session there has a successor, and so fences itself, stops
+beating and takes nothing more. The newer one, when its first beat shows a predecessor beating lately, takes
+nothing until that one has beaten once more (and so stood down).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Collection
 from typing import Protocol
@@ -41,12 +51,16 @@ class HeartbeatSink(Protocol):
         events: int,
         done_requests: Collection[str] = (),
         liveness: str | None = None,
+        session: str | None = None,
     ) -> WorkerMetricStats | None: ...
 
 
 class HeartbeatFence(Protocol):
     def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> bool:
         """Extend the fence; True if it had run out before this reply (leases were dropped)."""
+
+    def fence_all(self, reason: str) -> None:
+        """Stop processing everything now; nothing is valid until the next beat lands."""
 
     @property
     def fenced_for_s(self) -> float:
@@ -55,6 +69,11 @@ class HeartbeatFence(Protocol):
     def handoff_requests(self, elements: Collection[str], sent_at: float) -> Collection[str]:
         """The leader's hand-off requests on our item (``worker`` liveness mode), seen by a beat sent at
         ``sent_at``; returns the elements we are done with (removed by the next beat)."""
+
+
+def new_session(clock: Clock) -> str:
+    """A process's heartbeat session: its start time (ms, for people reading the table) and a random suffix."""
+    return f"{int(clock.wall() * 1000):015d}-{secrets.token_hex(4)}"
 
 
 class HeartbeatLoop:
@@ -70,6 +89,7 @@ class HeartbeatLoop:
         fence: HeartbeatFence,
         on_notice: NoticeCallback,
         quiet_after_lapse_ms: int = 0,
+        on_superseded: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if interval_ms <= 0:
@@ -90,6 +110,12 @@ class HeartbeatLoop:
         self._failing = False
         self._quiet_after_lapse_s = quiet_after_lapse_ms / 1000
         self._quiet_until: float | None = None
+        self._on_superseded = on_superseded
+        self.session = new_session(clock)
+        self._predecessor: str | None = None
+        self._predecessor_until: float | None = None
+        self.superseded = threading.Event()
+        """Set once a newer process under our worker id beat: we hold nothing and beat no more."""
         self.state = WorkerState.ACTIVE
         self.events = 0
         self.liveness: str | None = None
@@ -120,6 +146,8 @@ class HeartbeatLoop:
     def beat(self) -> bool:
         """Write one heartbeat; True on success. Infrastructure failures are logged (once per run of failures)."""
         with self._beat_lock:
+            if self.superseded.is_set():
+                return False
             sent = self._clock.monotonic()
             done = frozenset(self._done_requests)
             try:
@@ -130,6 +158,7 @@ class HeartbeatLoop:
                     events=self.events,
                     done_requests=done,
                     liveness=self.liveness,
+                    session=self.session,
                 )
             except DependencyError as exc:
                 self.failures += 1
@@ -143,7 +172,17 @@ class HeartbeatLoop:
                 log.info("heartbeat of %s succeeded again", self.worker_id)
             self._failing = False
             self.beats += 1
-            self.established.set()
+            other = row.heartbeat if row is not None else None
+            if other is not None and other.session is not None and other.session != self.session:
+                if self.beats == 1:
+                    self._predecessor = other.session
+                    if other.state is not WorkerState.STOPPED:
+                        self._await_predecessor(other.interval_ms, other.wall_ms, sent)
+                elif other.session != self._predecessor:
+                    self._stand_down(other.session)
+                    return False
+            if self._predecessor_until is None or sent >= self._predecessor_until:
+                self.established.set()
             self._done_requests -= done
             if lapsed:
                 # What was dropped while fenced may still be ours in the table (in worker mode the leader moves
@@ -158,6 +197,38 @@ class HeartbeatLoop:
             elif self._seen_version is None:
                 self._seen_version = 0  # the item did not exist before this beat: no notice yet
             return True
+
+    def _await_predecessor(self, interval_ms: int, wall_ms: int, sent: float) -> None:
+        """An older process under our worker id beat lately: take nothing until it has beaten again (and so seen
+        us and stood down). One that has not beaten for three of its intervals is stalled or gone: should it come
+        back, its fence has run out and its next beat — before it may take anything — shows it our session."""
+        age_s = self._clock.wall() - wall_ms / 1000
+        if age_s > 3 * interval_ms / 1000:
+            return
+        self._predecessor_until = sent + 2 * interval_ms / 1000 + 0.5
+        log.info(
+            "worker id %s: an older process beat %.1f s ago; taking leases once it has stood down",
+            self.worker_id,
+            max(0.0, age_s),
+        )
+
+    def _stand_down(self, newer: str) -> None:
+        self.superseded.set()
+        self.established.clear()
+        self._stop.set()
+        self._fence.fence_all("a newer process runs under this worker id")
+        log.error(
+            "worker id %s is used by a newer process (session %s, ours %s): this one holds nothing from now on and "
+            "stops beating",
+            self.worker_id,
+            newer,
+            self.session,
+        )
+        if self._on_superseded is not None:
+            try:
+                self._on_superseded()
+            except Exception:
+                log.exception("standing down %s failed", self.worker_id)
 
     def _notice(self, row: WorkerMetricStats) -> None:
         version = row.assignment_version

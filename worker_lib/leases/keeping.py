@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from worker_lib.core.clock import Clock
@@ -32,6 +33,7 @@ def heartbeat_loop(
     holder: LeaseHolder,
     on_notice: NoticeCallback,
     clock: Clock,
+    on_superseded: Callable[[], None] | None = None,
 ) -> HeartbeatLoop | None:
     """The heartbeat of a lease holder, fenced by ``holder``; ``None`` when the configuration turns it off. It starts
     at the ``lease`` mode's interval; :func:`apply_liveness_mode` sets the mode's own."""
@@ -45,6 +47,7 @@ def heartbeat_loop(
         on_notice=on_notice,
         # in worker mode, silent for longer than the failover time once fenced (see HeartbeatLoop)
         quiet_after_lapse_ms=config.quiet_after_lapse_ms,
+        on_superseded=on_superseded,
         clock=clock,
     )
 

@@ -4,6 +4,8 @@ worker (docs/spark.md).
     from worker_lib.spark import register
     register(spark)
     df = spark.readStream.format("shardlease").option("app", "orders").option("stream", "orders").load()
+    ...
+    stop_between_batches(query)  # rather than query.stop() in the middle of a micro-batch
 
 pyspark is imported only by :func:`register` and :mod:`worker_lib.spark.source` (the ``spark`` extra).
 """
@@ -14,6 +16,7 @@ import re
 from typing import Any
 
 from worker_lib.core.errors import ConfigError
+from worker_lib.spark.stopping import stop_between_batches
 
 SOURCE_NAME = "shardlease"
 
@@ -53,4 +56,4 @@ def register(spark: Any) -> None:
     spark.dataSource.register(ShardleaseDataSource)
 
 
-__all__ = ["MIN_SPARK_VERSION", "SOURCE_NAME", "register", "spark_version_problem"]
+__all__ = ["MIN_SPARK_VERSION", "SOURCE_NAME", "register", "spark_version_problem", "stop_between_batches"]

@@ -30,7 +30,6 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeping import (
     NoticeBox,
     apply_liveness_mode,
-    give_up_undiscovered,
     heartbeat_loop,
     mode_follower,
     released,
@@ -57,6 +56,7 @@ from worker_lib.spark.planning import (
     commit_actions,
     handoffs_to_complete,
     is_idle,
+    later_of,
     new_run_id,
     plan_next_offset,
     without_shards,
@@ -85,7 +85,9 @@ class SparkLeaseCoordinator:
         self.worker_id = options.worker_id
         self._clock = clock
         self._dynamodb = dynamodb or trace.attach(aws.client("dynamodb", options.aws))
-        self._kinesis = kinesis or trace.attach(aws.client("kinesis", options.aws))
+        # Kinesis is needed on the driver only to probe idle shards and at a shard's end: made on first use, it
+        # keeps a client's creation (~60 ms of model loading) off every query's start.
+        self._kinesis_client = kinesis
         self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
         self._batches = BatchEndStore(options.app, self._dynamodb)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
@@ -102,8 +104,16 @@ class SparkLeaseCoordinator:
         # One row per application in <app>-WorkerMetricStats: the heartbeat's UpdateItem and the load metric's
         # (WorkerMetricsStore.put, also an UpdateItem) each keep the other's attributes.
         self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock)
+        self._stop = threading.Event()
         self._heartbeat = heartbeat_loop(
-            options.lease, self._rows, self.worker_id, holder=self._holder, on_notice=self._notices.put, clock=clock
+            options.lease,
+            self._rows,
+            self.worker_id,
+            holder=self._holder,
+            on_notice=self._notices.put,
+            clock=clock,
+            # a restarted query's runner took over our worker id: stop coordinating (the loop already fenced us)
+            on_superseded=self._stop.set,
         )
         self._modes = mode_follower(
             options.lease,
@@ -128,13 +138,13 @@ class SparkLeaseCoordinator:
         self._takes = 0
         self._epochs: dict[str, str] = {}
         self._guard = threading.Lock()
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._finished_parents: set[str] = set()
         self._last_planned: dict[str, int] = {}
         self._planned_shards: dict[tuple[str, int], list[str]] = {}
         self._ends: dict[tuple[str, int], dict[str, BatchEnd]] = {}
         self._committed: tuple[str, int] = ("", -1)
+        self._delivered: dict[str, Checkpoint] = {}  # per shard, how far batches Spark committed have read
         self._pending_shard_ends: dict[str, BatchEnd] = {}
         self._last_probe: dict[str, float] = {}
         self._available_now_until: float | None = None
@@ -143,6 +153,12 @@ class SparkLeaseCoordinator:
         self.started = False
         self.checkpoints_written = 0
         self.commits_skipped: dict[str, int] = {}
+
+    @property
+    def _kinesis(self) -> Any:
+        if self._kinesis_client is None:
+            self._kinesis_client = trace.attach(aws.client("kinesis", self.options.aws))
+        return self._kinesis_client
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -192,7 +208,7 @@ class SparkLeaseCoordinator:
         assigns us nothing more), give every lease up (uncommitted batches are read again by the next owner),
         then fence and say STOPPED, so the leader moves anything left without waiting for the failover time."""
         if not self.started or self._stop.is_set():
-            return
+            return  # stopped already, or stood down for a newer runner under our worker id (the row is its own)
         log.info("spark source %s departing: giving up %d leases", self.worker_id, len(self._holder.held_keys()))
         if self._heartbeat is not None:
             self._heartbeat.announce(WorkerState.DEPARTING)
@@ -201,8 +217,10 @@ class SparkLeaseCoordinator:
             self._thread.join(timeout=10)
             self._thread = None
         for key in self._holder.held_keys():
-            self._holder.evict(key)
-        give_up_undiscovered(self._holder, self._discoverer, self._store, self.worker_id)
+            self._holder.evict(key)  # conditional on the counter we hold: a successor's take is never undone
+        # Unlike a worker, leases assigned to us that we do not hold are not given up: a query's worker id is the
+        # same across restarts, and a restarted query (a new runner, started while this one is still leaving) holds
+        # them under that same id. The leader moves what is left once it reads STOPPED.
         if self._heartbeat is not None:
             # Fence first, then say so: nothing we held may be processed by us once the leader reads STOPPED.
             self._holder.fence_all("spark source stopped")
@@ -354,7 +372,12 @@ class SparkLeaseCoordinator:
         self._complete_handoffs()
         initial_ts = self.options.initial_timestamp.timestamp() if self.options.initial_timestamp else None
         candidate = plan_next_offset(
-            start, ends, self.held_leases(), now_epoch_s=self._clock.wall(), initial_timestamp_epoch_s=initial_ts
+            start,
+            ends,
+            self.held_leases(),
+            now_epoch_s=self._clock.wall(),
+            initial_timestamp_epoch_s=initial_ts,
+            delivered=self._delivered,
         )
         if not candidate.shards and not start.shards:
             return start
@@ -369,7 +392,14 @@ class SparkLeaseCoordinator:
                 held = self.held_leases()
                 now = self._clock.wall()
                 candidate = without_shards(
-                    plan_next_offset(start, ends, held, now_epoch_s=now, initial_timestamp_epoch_s=initial_ts),
+                    plan_next_offset(
+                        start,
+                        ends,
+                        held,
+                        now_epoch_s=now,
+                        initial_timestamp_epoch_s=initial_ts,
+                        delivered=self._delivered,
+                    ),
                     self._done_for_trigger,
                 )
                 if not candidate.shards or is_idle(start, ends, candidate):
@@ -445,6 +475,9 @@ class SparkLeaseCoordinator:
             lease = self._holder.lease(key)
             if lease is not None:
                 lease_checkpoints[key] = lease.checkpoint
+        for key, end in ends.items():
+            if not end.position.is_sentinel and not end.ended:
+                self._delivered[key] = later_of(self._delivered.get(key, end.position), end.position)
         actions = commit_actions(offset, ends, held_epochs=self._held_epochs(), lease_checkpoints=lease_checkpoints)
         for action in actions:
             if action.bytes:

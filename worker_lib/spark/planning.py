@@ -191,9 +191,13 @@ def plan_next_offset(
     *,
     now_epoch_s: float,
     initial_timestamp_epoch_s: float | None = None,
+    delivered: Mapping[str, Checkpoint] | None = None,
 ) -> SourceOffset:
-    """The offset of the next micro-batch: every readable held lease, from the later of where the previous batch
-    ended and the lease table's checkpoint (another owner may have moved it while we did not hold the lease).
+    """The offset of the next micro-batch: every readable held lease, from the latest of where the previous batch
+    ended, the lease table's checkpoint (another owner may have moved it while we did not hold the lease) and
+    ``delivered`` — how far batches Spark committed have read the shard, remembered across batches that left it
+    out: a batch committed while we did not hold its lease (a restarted query replaying its last batch before the
+    lease is taken again) got no checkpoint, and its records must not be read again.
     Shards whose lease we no longer hold are dropped; finished shards are not read again. A ``LATEST`` start is
     pinned to ``AT_TIMESTAMP`` ``now_epoch_s``; an ``AT_TIMESTAMP`` checkpoint uses ``initial_timestamp_epoch_s``."""
     after = positions_after(start, ends)
@@ -203,6 +207,8 @@ def plan_next_offset(
             continue
         previous = after.get(lease.lease_key)
         position = lease.checkpoint if previous is None else later_of(previous, lease.checkpoint)
+        if delivered is not None and lease.lease_key in delivered:
+            position = later_of(position, delivered[lease.lease_key])
         if position.is_shard_end:
             continue
         timestamp: float | None = None

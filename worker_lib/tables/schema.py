@@ -52,6 +52,7 @@ class WorkerMetricsAttr:
     HEARTBEAT_COUNTER = "hbc"
     HEARTBEAT_WALL_MS = "hbt"
     HEARTBEAT_INTERVAL_MS = "hbi"
+    HEARTBEAT_SESSION = "hbs"
     WORKER_STATE = "wst"
     LIVENESS_MODE = "lvm"
     EVENT_COUNTER = "evc"

@@ -6,8 +6,8 @@
 It runs one query (local[cores], processing-time trigger) whose ``foreachBatch`` sink writes each micro-batch's
 rows to ``DIR/<worker id>/batch-<id>.jsonl`` (overwritten when Spark replays the batch, so the output is
 idempotent) as ``{"shard", "seq", "sub", "data", "arrival_ms", "written_ms"}``. SIGTERM or SIGINT stops the query
-(``query.stop()``) and the session, then the process exits 0. AWS settings come from the environment
-(``SHARDLEASE_ENDPOINT_URL``, ``AWS_REGION``) as for any worker.
+between micro-batches (``stop_between_batches``) and the session, then the process exits 0. AWS settings come from
+the environment (``SHARDLEASE_ENDPOINT_URL``, ``AWS_REGION``) as for any worker.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from worker_lib.spark import register
+    from worker_lib.spark import register, stop_between_batches
 
     out = args.out / args.worker_id
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         say(f"{args.worker_id}: {rows[0]} rows so far")
     say(f"{args.worker_id}: stopping the query")
-    query.stop()
+    stop_between_batches(query)
     spark.stop()
     say(f"{args.worker_id}: stopped after {rows[0]} rows")
     return 0

@@ -77,13 +77,15 @@ class WorkerMetricsStore:
         events: int,
         done_requests: Collection[str] = (),
         liveness: str | None = None,
+        session: str | None = None,
     ) -> WorkerMetricStats | None:
         """One heartbeat: ``hbc`` + 1, ``hbt`` = our wall clock (ms), ``hbi``, ``wst``, ``evc``; creates the item
         (with ``lut`` = now) if it does not exist yet, and removes the notice's key list ``asl``. Returns the item as
         it was *before* the beat — so the worker reads the leader's notice (``asv``/``asl``) from the very write that
         consumes it: no read of its own, and the item the leader scans every second stays small — or ``None`` if
         there was no item (the first beat) or it cannot be read. ``done_requests``: hand-off requests (``hrq``)
-        this worker is done with, removed in the same write (docs/liveness-modes.md)."""
+        this worker is done with, removed in the same write (docs/liveness-modes.md). ``session``: the beating
+        process's session (``hbs``)."""
         now_ms = int(self._clock.wall() * 1000)
         names = {
             "#asl": A.ASSIGNED_KEYS,
@@ -110,6 +112,10 @@ class WorkerMetricsStore:
             names["#lvm"] = A.LIVENESS_MODE
             values[":lvm"] = {"S": liveness}
             expression = expression.replace("SET ", "SET #lvm = :lvm, ", 1)
+        if session is not None:
+            names["#hbs"] = A.HEARTBEAT_SESSION
+            values[":hbs"] = {"S": session}
+            expression = expression.replace("SET ", "SET #hbs = :hbs, ", 1)
         if done_requests:
             names["#hrq"] = A.HANDOFF_REQUESTS
             values[":done"] = {"SS": sorted(set(done_requests))}
