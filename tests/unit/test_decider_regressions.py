@@ -238,3 +238,33 @@ def test_simulated_joiners_reach_the_band_within_three_balancing_runs() -> None:
     assert next(c for c in kcl_result.cycles if c.cycle == 19).tp_min_over_mean < 0.5
     # AND the fill stops once they are in: nothing moves at cycle 22
     assert next(c for c in ours_result.cycles if c.cycle == 22).moved == 0
+
+
+# ------------------------------------------------------------------- 5. a lightly loaded fleet keeps its join split
+
+
+def test_a_lightly_loaded_fleet_inside_its_band_evens_lease_counts_one_move_per_run() -> None:
+    # GIVEN three workers at a few percent CPU (every one inside the ±2-point floor band) holding 4, 2 and 2 leases
+    # of equal throughput — the split they happened to join with
+    leases = [owned(f"a{i}", "w1") for i in range(4)] + [owned(f"b{i}", "w2") for i in range(2)]
+    leases += [owned(f"c{i}", "w3") for i in range(2)]
+    workers = [cpu("w1", 4.0), cpu("w2", 3.5), cpu("w3", 3.0)]
+    # WHEN our variance decider balances
+    plan = decide(ours(), snap(leases, workers))
+    # THEN one lease moves from the worker with the most to the one with the fewest, saying why
+    moves = [(d.lease_key[0], d.to_worker) for d in plan.decisions]
+    assert moves == [("a", "w3")]
+    assert "evening lease counts" in plan.decisions[0].reason
+    # AND KCL's exact mode keeps KCL's behaviour (nothing outside the band: nothing moves)
+    assert decide(kcl(), snap(leases, workers)).decisions == ()
+
+
+def test_counts_are_not_evened_when_the_metric_tells_the_workers_apart_or_the_move_would_leave_the_band() -> None:
+    leases = [owned(f"a{i}", "w1") for i in range(4)] + [owned(f"b{i}", "w2") for i in range(2)]
+    # GIVEN a loaded fleet (average 50 %: the band is ±5 points, wider than the floor) with both inside it
+    assert decide(ours(), snap(leases, [cpu("w1", 52.0), cpu("w2", 48.0)])).decisions == ()
+    # GIVEN a light fleet where the worker with fewer leases is the busier one (band 2.9..6.9): one of w1's leases
+    # (≈ 1.6 points) would push w2 above the band
+    assert decide(ours(), snap(leases, [cpu("w1", 3.0), cpu("w2", 6.8)])).decisions == ()
+    # GIVEN counts that differ by one THEN nothing moves either
+    assert decide(ours(), snap(leases[:3] + leases[4:], [cpu("w1", 3.0), cpu("w2", 3.0)])).decisions == ()

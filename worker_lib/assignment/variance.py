@@ -293,6 +293,7 @@ class OursVarianceRun(VarianceRun):
             if b.triggered and best_total < total:
                 chosen, best_total = b, total
         if chosen is None:
+            self._even_counts(bands)
             return
         metric = chosen.metric
         self.acted_metric = metric
@@ -308,6 +309,47 @@ class OursVarianceRun(VarianceRun):
             # are none, from the single most loaded worker — one or two leases per run; ours fills them from every
             # worker above the average.
             self._fill(chosen)
+
+    def _even_counts(self, bands: list[_Band]) -> None:
+        """Every worker is inside every band, and each band is at its floor (± ``rebalance_min_gap_pct`` points: a
+        lightly loaded fleet, where the metric is mostly each worker's fixed cost and cannot tell the workers
+        apart): move one lease, the coolest, from the worker holding the most to the one holding the fewest, when
+        they differ by more than one and the move keeps both inside every band. So equal workers with equal
+        traffic end within one lease of even (one move per balancing run) instead of keeping whatever split they
+        joined with; a fleet whose metric discriminates is left to the bands."""
+        threshold = self.config.rebalance_threshold_pct / 100.0
+        if not bands or any(b.avg * threshold > self.config.rebalance_min_gap_pct for b in bands):
+            return
+        members = set(bands[0].members) - bands[0].pinned
+        for b in bands[1:]:
+            members &= set(b.members) - b.pinned
+        workers = sorted(w for w in members if self.eligible(w) or self.count(w) > 0)
+        if len(workers) < 2:
+            return
+
+        def standing(w: str) -> tuple[int, float, str]:  # fewest leases, then least loaded (ties: the id)
+            return (self.count(w), max(self.values[w][b.metric] for b in bands), w)
+
+        donor = max(workers, key=standing)
+        receiver = min((w for w in workers if self.eligible(w)), key=standing, default=None)
+        if receiver is None or self.count(donor) - self.count(receiver) <= 1:
+            return
+        movable = sorted(self.movable(donor), key=lambda lease: (self.tp[lease.lease_key], lease.lease_key))
+        if not movable:
+            return
+        lease = movable[0]
+        for b in bands:
+            step = self.per_kbps(b.metric) * self.tp[lease.lease_key]
+            if self.values[receiver][b.metric] + step > b.upper or self.values[donor][b.metric] - step < b.lower:
+                return
+        reason = (
+            f"rebalance: every worker inside its band at the floor (± {self.config.rebalance_min_gap_pct:g} points, "
+            f"a lightly loaded fleet); evening lease counts, {donor} holds {self.count(donor)}, "
+            f"{receiver} {self.count(receiver)}"
+        )
+        self.record(lease, receiver, "rebalance", reason, project_donor=True)
+        self.push_if_eligible(receiver)
+        self.push_if_eligible(donor)
 
     def _fill(self, band: _Band) -> None:
         """Bring each worker below the band a dampened share of its gap to the band average, taking from the
