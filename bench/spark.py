@@ -13,10 +13,11 @@ alternating order:
   read's end in a local file instead of DynamoDB. It is what the Python Data Source API costs by itself;
 * **source**: the shardlease source under a fresh application (its own lease table, leases assigned to it).
 
-A first lease-less query warms the SparkSession up and is not counted. Rates are medians over the rounds; ratios
-are what to read (absolute numbers drift with the machine). With ``SHARDLEASE_SPARK_TRACE_DIR`` set the source and
-the baseline trace every step (worker_lib/spark/trace.py): the breakdown printed per micro-batch comes from there
-and from Spark's own progress reports. The last line is::
+A first run of each reader warms it up and is not counted (the SparkSession, the Python workers' imports and
+clients, the emulator's first requests of each kind: costs a long-running query pays once). Rates are medians over
+the rounds; ratios are what to read (absolute numbers drift with the machine). With ``SHARDLEASE_SPARK_TRACE_DIR``
+set the source and the baseline trace every step (worker_lib/spark/trace.py): the breakdown printed per micro-batch
+comes from there and from Spark's own progress reports. The last line is::
 
     spark records/s: plain P, lease-less L, source S; source/lease-less X×, source/plain Y×
 """
@@ -409,8 +410,13 @@ def main() -> int:
             return Run("plain", count, time.monotonic() - started, [], (began, time.time()))
 
         try:
-            warm = run_query(spark, leaseless(), "warm-up", workdir)
-            say(f"warm-up (lease-less, not counted): {warm.records} records in {warm.seconds:.2f} s")
+            for label, warm_up in (
+                ("lease-less", lambda: run_query(spark, leaseless(), "warm-up", workdir)),
+                ("source", lambda: run_query(spark, source(), "warm-up", workdir)),
+                ("plain", plain),
+            ):
+                warm = warm_up()
+                say(f"warm-up ({label}, not counted): {warm.records} records in {warm.seconds:.2f} s")
             for round_no in range(args.rounds):
                 order = ("plain", "leaseless", "source") if round_no % 2 == 0 else ("source", "leaseless", "plain")
                 for label in order:

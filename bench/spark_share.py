@@ -9,9 +9,10 @@ Everything runs on one machine against a moto server: an 8-shard stream with the
   (``w1``, process CPU metric);
 * ``half-cores``: ``spark-a`` with local[2] and ``spark-b`` with local[1] (half the cores), no plain worker.
 
-Every 10 s it prints how many shards each member holds; at the end, the lease moves after the first two minutes
-(settling), and the lag of every record the Spark applications wrote — sink write time minus Kinesis arrival
-time — as percentiles per minute and over the run. The last line is::
+Every 10 s it prints how many shards each member holds and its newest load figure (what the leader balances on);
+at the end, the lease moves after the first two minutes (settling), and the lag of every record the Spark
+applications wrote — sink write time minus Kinesis arrival time — as percentiles per minute and over the run.
+The last line is::
 
     spark sharing (SCENARIO, N min): split a/b[/w1] A/B[/W], moves after settling M, lag p50 X s p99 Y s max Z s
 """
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -44,12 +46,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def latest_figure(stats: Mapping[str, Sequence[float]]) -> str:
+    """A member's newest load window (``C``, the CPU the leader balances on), e.g. ``C 7.3%``."""
+    for name, windows in sorted(stats.items()):
+        measured = [value for value in windows if value >= 0]
+        if measured:
+            return f"{name} {measured[-1]:.1f}%"
+    return "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Spark applications sharing one stream")
     parser.add_argument("--scenario", choices=("even", "half-cores"), default="even")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=50, help="records/s per shard")
     parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument(
+        "--min-gap-pct",
+        type=float,
+        default=None,
+        help="the leader's rebalance_min_gap_pct (default: the library's, 2 points)",
+    )
     args = parser.parse_args()
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "local")
@@ -61,6 +78,7 @@ def main() -> int:
     from worker_lib.testing.emulators import start_moto
     from worker_lib.testing.producers import EvenProducer
     from worker_lib.testing.streams import create_stream
+    from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
     workdir = Path(tempfile.mkdtemp(prefix="shardlease-spark-share-"))
     emulator = start_moto()
@@ -72,6 +90,7 @@ def main() -> int:
         ensure_tables(app, ddb)
         create_stream(kinesis, stream, args.shards)
         store = DynamoDBLeaseStore(app, client=ddb)
+        rows = WorkerMetricsStore(app, client=ddb)
         env = {
             **os.environ,
             "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
@@ -85,6 +104,8 @@ def main() -> int:
             "SHARDLEASE_CPU_METRIC": "process",
             "SHARDLEASE_DEMO_JOURNAL": str(workdir),
         }
+        if args.min_gap_pct is not None:
+            env["SHARDLEASE_REBALANCE_MIN_GAP_PCT"] = str(args.min_gap_pct)
 
         def start(name: str, command: list[str]) -> None:
             log = (workdir / f"{name}.log").open("wb")
@@ -140,6 +161,7 @@ def main() -> int:
         say(
             f"{args.scenario}: {args.shards} shards x {args.rate} records/s of 200 B, members {', '.join(members)}; "
             f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+            + ("" if args.min_gap_pct is None else f"; rebalance_min_gap_pct {args.min_gap_pct:g}")
         )
         per_tick = max(1, args.rate // 5)
         started = time.monotonic()
@@ -151,9 +173,10 @@ def main() -> int:
                 elapsed = time.monotonic() - started
                 samples.append((elapsed, owners))
                 counts = Counter(owners.values())
+                figures = {row.worker_id: latest_figure(row.stats) for row in rows.list_all()}
                 say(
                     f"  {elapsed / 60:5.1f} min  "
-                    + "  ".join(f"{m} {counts.get(m, 0)}" for m in members)
+                    + "  ".join(f"{m} {counts.get(m, 0)} ({figures.get(m, '-')})" for m in members)
                     + (f"  unowned {counts[None]}" if None in counts else "")
                 )
         settle_s = 120.0
