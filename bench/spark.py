@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/spark.py [--records 100000] [--shards 4] [--rounds 2]
 
-Everything runs on one machine against a moto server. A stream is filled once; then each round runs, in
+Everything runs on one machine against moto servers: one for Kinesis and, as in AWS where the two services share
+nothing, one for DynamoDB (``--one-emulator``: both in one process, where the source's heartbeats and renewals
+queue behind GetRecords in one interpreter). A stream is filled once; then each round runs, in
 alternating order:
 
 * **plain**: one thread per shard running the library's ShardRecordFetcher from TRIM_HORIZON to the tip (no
@@ -300,6 +302,15 @@ def describe(run: Run, trace_dir: Path, shards: int, slots: int) -> None:
             )
             + " per micro-batch"
         )
+    made = [line["at"] for line in lines if line["kind"] == "reader_made"]
+    starts = [line for line in lines if line["kind"] == "coordinator_start"]
+    if made and starts:
+        start = starts[0]
+        parts = ", ".join(f"{k} {int(c)}" for k, (c, _) in sorted(start.get("calls", {}).items()))
+        say(
+            f"    source runner: reader made {1000 * (min(made) - run.window[0]):,.0f} ms after the query started; "
+            f"coordinator made and started in {1000 * start['seconds']:,.0f} ms ({parts})"
+        )
 
 
 def main() -> int:
@@ -308,6 +319,11 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--slots", type=int, default=2, help="Spark local[N]")
+    parser.add_argument(
+        "--one-emulator",
+        action="store_true",
+        help="serve DynamoDB from the Kinesis emulator's process (default: a moto server of its own)",
+    )
     from worker_lib.spark.options import SourceOptions
 
     defaults = SourceOptions.__dataclass_fields__
@@ -332,9 +348,13 @@ def main() -> int:
     from worker_lib.testing.streams import create_stream
 
     emulator = start_moto()
+    # In AWS the source's DynamoDB calls take nothing from Kinesis; in one moto process they would take its
+    # interpreter (GetRecords waits behind heartbeats and renewals), so DynamoDB gets a process of its own.
+    tables = emulator if args.one_emulator else start_moto()
     try:
         config = AwsConfig(endpoint_url=emulator.endpoint_url, max_attempts=2)
-        ddb, kinesis = aws.client("dynamodb", config), aws.client("kinesis", config)
+        kinesis = aws.client("kinesis", config)
+        ddb = aws.client("dynamodb", AwsConfig(endpoint_url=tables.endpoint_url, max_attempts=2))
         stream = "bench-spark"
         create_stream(kinesis, stream, args.shards)
         payload = b"x" * 200
@@ -343,7 +363,9 @@ def main() -> int:
             kinesis.put_records(StreamName=stream, Records=batch)
         shard_ids = [s["ShardId"] for s in kinesis.list_shards(StreamName=stream)["Shards"]]
         say(
-            f"stream {stream}: {args.shards} shards, {args.records} records of {len(payload)} B (moto); "
+            f"stream {stream}: {args.shards} shards, {args.records} records of {len(payload)} B (moto"
+            + ("" if args.one_emulator else "; DynamoDB on a moto server of its own")
+            + f"); "
             f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} before the runs"
         )
 
@@ -396,7 +418,8 @@ def main() -> int:
                 .options(
                     app=app,
                     stream=stream,
-                    endpoint_url=emulator.endpoint_url,
+                    kinesis_endpoint_url=emulator.endpoint_url,
+                    dynamodb_endpoint_url=tables.endpoint_url,
                     worker_id="bench",
                     max_records_per_shard=str(args.max_records_per_shard),
                     metrics="false",
@@ -445,6 +468,8 @@ def main() -> int:
         )
     finally:
         emulator.stop()
+        if tables is not emulator:
+            tables.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

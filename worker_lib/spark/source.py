@@ -67,6 +67,7 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def __init__(self, options: dict[str, str]) -> None:
         self.options = SourceOptions.parse(options)
         self._coordinator: SparkLeaseCoordinator | None = None
+        trace.event("reader_made")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "_coordinator": None}
@@ -76,8 +77,10 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             level = os.environ.get("SHARDLEASE_SPARK_LOG_LEVEL")
             if level:  # the source runner is a Python process of its own: nobody configured its logging
                 logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-            self._coordinator = SparkLeaseCoordinator(self.options)
-            depart_on_termination(self._coordinator)
+            with trace.step("coordinator_start"):
+                self._coordinator = SparkLeaseCoordinator(self.options)
+                depart_on_termination(self._coordinator)
+                self._coordinator.start()
         self._coordinator.start()
         return self._coordinator
 

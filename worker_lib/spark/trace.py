@@ -132,6 +132,13 @@ def step(kind: str, **fields: Any) -> Iterator[dict[str, Any]]:
         yield extra
 
 
+def event(kind: str, **fields: Any) -> None:
+    """One untimed line (e.g. the moment the stream reader was made); a no-op when tracing is off."""
+    active = tracer()
+    if active is not None:
+        active.emit(kind, **fields)
+
+
 def attach(client: Any) -> Any:
     """Count ``client``'s calls when tracing is on; returns the client."""
     active = tracer()
