@@ -67,6 +67,7 @@ def main() -> int:
         default=None,
         help="the leader's rebalance_min_gap_pct (default: the library's, 2 points)",
     )
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy every process's log here at the end")
     args = parser.parse_args()
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "local")
@@ -222,6 +223,10 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
         emulator.stop()
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log_path in workdir.glob("*.log"):
+                shutil.copy(log_path, args.keep_logs / log_path.name)
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
