@@ -20,6 +20,7 @@ The last line is::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -213,14 +214,18 @@ def main() -> int:
             f"p99 {percentile(values, 0.99):.2f} s max {max(values):.2f} s"
         )
     finally:
+        # SIGTERM to each main process first (a Spark application stops its query between micro-batches, leaves
+        # and stops its JVM), the whole group only for what is still running 30 s later.
         for process in processes.values():
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
         for process in processes.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the JVM and Python workers of an application that exited
                 os.killpg(process.pid, signal.SIGKILL)
         emulator.stop()
         if args.keep_logs is not None:

@@ -162,6 +162,12 @@ class ShardRecordFetcher:
 
     # --- reading ---------------------------------------------------------------------------------------------
 
+    def restart(self) -> None:
+        """Drop the current shard iterator: the next :meth:`fetch` asks for a new one from where delivery stopped
+        (after a failed call, in case the iterator itself was what failed)."""
+        if not self._ended:
+            self._iterator = None
+
     def fetch(self) -> RecordBatch:
         """Wait for the next permitted call, read one batch and return it (see the module documentation).
 

@@ -25,7 +25,7 @@ from typing import Any
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.errors import DependencyError
+from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import KinesisRecord
@@ -37,6 +37,7 @@ from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask
 log = logging.getLogger("shardlease.spark.reading")
 
 GET_RECORDS_LIMIT = 10_000
+RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,8 +119,38 @@ def read_up_to(
     # A bounded re-read must reach its bound whatever the budget; give up (task fails, Spark retries) only far
     # beyond it.
     hard_deadline = clock.monotonic() + 10 * max(settings.max_read_ms / 1000, 30.0)
+    failures = 0
     while True:
-        batch = fetcher.fetch()
+        try:
+            batch = fetcher.fetch()
+        except (CredentialsError, StreamMissingError):
+            raise  # not transient: the query fails with the reason
+        except DependencyError as exc:
+            # Kinesis failed past the client's retries (an outage, an internal error). Ride it out within the read's
+            # budget, from a fresh iterator; an unbounded read that runs out of budget ends where it got (its end
+            # is recorded as usual and the next micro-batch goes on from there), so a passing failure costs a
+            # shorter batch, not the query. A bounded re-read must reach its recorded end: it fails the task only
+            # after the hard deadline (Spark retries the task or reports the query's failure).
+            give_up_at = deadline if bound is None else hard_deadline
+            now = clock.monotonic()
+            if now >= give_up_at:
+                if bound is not None:
+                    raise
+                log.warning(
+                    "reading %s for batch %d ended early after %d records: %s",
+                    task.lease_key,
+                    task.batch,
+                    len(records),
+                    exc,
+                )
+                break
+            pause = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
+            failures += 1
+            log.info("reading %s failed (%s); again in %.1f s", task.lease_key, exc, pause)
+            clock.sleep(min(pause, max(0.0, give_up_at - now)))
+            fetcher.restart()
+            continue
+        failures = 0
         done = False
         for record in batch.records:
             if bound is not None and not bound.is_shard_end and record.checkpoint.is_after(bound):
