@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -24,6 +25,7 @@ from worker_lib.workermetrics.cpu import (
     ProcStatCpu,
     PsutilCpu,
     WorkerMetric,
+    available_cpus,
     detect_cpu_metric,
     parse_cpu_list,
 )
@@ -462,3 +464,24 @@ def test_detection_on_this_host_finds_something() -> None:
     assert found is not None
     value = found.sample()
     assert value is not None and 0.0 <= value <= 100.0
+
+
+# --- capacity --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cpu_max", "cpus"), [("quota", 2.0), ("unlimited", 8.0)])
+def test_available_cpus_is_the_cgroup_limit_when_the_metric_reads_one(
+    tmp_path: Path, cpu_max: str, cpus: float
+) -> None:
+    # GIVEN a cgroup v2 metric limited to 2 CPUs by quota, or unlimited on a cpuset of 8
+    _cgroup_v2(tmp_path, cpu_max)
+    # WHEN the worker's capacity is asked THEN it is that limit
+    assert available_cpus(CgroupV2Cpu(tmp_path, clock=ManualClock())) == cpus
+
+
+def test_available_cpus_falls_back_to_the_cpus_the_process_may_use(tmp_path: Path) -> None:
+    # GIVEN no metric, or a cgroup metric whose files are gone
+    expected = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
+    # WHEN the worker's capacity is asked THEN it is the CPUs this process may run on
+    assert available_cpus(None) == expected
+    assert available_cpus(CgroupV2Cpu(tmp_path / "gone", clock=ManualClock())) == expected

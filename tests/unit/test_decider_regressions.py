@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import Iterable
@@ -268,3 +269,45 @@ def test_counts_are_not_evened_when_the_metric_tells_the_workers_apart_or_the_mo
     assert decide(ours(), snap(leases, [cpu("w1", 3.0), cpu("w2", 6.8)])).decisions == ()
     # GIVEN counts that differ by one THEN nothing moves either
     assert decide(ours(), snap(leases[:3] + leases[4:], [cpu("w1", 3.0), cpu("w2", 3.0)])).decisions == ()
+
+
+def with_capacity(worker: WorkerMetricStats, cpus: float | None) -> WorkerMetricStats:
+    return dataclasses.replace(worker, capacity=cpus)
+
+
+def apply(leases: list[Lease], plan: AssignmentPlan) -> list[Lease]:
+    moved = {d.lease_key: d.to_worker for d in plan.decisions}
+    return [dataclasses.replace(lease, lease_owner=moved.get(lease.lease_key, lease.lease_owner)) for lease in leases]
+
+
+def test_a_light_fleet_is_evened_in_proportion_to_the_capacity_every_worker_reports() -> None:
+    # GIVEN two Spark applications at a few percent, 4 equal leases each, one with 2 executor slots and one with 1
+    leases = [owned(f"a{i}", "spark-a") for i in range(4)] + [owned(f"b{i}", "spark-b") for i in range(4)]
+    workers = [with_capacity(cpu("spark-a", 2.0), 2.0), with_capacity(cpu("spark-b", 3.4), 1.0)]
+    # WHEN our variance decider balances on several runs (the figures stay inside the floor band throughout)
+    splits = []
+    for _ in range(4):
+        plan = decide(ours(), snap(leases, workers))
+        leases = apply(leases, plan)
+        splits.append(sum(1 for lease in leases if lease.lease_owner == "spark-a"))
+    # THEN one lease moves to the application with twice the capacity, saying so, and the split then stays at 5/3
+    # (shares 5.33 / 2.67: a third of the shards for the application with a third of the CPUs)
+    assert splits == [5, 5, 5, 5]
+    first = decide(
+        ours(),
+        snap([owned(f"a{i}", "spark-a") for i in range(4)] + [owned(f"b{i}", "spark-b") for i in range(4)], workers),
+    )
+    assert "shares by capacity 1/2" in first.decisions[0].reason
+
+
+def test_capacities_are_used_only_when_every_worker_reports_one() -> None:
+    # GIVEN the same fleet, but one worker (a KCL worker, or one older than the attribute) reports no capacity
+    leases = [owned(f"a{i}", "spark-a") for i in range(4)] + [owned(f"b{i}", "spark-b") for i in range(4)]
+    workers = [with_capacity(cpu("spark-a", 2.0), 2.0), cpu("spark-b", 3.4)]
+    # WHEN our variance decider balances THEN equal shares apply: 4/4 is even, nothing moves
+    assert decide(ours(), snap(leases, workers)).decisions == ()
+    # AND with equal reported capacities the counts are evened as before (4/2/2 → one move to 3/3/2)
+    leases3 = [owned(f"a{i}", "w1") for i in range(4)] + [owned(f"b{i}", "w2") for i in range(2)]
+    leases3 += [owned(f"c{i}", "w3") for i in range(2)]
+    equal = [with_capacity(cpu(w, v), 2.0) for w, v in (("w1", 4.0), ("w2", 3.5), ("w3", 3.0))]
+    assert [(d.lease_key[0], d.to_worker) for d in decide(ours(), snap(leases3, equal)).decisions] == [("a", "w3")]

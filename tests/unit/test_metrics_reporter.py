@@ -297,3 +297,36 @@ def test_start_and_stop_run_a_daemon_thread() -> None:
     assert not bool(reporter.running)
     assert sink.items[0].stats["C"][-1] == 12.0
     assert sink.attempts >= 2
+
+
+def test_capacity_is_read_at_each_report_and_left_out_when_it_cannot_be_read() -> None:
+    # GIVEN a reporter whose capacity (executor slots) grows from 1 to 2, then cannot be read
+    clock = ManualClock()
+    sink = ListSink()
+    readings: list[object] = [1, 2.0, RuntimeError("no slots"), None]
+
+    def slots() -> float | None:
+        value = readings.pop(0)
+        if isinstance(value, Exception):
+            raise value
+        return None if value is None else float(value)  # type: ignore[arg-type]
+
+    reporter = WorkerMetricsReporter(
+        "spark-a",
+        [ScriptedMetric([5.0] * 200)],
+        sink,
+        clock=clock,
+        capacity=slots,
+        config=WorkerMetricsConfig(report_interval_ms=1000, first_report_delay_ms=1000),
+    )
+    reporter.tick()
+    # WHEN four reports are written
+    _run(reporter, clock, 4)
+    # THEN each carries the capacity of its moment, and none when it could not be read
+    assert [item.capacity for item in sink.items] == [1.0, 2.0, None, None]
+    # AND a reporter without a capacity writes none
+    plain = ListSink()
+    other = WorkerMetricsReporter("w", [], plain, clock=clock, config=WorkerMetricsConfig(first_report_delay_ms=1000))
+    other.tick()
+    _run(other, clock, 1)
+    assert plain.items[0].capacity is None

@@ -144,3 +144,19 @@ def test_foreign_entities_are_recognised() -> None:
 def test_key_of_never_fails() -> None:
     assert key_of(KCL_ITEM) == "worker-1"
     assert key_of({}) == "?" and key_of({"wid": {"N": "3"}}) == "?" and key_of({"wid": "raw"}) == "?"
+
+
+def test_capacity_round_trips_as_cap_and_is_absent_from_a_kcl_item() -> None:
+    # GIVEN a worker reporting 1.5 CPUs (a cgroup limit) and KCL's item, which has no capacity
+    stats = WorkerMetricStats(worker_id="w", last_update_epoch_s=5, capacity=1.5)
+    # WHEN written and read THEN it is the `cap` number, and KCL's item reads as not reported
+    item = to_item(stats)
+    assert item["cap"] == {"N": "1.5"}
+    assert from_item(item) == stats
+    assert from_item(KCL_ITEM).capacity is None and "cap" not in to_item(from_item(KCL_ITEM))
+
+
+@pytest.mark.parametrize("raw", [{"S": "2"}, {"N": "0"}, {"N": "-2"}, {"N": "NaN"}, {"NULL": True}])
+def test_a_capacity_that_is_not_a_positive_number_is_read_as_not_reported(raw: dict[str, Any]) -> None:
+    # GIVEN an item whose cap another writer got wrong WHEN read THEN the item is kept, without a capacity
+    assert from_item({**KCL_ITEM, "cap": raw}).capacity is None

@@ -39,6 +39,7 @@ class VarianceRun(ABC):
         self.recorder = Recorder()
         workers = snapshot.assignable_workers(config.worker_report_interval_s)
         self.worker_ids: list[str] = [w.worker_id for w in workers]
+        self.reported_capacity: dict[str, float | None] = {w.worker_id: w.capacity for w in workers}
         self.assignable = set(self.worker_ids)
         leases = snapshot.leases
         known = [lease.throughput_kbps for lease in leases if lease.throughput_kbps is not None]

@@ -313,10 +313,14 @@ class OursVarianceRun(VarianceRun):
     def _even_counts(self, bands: list[_Band]) -> None:
         """Every worker is inside every band, and each band is at its floor (± ``rebalance_min_gap_pct`` points: a
         lightly loaded fleet, where the metric is mostly each worker's fixed cost and cannot tell the workers
-        apart): move one lease, the coolest, from the worker holding the most to the one holding the fewest, when
-        they differ by more than one and the move keeps both inside every band. So equal workers with equal
-        traffic end within one lease of even (one move per balancing run) instead of keeping whatever split they
-        joined with; a fleet whose metric discriminates is left to the bands."""
+        apart): move one lease, the coolest, from the worker furthest above its share of the leases to the one
+        furthest below it, when together they are more than one lease away from their shares and the move keeps
+        both inside every band. A worker's share is the leases in proportion to its reported capacity (``cap``:
+        cores, executor slots) when every worker reports one, else an equal share — so equal workers with equal
+        traffic end within one lease of even and a worker with half the CPUs of another ends with about half its
+        leases (one move per balancing run), instead of keeping whatever split they joined with. Each move lowers
+        the sum of the distances to the shares, so the evening never cycles. A fleet whose metric discriminates is
+        left to the bands."""
         threshold = self.config.rebalance_threshold_pct / 100.0
         if not bands or any(b.avg * threshold > self.config.rebalance_min_gap_pct for b in bands):
             return
@@ -326,13 +330,27 @@ class OursVarianceRun(VarianceRun):
         workers = sorted(w for w in members if self.eligible(w) or self.count(w) > 0)
         if len(workers) < 2:
             return
+        reported = [self.reported_capacity.get(w) for w in workers]
+        weights = {w: (c if c is not None else 1.0) for w, c in zip(workers, reported, strict=True)}
+        if any(c is None for c in reported):
+            weights = dict.fromkeys(workers, 1.0)
+        total_weight = sum(weights.values())
+        total = sum(self.count(w) for w in workers)
+        surplus = {w: self.count(w) - total * weights[w] / total_weight for w in workers}
 
-        def standing(w: str) -> tuple[int, float, str]:  # fewest leases, then least loaded (ties: the id)
-            return (self.count(w), max(self.values[w][b.metric] for b in bands), w)
+        def load(w: str) -> float:
+            return max(self.values[w][b.metric] for b in bands)
 
-        donor = max(workers, key=standing)
-        receiver = min((w for w in workers if self.eligible(w)), key=standing, default=None)
-        if receiver is None or self.count(donor) - self.count(receiver) <= 1:
+        donor = max(workers, key=lambda w: (round(surplus[w], 9), load(w), w))
+        receiver = min(
+            (w for w in workers if self.eligible(w) and w != donor),
+            key=lambda w: (round(surplus[w], 9), load(w), w),
+            default=None,
+        )
+        if receiver is None:
+            return
+        above, below = surplus[donor], -surplus[receiver]
+        if above <= 0 or below <= 0 or above + below <= 1:
             return
         movable = sorted(self.movable(donor), key=lambda lease: (self.tp[lease.lease_key], lease.lease_key))
         if not movable:
@@ -342,9 +360,12 @@ class OursVarianceRun(VarianceRun):
             step = self.per_kbps(b.metric) * self.tp[lease.lease_key]
             if self.values[receiver][b.metric] + step > b.upper or self.values[donor][b.metric] - step < b.lower:
                 return
+        shares = (
+            "" if len(set(weights.values())) == 1 else f" (shares by capacity {weights[donor]:g}/{weights[receiver]:g})"
+        )
         reason = (
             f"rebalance: every worker inside its band at the floor (± {self.config.rebalance_min_gap_pct:g} points, "
-            f"a lightly loaded fleet); evening lease counts, {donor} holds {self.count(donor)}, "
+            f"a lightly loaded fleet); evening lease counts{shares}, {donor} holds {self.count(donor)}, "
             f"{receiver} {self.count(receiver)}"
         )
         self.record(lease, receiver, "rebalance", reason, project_donor=True)

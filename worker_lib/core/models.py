@@ -180,6 +180,9 @@ class WorkerMetricStats:
     assignment_version / assigned_keys: the leader's notice of new leases for this worker (ours).
     handoff_requests: in ``worker`` liveness mode, the graceful hand-offs the leader asked this worker for, as
       ``"<timeout ms>:<lease key>"`` (ours; kept until the worker no longer holds the lease, docs/liveness-modes.md).
+    capacity: what the worker can spend on its leases, in CPUs (a worker's available cores, a Spark application's
+      executor slots; ours, ``cap``; ``None`` when not reported). A lightly loaded fleet is evened by lease count
+      in proportion to it (docs/assignment.md).
     """
 
     worker_id: str
@@ -191,6 +194,7 @@ class WorkerMetricStats:
     assignment_version: int = 0
     assigned_keys: tuple[str, ...] = ()
     handoff_requests: tuple[str, ...] = ()
+    capacity: float | None = None
 
     @property
     def state(self) -> WorkerState:

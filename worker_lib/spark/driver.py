@@ -133,6 +133,7 @@ class SparkLeaseCoordinator:
                     first_report_delay_ms=options.metrics_first_report_delay_ms,
                 ),
                 clock=clock,
+                capacity=lambda: float(self.executor_cpu.slots),  # executor slots: the application's CPUs
             )
         self._session = new_run_id()[:6]
         self._takes = 0

@@ -59,6 +59,7 @@ class WorkerMetricsAttr:
     ASSIGNMENT_VERSION = "asv"
     ASSIGNED_KEYS = "asl"
     HANDOFF_REQUESTS = "hrq"
+    CAPACITY = "cap"  # CPUs the worker can spend on its leases (docs/assignment.md, light-fleet evening)
 
 
 WORKER_METRICS_ENTITY_TYPE = "WORKER_METRIC_STATS"

@@ -51,7 +51,7 @@ from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make
 from worker_lib.worker.coordinator import LeaseCoordinator, ThroughputTracker
 from worker_lib.worker.signals import install_shutdown_handlers
 from worker_lib.workermetrics.config import WorkerMetricsConfig
-from worker_lib.workermetrics.cpu import cpu_metric_from_env
+from worker_lib.workermetrics.cpu import available_cpus, cpu_metric_from_env
 from worker_lib.workermetrics.reporter import WorkerMetricsReporter
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
@@ -243,6 +243,7 @@ class Worker:
                 self._worker_metrics,
                 config=config.worker_metrics,
                 clock=clock,
+                capacity=functools.partial(available_cpus, cpu),
             )
         self._metrics = metrics_publisher or make_publisher(
             config.metrics, app=config.app, worker_id=config.worker_id, aws_config=aws_config, clock=clock

@@ -21,7 +21,7 @@ import collections
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
@@ -53,7 +53,10 @@ class WorkerMetricsReporter:
         *,
         config: WorkerMetricsConfig | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        capacity: Callable[[], float | None] | None = None,
     ) -> None:
+        """``capacity``: read at each report, the CPUs the worker can spend on its leases (written as ``cap``;
+        ``None`` or a failing callable writes nothing)."""
         if not worker_id:
             raise ValueError("worker_id must not be empty")
         codes = [m.code for m in metrics]
@@ -61,6 +64,7 @@ class WorkerMetricsReporter:
             raise ValueError(f"metric codes must be unique, got {codes}")
         self.worker_id = worker_id
         self._metrics = tuple(metrics)
+        self._capacity = capacity
         self._sink = sink
         self._config = config or WorkerMetricsConfig()
         self._clock = clock
@@ -151,7 +155,17 @@ class WorkerMetricsReporter:
             last_update_epoch_s=int(self._clock.wall()),
             stats={code: tuple(values) for code, values in self._stats.items()},
             operating_range={m.code: (float(m.operating_range_max),) for m in self._metrics},
+            capacity=self._current_capacity(),
         )
+
+    def _current_capacity(self) -> float | None:
+        if self._capacity is None:
+            return None
+        try:
+            value = self._capacity()
+        except Exception:  # a capacity that cannot be read is simply not reported
+            return None
+        return float(value) if value is not None and math.isfinite(value) and value > 0 else None
 
     def snapshot(self) -> WorkerMetricStats:
         """The item as the last report built it (current ``lut``), without writing anything."""

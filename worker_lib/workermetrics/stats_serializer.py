@@ -52,6 +52,8 @@ def to_item(stats: WorkerMetricStats) -> Item:
     }
     if stats.entity_type is not None:
         item[A.ENTITY_TYPE] = {"S": stats.entity_type}
+    if stats.capacity is not None:
+        item[A.CAPACITY] = number(stats.capacity)
     return item
 
 
@@ -124,7 +126,18 @@ def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
         assignment_version=_whole(item.get(A.ASSIGNMENT_VERSION)) or 0,
         assigned_keys=_strings(item.get(A.ASSIGNED_KEYS)),
         handoff_requests=_strings(item.get(A.HANDOFF_REQUESTS)),
+        capacity=_capacity(item.get(A.CAPACITY)),
     )
+
+
+def _capacity(raw: Any) -> float | None:
+    """``cap`` when it is a positive finite number; anything else is treated as not reported (the fleet is then
+    evened by plain lease count, as before the attribute existed)."""
+    try:
+        value = _finite(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 # --- our liveness attributes (docs/failover.md). Read leniently: a malformed value is treated as absent, so that a

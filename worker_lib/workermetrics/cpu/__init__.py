@@ -39,7 +39,7 @@ from worker_lib.workermetrics.cpu.base import (
     parse_cpu_list,
 )
 from worker_lib.workermetrics.cpu.cgroup import CgroupV1Cpu, CgroupV2Cpu
-from worker_lib.workermetrics.cpu.detect import cpu_metric_from_env, detect_cpu_metric
+from worker_lib.workermetrics.cpu.detect import available_cpus, cpu_metric_from_env, detect_cpu_metric
 from worker_lib.workermetrics.cpu.ecs import EcsCpu
 from worker_lib.workermetrics.cpu.portable import CpuTimes, ProcessCpu, PsutilCpu
 from worker_lib.workermetrics.cpu.procstat import ProcStatCpu
@@ -58,6 +58,7 @@ __all__ = [
     "ProcessCpu",
     "PsutilCpu",
     "WorkerMetric",
+    "available_cpus",
     "cpu_metric_from_env",
     "detect_cpu_metric",
     "parse_cpu_list",

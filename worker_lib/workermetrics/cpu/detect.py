@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,23 @@ def cpu_metric_from_env(env: Mapping[str, str] | None = None, *, clock: Clock = 
     if choice != "auto":
         raise ConfigError(f"invalid SHARDLEASE_CPU_METRIC {choice!r}: expected auto, process or none")
     return detect_cpu_metric(e, clock=clock)
+
+
+def available_cpus(metric: object | None = None) -> float:
+    """The CPUs this worker can use: its cgroup's limit when ``metric`` reads one (cgroup providers), else the
+    CPUs the process may run on. Reported as the worker's capacity (``cap``, docs/assignment.md)."""
+    limit = getattr(metric, "cpu_limit", None)
+    if callable(limit):
+        try:
+            value = float(limit())
+            if math.isfinite(value) and value > 0:
+                return value
+        except (OSError, ValueError):
+            pass
+    try:
+        return float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return float(os.cpu_count() or 1)
 
 
 # --- detection ------------------------------------------------------------------------------------------------
