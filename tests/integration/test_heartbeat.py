@@ -137,20 +137,24 @@ def test_a_metrics_report_keeps_the_heartbeat_and_the_notice(rows: WorkerMetrics
     clock.advance(30)
     rows.put(
         WorkerMetricStats(
-            worker_id="w1", last_update_epoch_s=int(clock.wall()), stats={"C": (40.0,)}, operating_range={"C": (80.0,)}
+            worker_id="w1",
+            last_update_epoch_s=int(clock.wall()),
+            stats={"C": (40.0,)},
+            operating_range={"C": (80.0,)},
+            capacity=2.0,
         )
     )
-    # THEN the report's attributes are written, and the heartbeat and notice attributes survive
+    # THEN the report's attributes are written (its capacity too), and the heartbeat and notice attributes survive
     row = rows.get("w1")
     assert row is not None
-    assert row.last_update_epoch_s == int(WALL + 30) and row.stats == {"C": (40.0,)}
+    assert row.last_update_epoch_s == int(WALL + 30) and row.stats == {"C": (40.0,)} and row.capacity == 2.0
     assert row.heartbeat is not None and row.heartbeat.counter == 1 and row.heartbeat.events == 4
     assert row.assignment_version == 1 and row.assigned_keys == ("shard-a",)
     # AND the next beat continues the counter on top of the report
     rows.heartbeat("w1", interval_ms=1_000, state=WorkerState.ACTIVE, events=4)
     after = rows.get("w1")
     assert after is not None and after.heartbeat is not None and after.heartbeat.counter == 2
-    assert after.stats == {"C": (40.0,)}
+    assert after.stats == {"C": (40.0,)} and after.capacity == 2.0
 
 
 # ----------------------------------------------------------------------------------------------- loop and fence

@@ -9,6 +9,7 @@ import json
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,16 @@ def balanced(owned: dict[str, str | None], members: set[str], even: set[str]) ->
 
 
 def settle(
-    store: DynamoDBLeaseStore, members: set[str], even: set[str], *, quiet_s: float, timeout_s: float
+    store: DynamoDBLeaseStore,
+    members: set[str],
+    even: set[str],
+    *,
+    quiet_s: float,
+    timeout_s: float,
+    accept: Callable[[dict[str, str | None]], bool] | None = None,
 ) -> list[str]:
-    """Wait until the split is :func:`balanced` and no lease has moved for ``quiet_s``; the moves seen."""
+    """Wait until the split is :func:`balanced` (or ``accept``-ed) and no lease has moved for ``quiet_s``; the
+    moves seen."""
     history: list[str] = []
     last = owners(store)
     quiet_since = time.monotonic()
@@ -66,7 +74,8 @@ def settle(
             history.append(f"{time.strftime('%H:%M:%S')} {' '.join(moved)} {dict(Counter(now.values()))}")
             quiet_since = time.monotonic()
         last = now
-        if balanced(now, members, even) and time.monotonic() - quiet_since >= quiet_s:
+        good = accept(now) if accept is not None else balanced(now, members, even)
+        if good and time.monotonic() - quiet_since >= quiet_s:
             return history
     raise AssertionError("the split did not settle:\n" + "\n".join(history[-30:]))
 
@@ -109,8 +118,9 @@ def shared(moto_endpoint: str, app_name: str, tmp_path: Path) -> dict[str, Any]:
     }
 
 
-def start_spark(group: ProcessGroup, worker_id: str, s: dict[str, Any]) -> None:
+def start_spark(group: ProcessGroup, worker_id: str, s: dict[str, Any], *, cores: int = 2) -> None:
     args = ["--app", s["app"], "--stream", s["stream"], "--worker-id", worker_id, "--out", str(s["out"])]
+    args += ["--cores", str(cores)]
     options = [
         "failover_time_ms=3000",
         "discovery_interval_ms=500",
@@ -173,3 +183,28 @@ def test_two_spark_applications_and_a_worker_share_a_stream(shared: dict[str, An
     assert not errors, "\n".join(errors[:20])
     # AND it left as a worker leaves on SIGTERM: the leader read its STOPPED state (not an expiry)
     assert "stopped worker spark-b" in group.log("leader")
+
+
+def test_an_application_with_half_the_cores_gets_a_third_of_the_shards(shared: dict[str, Any], tmp_path: Path) -> None:
+    s = shared
+    members = {"spark-a", "spark-b"}
+
+    def a_third(owned: dict[str, str | None]) -> bool:
+        counts = Counter(owned.values())
+        return len(owned) == SHARDS and counts["spark-a"] == 5 and counts["spark-b"] == 3
+
+    with process_group(tmp_path) as group, EvenProducer(s["kinesis"], s["stream"]):
+        # GIVEN a leader and two Spark applications on 8 equally busy shards, spark-b with half the cores (local[1])
+        group.start("leader", ["leader", "--app", s["app"], "--stream", s["stream"]], s["env"])
+        start_spark(group, "spark-a", s, cores=2)
+        start_spark(group, "spark-b", s, cores=1)
+        # WHEN they run (a fleet this lightly loaded is evened by lease count in proportion to the executor slots
+        # each application reports), THEN spark-b ends with a third of the shards, 5/3 (shares 5.33 / 2.67), and the
+        # split then stays put
+        history = settle(s["store"], members, members, quiet_s=30, timeout_s=240, accept=a_third)
+        print("lease moves until the split settled:", *history, sep="\n  ")
+        # AND neither application has logged a Java or Python error while running
+        for worker_id in sorted(members):
+            log = group.log(worker_id)
+            errors = [line for line in log.splitlines() if any(mark in line for mark in ERROR_MARKS)]
+            assert not errors, "\n".join(errors[:20])
