@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -433,11 +434,12 @@ def main() -> int:
             return Run("plain", count, time.monotonic() - started, [], (began, time.time()))
 
         try:
-            for label, warm_up in (
+            warm_ups: list[tuple[str, Callable[[], Run]]] = [
                 ("lease-less", lambda: run_query(spark, leaseless(), "warm-up", workdir)),
                 ("source", lambda: run_query(spark, source(), "warm-up", workdir)),
                 ("plain", plain),
-            ):
+            ]
+            for label, warm_up in warm_ups:
                 warm = warm_up()
                 say(f"warm-up ({label}, not counted): {warm.records} records in {warm.seconds:.2f} s")
             for round_no in range(args.rounds):
