@@ -50,3 +50,34 @@ def test_a_query_that_already_ended_is_left_alone() -> None:
     query = ScriptedQuery(busy_polls=0, active=False)
     assert stop_between_batches(query, clock=ManualClock()) is True
     assert query.polls == 0 and query.stopped_while_busy is None
+
+
+class BackToBackQuery:
+    """A StreamingQuery whose batches run back to back: its trigger is always active, and its status message cycles
+    through ``phases`` (one per look)."""
+
+    def __init__(self, phases: list[str]) -> None:
+        self.phases = phases
+        self.isActive = True
+        self.polls = 0
+        self.stopped_in: str | None = None
+
+    @property
+    def status(self) -> dict[str, object]:
+        self.polls += 1
+        return {"message": self.phases[(self.polls - 1) % len(self.phases)], "isTriggerActive": True}
+
+    def stop(self) -> None:
+        self.stopped_in = self.phases[(self.polls - 1) % len(self.phases)]
+        self.isActive = False
+
+
+def test_back_to_back_batches_are_stopped_while_the_next_one_is_planned() -> None:
+    # GIVEN a query whose batches leave no gap: each is mostly its sink, then the next one's planning
+    phases = ["Processing new data"] * 20 + ["Getting offsets from ShardleaseStreamReader", "Writing offsets to log"]
+    query, clock = BackToBackQuery(phases), ManualClock()
+    # WHEN it is stopped between batches
+    stopped_between = stop_between_batches(query, timeout_s=10, clock=clock)
+    # THEN stop() came while the next batch was being planned (not inside a sink), at the first chance
+    assert stopped_between is True
+    assert query.stopped_in == "Getting offsets from ShardleaseStreamReader" and query.polls == 21

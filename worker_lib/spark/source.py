@@ -39,18 +39,26 @@ def depart_on_termination(coordinator: SparkLeaseCoordinator) -> None:
     """When the query stops, Spark ends the source runner process with SIGTERM and does not call the reader's
     ``stop()``: leave the way a worker's SIGTERM does (DEPARTING, leases given up, STOPPED), then exit quietly.
 
-    The departure runs on a thread of its own (the signal arrives in the main thread, which may be inside a call
-    holding the coordinator's locks) and is given ``DEPARTURE_TIMEOUT_S``; the process then exits without
-    unwinding, so Spark sees nothing but the end it asked for."""
+    The signal arrives in the main thread, which may be inside a call holding the coordinator's locks (Spark may stop
+    a query while it asks for the next offset). So the handler only starts the departure, on a thread of its own,
+    and returns: the main thread finishes its call (or finds Spark's socket closed and unwinds; interpreter shutdown
+    waits for the departure, which is not a daemon), and the departure ends the process with ``os._exit(0)`` once it
+    is done — or after ``DEPARTURE_TIMEOUT_S`` whatever happens — so Spark sees nothing but the end it asked for."""
     if threading.current_thread() is not threading.main_thread():
         return
 
+    def depart() -> None:
+        try:
+            coordinator.stop()
+        finally:
+            logging.shutdown()
+            os._exit(0)
+
     def on_terminate(signum: int, frame: Any) -> None:
-        departing = threading.Thread(target=coordinator.stop, name="shardlease-departure", daemon=True)
-        departing.start()
-        departing.join(DEPARTURE_TIMEOUT_S)
-        logging.shutdown()
-        os._exit(0)
+        deadline = threading.Timer(DEPARTURE_TIMEOUT_S, os._exit, args=(0,))
+        deadline.daemon = True
+        deadline.start()
+        threading.Thread(target=depart, name="shardlease-departure", daemon=False).start()
 
     signal.signal(signal.SIGTERM, on_terminate)
 
