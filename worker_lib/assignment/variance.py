@@ -330,10 +330,10 @@ class OursVarianceRun(VarianceRun):
         workers = sorted(w for w in members if self.eligible(w) or self.count(w) > 0)
         if len(workers) < 2:
             return
-        reported = [self.reported_capacity.get(w) for w in workers]
-        weights = {w: (c if c is not None else 1.0) for w, c in zip(workers, reported, strict=True)}
-        if any(c is None for c in reported):
-            weights = dict.fromkeys(workers, 1.0)
+        reported = {w: self.reported_capacity.get(w) for w in workers}
+        weights: dict[str, float] = dict.fromkeys(workers, 1.0)
+        if all(c is not None for c in reported.values()):
+            weights = {w: float(c) for w, c in reported.items() if c is not None}
         total_weight = sum(weights.values())
         total = sum(self.count(w) for w in workers)
         surplus = {w: self.count(w) - total * weights[w] / total_weight for w in workers}

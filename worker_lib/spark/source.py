@@ -89,7 +89,8 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._coordinator = SparkLeaseCoordinator(self.options)
                 depart_on_termination(self._coordinator)
                 self._coordinator.start()
-        self._coordinator.start()
+        else:
+            self._coordinator.start()  # at once when started; again after a start that raised
         return self._coordinator
 
     def initialOffset(self) -> dict[str, Any]:
