@@ -27,6 +27,7 @@ comes from there and from Spark's own progress reports. The last line is::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -207,10 +208,49 @@ def plain_reader(kinesis: Any, stream: str, shard_ids: list[str]) -> int:
 class Run:
     def __init__(self, label: str, records: int, seconds: float, progress: list[Any], window: tuple[float, float]):
         self.label, self.records, self.seconds, self.progress, self.window = label, records, seconds, progress, window
+        self.cpu: dict[str, float] = {}
 
     @property
     def rate(self) -> float:
         return self.records / self.seconds
+
+
+class CpuMeter:
+    """CPU seconds spent by the readers (this process and its descendants: Spark's JVM, its Python workers and
+    source runners, ended ones included through their parents' reaped-children times) and by each emulator. On a
+    2-core machine the wall-clock rates are set by who gets the cores; CPU seconds say what each reader costs."""
+
+    def __init__(self, emulators: dict[str, int]) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._emulators = emulators
+
+    def _tree(self, root: Any, skip: set[int]) -> float:
+        """CPU seconds of ``root`` and its descendants, leaving out the subtrees rooted at ``skip``."""
+        if root.pid in skip:
+            return 0.0
+        try:
+            t = root.cpu_times()
+            children = root.children()
+        except self._psutil.Error:
+            return 0.0  # ended while we looked: its parent's reaped-children times hold it from now on
+        total: float = t.user + t.system + t.children_user + t.children_system
+        return total + sum(self._tree(child, skip) for child in children)
+
+    def read(self) -> dict[str, float]:
+        me = self._psutil.Process()
+        figures = {"readers": self._tree(me, set(self._emulators.values()))}
+        for name, pid in self._emulators.items():
+            figures[name] = self._tree(self._psutil.Process(pid), set())
+        return figures
+
+    def measure(self, run: Callable[[], Run]) -> Run:
+        before = self.read()
+        result = run()
+        after = self.read()
+        result.cpu = {name: after[name] - before.get(name, 0.0) for name in after}
+        return result
 
 
 def run_query(spark: Any, reader: Any, label: str, workdir: Path) -> Run:
@@ -428,6 +468,11 @@ def main() -> int:
                 .load()
             )
 
+        emulators = {"Kinesis emulator": emulator.pid}
+        if tables is not emulator:
+            emulators["DynamoDB emulator"] = tables.pid
+        meter = CpuMeter(emulators)
+
         def plain() -> Run:
             began, started = time.time(), time.monotonic()
             count = plain_reader(kinesis, stream, shard_ids)
@@ -446,9 +491,10 @@ def main() -> int:
                 order = ("plain", "leaseless", "source") if round_no % 2 == 0 else ("source", "leaseless", "plain")
                 for label in order:
                     if label == "plain":
-                        run = plain()
+                        run = meter.measure(plain)
                     else:
-                        run = run_query(spark, leaseless() if label == "leaseless" else source(), label, workdir)
+                        reader = leaseless() if label == "leaseless" else source()
+                        run = meter.measure(functools.partial(run_query, spark, reader, label, workdir))
                     runs[label].append(run)
                     say(
                         f"round {round_no + 1} {label:>9}: {run.records:>7} records in {run.seconds:6.2f} s "
@@ -456,6 +502,13 @@ def main() -> int:
                     )
                     if run.records != args.records:
                         say(f"  !! {label} read {run.records} of {args.records} records")
+            say("CPU seconds per run, medians over the rounds (readers: this process, Spark's JVM and Python workers):")
+            for label in ("plain", "leaseless", "source"):
+                names = runs[label][0].cpu.keys()
+                say(
+                    f"  {label:>9}: "
+                    + ", ".join(f"{name} {statistics.median(r.cpu[name] for r in runs[label]):.2f}" for name in names)
+                )
             say("where a micro-batch's time goes (last round):")
             for label in ("leaseless", "source"):
                 describe(runs[label][-1], trace_dir, args.shards, slots)
