@@ -19,7 +19,8 @@ A first run of each reader warms it up and is not counted (the SparkSession, the
 clients, the emulator's first requests of each kind: costs a long-running query pays once). Rates are medians over
 the rounds; ratios are what to read (absolute numbers drift with the machine). With ``SHARDLEASE_SPARK_TRACE_DIR``
 set the source and the baseline trace every step (worker_lib/spark/trace.py): the breakdown printed per micro-batch
-comes from there and from Spark's own progress reports. The last line is::
+comes from there and from Spark's own progress reports. The CPU seconds each run cost are printed by side: the
+readers (this process and its descendants) and each emulator. The last line is::
 
     spark records/s: plain P, lease-less L, source S; source/lease-less X×, source/plain Y×
 """
