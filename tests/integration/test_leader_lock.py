@@ -6,6 +6,7 @@ real-concurrency tests (threads, processes) use the system clock, bounded by tim
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -65,7 +66,8 @@ def test_the_item_is_in_kcl_lock_client_format(ddb: Any, app_name: str) -> None:
     assert item["ownerName"] == {"S": "holder"}
     assert item["leaseDuration"] == {"S": "30000"}
     assert uuid.UUID(item["recordVersionNumber"]["S"])
-    assert item["isReleased"] == {"BOOL": False}
+    assert "isReleased" not in item  # the lock client reads its mere presence as "released"
+    assert item["entityType"] == {"S": "LEADER"}  # as KCL 3.5 writes it
     assert item["expiresAtMillis"] == {"N": str(1_800_000_000_000 + 30_000)}
     assert item["lastUpdatedMillis"] == {"N": "1800000000000"}
     # AND every heartbeat writes a new recordVersionNumber
@@ -180,7 +182,7 @@ def test_heartbeats_keep_the_lock_and_release_hands_it_over_at_once(ddb: Any, ap
         assert not other.try_acquire() and other.current_leader() == "holder"
     # WHEN it releases
     assert holder.release() and not holder.is_leader()
-    assert raw_item(ddb, app_name)["isReleased"] == {"BOOL": True}
+    assert raw_item(ddb, app_name)["isReleased"] == {"S": "1"}  # the lock client's value
     # THEN the next contender takes it immediately, without waiting for expiry
     assert other.current_leader() is None
     assert other.try_acquire() and other.current_leader() == "other"
@@ -439,7 +441,7 @@ def test_a_kcl_item_is_not_stolen_when_its_version_changes_just_before_expiry(dd
 
 def test_a_kcl_item_marked_released_is_taken_at_once(ddb: Any, app_name: str) -> None:
     # GIVEN a KCL leader that released the lock on shutdown
-    kcl_put(ddb, app_name, isReleased={"BOOL": True})
+    kcl_put(ddb, app_name, isReleased={"S": "1"})
     # WHEN a contender tries THEN it takes the lock immediately
     assert lock(ddb, app_name, "py").try_acquire()
 
@@ -524,3 +526,135 @@ def test_a_missing_table_raises_table_missing(ddb_aws: AwsConfig) -> None:
 def test_an_owner_name_is_required(ddb: Any, app_name: str) -> None:
     with pytest.raises(ValueError, match="owner"):
         DynamoDBLeaderLock(app_name, "", client=ddb)
+
+
+# --- both ways: KCL's lock items under our lock, and the lock client's requests on our items ------------------------
+# Fixtures: tests/fixtures/kcl3_lock_items.json, each case with the source it was read from. The requests below are
+# the lock client's (awslabs/amazon-dynamodb-lock-client 1.4.0, AmazonDynamoDBLockClient.java), with its condition
+# expressions verbatim, sent with boto3: no Java runs here.
+
+LOCK_CASES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "kcl3_lock_items.json").read_text())[
+    "cases"
+]
+
+
+def kcl_item(owner: str) -> dict[str, Any]:
+    return {
+        "key": {"S": LOCK_KEY},
+        "ownerName": {"S": owner},
+        "leaseDuration": {"S": "120000"},
+        "recordVersionNumber": {"S": str(uuid.uuid4())},
+    }
+
+
+def kcl_take_released(ddb: Any, app: str, owner: str) -> bool:
+    """upsertAndMonitorReleasedLock: PutItem conditioned on ``attribute_exists(#pk) AND #ir = :ir`` (:ir = "1")."""
+    try:
+        ddb.put_item(
+            TableName=coordinator_state_table_name(app),
+            Item=kcl_item(owner),
+            ConditionExpression="attribute_exists(#pk) AND #ir = :ir",
+            ExpressionAttributeNames={"#pk": "key", "#ir": "isReleased"},
+            ExpressionAttributeValues={":ir": {"S": "1"}},
+        )
+    except ddb.exceptions.ConditionalCheckFailedException:
+        return False
+    return True
+
+
+def kcl_take_expired(ddb: Any, app: str, owner: str, observed_version: str) -> bool:
+    """upsertAndMonitorExpiredLock: PutItem conditioned on ``attribute_exists(#pk) AND #rvn = :rvn`` (the version it
+    watched for a lease duration)."""
+    try:
+        ddb.put_item(
+            TableName=coordinator_state_table_name(app),
+            Item=kcl_item(owner),
+            ConditionExpression="attribute_exists(#pk) AND #rvn = :rvn",
+            ExpressionAttributeNames={"#pk": "key", "#rvn": "recordVersionNumber"},
+            ExpressionAttributeValues={":rvn": {"S": observed_version}},
+        )
+    except ddb.exceptions.ConditionalCheckFailedException:
+        return False
+    return True
+
+
+def kcl_sees_released(ddb: Any, app: str) -> bool:
+    """createLockItem: ``isReleased = item.containsKey(IS_RELEASED)``; getLock then reports no lock at all."""
+    return "isReleased" in raw_item(ddb, app)
+
+
+@pytest.mark.parametrize("case", LOCK_CASES, ids=[c["name"] for c in LOCK_CASES])
+def test_every_lock_item_kcl_or_we_wrote_is_judged_as_its_writer_meant(
+    ddb: Any, app_name: str, case: dict[str, Any]
+) -> None:
+    # GIVEN the Leader item as the case's writer left it, and a contender whose wall clock is at the item's write
+    ddb.put_item(TableName=coordinator_state_table_name(app_name), Item=case["item"])
+    expect = case["expect"]
+    clock = ManualClock(wall=1_800_000_000.0)
+    contender = lock(ddb, app_name, "py", clock)
+    # THEN the lock client's reading is the expected one
+    assert kcl_sees_released(ddb, app_name) is expect["kcl_released"]
+    if expect["shardlease_released"]:
+        # AND a released lock is ours at once
+        assert contender.current_leader() is None
+        assert contender.try_acquire()
+        return
+    # AND a held one is not taken before its expiry (written) or its leaseDuration of unchanged version (KCL's)
+    assert contender.current_leader() == expect["owner"]
+    assert not contender.try_acquire()
+    clock.advance(expect["duration_ms"] / 1000 - 0.5)
+    assert not contender.try_acquire()
+    clock.advance(0.5 + SKEW_S + 0.1)
+    assert contender.try_acquire()
+
+
+def test_kcl_takes_a_lock_we_released_at_once_and_we_respect_it_after(ddb: Any, app_name: str) -> None:
+    # GIVEN a shardlease leader that held the lock and released it (a rollback to KCL, or our fleet stopping)
+    clock = ManualClock(wall=1_800_000_000.0)
+    ours = lock(ddb, app_name, "py-leader", clock)
+    assert ours.try_acquire()
+    assert not kcl_sees_released(ddb, app_name)
+    assert not kcl_take_released(ddb, app_name, "java-worker")  # while held, KCL's released-lock takeover fails
+    assert ours.release()
+    # WHEN a KCL worker looks: it reads the lock as released and its takeover lands
+    assert kcl_sees_released(ddb, app_name)
+    assert kcl_take_released(ddb, app_name, "java-worker")
+    # THEN our old holder can no longer heartbeat, and our contenders wait out KCL's 120 s of unchanged version
+    assert not ours.heartbeat()
+    contender = lock(ddb, app_name, "py-2", clock)
+    assert contender.current_leader() == "java-worker"
+    assert not contender.try_acquire()
+    clock.advance(119)
+    assert not contender.try_acquire()
+
+
+def test_kcl_cannot_take_a_lock_we_hold_even_after_watching_it(ddb: Any, app_name: str) -> None:
+    # GIVEN a shardlease leader holding the lock, heartbeating
+    clock = ManualClock(wall=1_800_000_000.0)
+    ours = lock(ddb, app_name, "py-leader", clock)
+    assert ours.try_acquire()
+    watched = raw_item(ddb, app_name)["recordVersionNumber"]["S"]
+    # WHEN a KCL worker (lock client with the post-1.4.0 stale-lock fix) watched that version and then tries to take
+    # it as expired, after our next heartbeat
+    clock.advance(CONFIG.heartbeat_interval_ms / 1000)
+    assert ours.heartbeat()
+    # THEN its conditional takeover fails: our heartbeat changed the version, as the lock client's does
+    assert not kcl_take_expired(ddb, app_name, "java-worker", watched)
+    assert not kcl_sees_released(ddb, app_name) and not kcl_take_released(ddb, app_name, "java-worker")
+    assert raw_item(ddb, app_name)["ownerName"] == {"S": "py-leader"}
+
+
+def test_an_upgraded_holder_clears_the_old_released_false_marker(ddb: Any, app_name: str) -> None:
+    # GIVEN a lock held by a shardlease leader of the previous version (isReleased = false, BOOL)
+    case = next(c for c in LOCK_CASES if c["name"] == "shardlease-0.x-held")
+    ddb.put_item(TableName=coordinator_state_table_name(app_name), Item=case["item"])
+    # WHEN an upgraded host takes it over after its expiry and heartbeats
+    clock = ManualClock(wall=1_800_000_000.0)
+    upgraded = lock(ddb, app_name, "py-new", clock)
+    assert not upgraded.try_acquire()  # held: the old marker is not read as "released"
+    clock.advance(10 + SKEW_S + 0.1)
+    assert upgraded.try_acquire()
+    clock.advance(1)
+    assert upgraded.heartbeat()
+    # THEN the item carries no isReleased any more: a KCL worker reads it as held
+    assert not kcl_sees_released(ddb, app_name)

@@ -1,7 +1,8 @@
-"""The leader lock: one item ``key = "Leader"`` in ``<app>-CoordinatorState``, in the KCL lock-client format
-(``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber`` (a new UUID on every write), ``isReleased``)
-plus our ``expiresAtMillis``, ``lastUpdatedMillis`` and, for a holder that will release at a known time (a Lambda
-invocation), ``releaseAtMillis`` — so that the next invocation can wait for it instead of leaving a gap.
+"""The leader lock: one item ``key = "Leader"`` in ``<app>-CoordinatorState``, in the format of KCL's DynamoDB lock
+client (``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber`` (a new UUID on every write), and
+``isReleased = "1"`` only once released) plus our ``expiresAtMillis``, ``lastUpdatedMillis`` and, for a holder that
+will release at a known time (a Lambda invocation), ``releaseAtMillis`` — so that the next invocation can wait for
+it instead of leaving a gap.
 
 Rules (docs/leader-lock.md explains the choices):
 

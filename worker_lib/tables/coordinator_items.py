@@ -2,9 +2,10 @@
 
 Three writers share the table, each with its own items, all keyed by ``key`` (S):
 
-* the leader lock (:mod:`worker_lib.leader.lock`): the item ``Leader`` in the KCL lock-client format
-  (``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber``, ``isReleased``) plus our ``expiresAtMillis``,
-  ``lastUpdatedMillis`` and ``releaseAtMillis`` (docs/leader-lock.md);
+* the leader lock (:mod:`worker_lib.leader.lock`): the item ``Leader`` in the format of the DynamoDB lock client KCL
+  uses (``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber`` (S), and ``isReleased`` (S ``"1"``) only
+  once released) plus, as the lock client's "additional attributes", our ``expiresAtMillis``, ``lastUpdatedMillis``
+  and ``releaseAtMillis`` (docs/leader-lock.md);
 * the leader's state store (:mod:`worker_lib.leader.state_store`): items of plain values — ``MaxLeasesPerWorker``
   (the published lease cap) and ``LeaseExpiryObservations`` (docs/failover.md);
 * the liveness mode (:mod:`worker_lib.leases.mode_store`): ``LivenessMode`` with ``mode`` and, during a switch,
@@ -33,6 +34,8 @@ Item = dict[str, Any]
 
 # --- item keys ----------------------------------------------------------------------------------------------------
 LOCK_KEY = "Leader"
+LOCK_RELEASED_VALUE = "1"  # what the lock client writes into isReleased (a string)
+LOCK_ENTITY_TYPE = "LEADER"
 LEASE_CAP_KEY = "MaxLeasesPerWorker"
 EXPIRY_OBSERVATIONS_KEY = "LeaseExpiryObservations"
 LIVENESS_MODE_KEY = "LivenessMode"
@@ -50,7 +53,10 @@ class LockAttr:
     OWNER = "ownerName"
     DURATION = "leaseDuration"
     VERSION = "recordVersionNumber"
+    # The lock client reads a lock as released when the attribute is *present*, whatever its value, and writes the
+    # string "1" on release (it conditions a takeover of a released lock on ``isReleased = "1"``).
     RELEASED = "isReleased"
+    ENTITY_TYPE = "entityType"  # KCL 3.5 writes "LEADER" (EntityType.LEADER_LOCK) as an additional attribute
     EXPIRES = "expiresAtMillis"
     UPDATED = "lastUpdatedMillis"
     RELEASE_AT = "releaseAtMillis"
@@ -81,6 +87,15 @@ def _n(item: Mapping[str, Any], name: str) -> int | None:
         return None
 
 
+def _released(item: Mapping[str, Any]) -> bool:
+    """The lock client's rule: released when ``isReleased`` is present. One exception: shardlease up to 0.x wrote
+    ``isReleased = false`` (BOOL) on a *held* lock, and a fleet being upgraded still has such holders."""
+    marker = item.get(LockAttr.RELEASED)
+    if marker is None:
+        return False
+    return not (isinstance(marker, Mapping) and marker.get("BOOL") is False)
+
+
 def parse_lock(item: Mapping[str, Any]) -> LockRecord:
     # KCL writes the duration as a string; accept a number too.
     raw_duration = _s(item, LockAttr.DURATION) or item.get(LockAttr.DURATION, {}).get("N")
@@ -92,7 +107,7 @@ def parse_lock(item: Mapping[str, Any]) -> LockRecord:
         owner=_s(item, LockAttr.OWNER),
         version=_s(item, LockAttr.VERSION),
         duration_ms=duration_ms,
-        released=item.get(LockAttr.RELEASED, {}).get("BOOL") is True,
+        released=_released(item),
         expires_ms=_n(item, LockAttr.EXPIRES),
         updated_ms=_n(item, LockAttr.UPDATED),
         release_at_ms=_n(item, LockAttr.RELEASE_AT),
@@ -106,7 +121,7 @@ def lock_item(*, owner: str, version: str, duration_ms: int, now_ms: int, releas
         LockAttr.OWNER: {"S": owner},
         LockAttr.DURATION: {"S": str(duration_ms)},
         LockAttr.VERSION: {"S": version},
-        LockAttr.RELEASED: {"BOOL": False},
+        LockAttr.ENTITY_TYPE: {"S": LOCK_ENTITY_TYPE},
         LockAttr.EXPIRES: {"N": str(now_ms + duration_ms)},
         LockAttr.UPDATED: {"N": str(now_ms)},
     }
@@ -143,7 +158,10 @@ def lock_update(
 ) -> dict[str, Any]:
     """UpdateItem arguments (without ``TableName``) for a heartbeat or a release by the holder of ``held_version``.
 
-    A release expires the lock now and drops the planned release time; a heartbeat extends it by the duration.
+    A heartbeat writes a new ``recordVersionNumber`` and the duration, as the lock client's heartbeat does, and
+    extends our expiry by the duration; it removes ``isReleased`` (only an older shardlease holder has one: its
+    ``false``). A release sets ``isReleased = "1"`` as the lock client does when it keeps the item, expires the lock
+    now and drops the planned release time.
     """
     expires = now_ms if release else now_ms + duration_ms
     names = {
@@ -160,16 +178,18 @@ def lock_update(
         ":exp": {"N": str(expires)},
         ":now": {"N": str(now_ms)},
         ":dur": {"S": str(duration_ms)},
-        ":rel": {"BOOL": release},
         ":me": {"S": owner},
         ":mine": {"S": held_version},
     }
-    expression = "SET #v = :new, #e = :exp, #u = :now, #d = :dur, #r = :rel"
-    if release_at_ms is not None and not release:
-        expression += ", #ra = :ra"
+    expression = "SET #v = :new, #e = :exp, #u = :now, #d = :dur"
+    if release:
+        expression += ", #r = :rel REMOVE #ra"
+        values[":rel"] = {"S": LOCK_RELEASED_VALUE}
+    elif release_at_ms is not None:
+        expression += ", #ra = :ra REMOVE #r"
         values[":ra"] = {"N": str(release_at_ms)}
     else:
-        expression += " REMOVE #ra"
+        expression += " REMOVE #ra, #r"
     return {
         "Key": key_of(LOCK_KEY),
         "UpdateExpression": expression,
