@@ -330,3 +330,124 @@ def test_unreachable_endpoint_raises_a_typed_error() -> None:
     with pytest.raises(EndpointUnreachableError) as info:
         store.get_lease("x")
     assert "\n" not in str(info.value)
+
+
+# --- KCL parity: what each of our writes changes on a KCL-written item, and nothing else --------------------------
+
+RENEW_CHANGES = {"leaseCounter", "throughputKBps"}
+CHECKPOINT_CHANGES = {
+    "leaseCounter",
+    "checkpoint",
+    "checkpointSubSequenceNumber",
+    "ownerSwitchesSinceCheckpoint",
+    "pendingCheckpoint",
+    "pendingCheckpointSubSequenceNumber",
+    "pendingCheckpointState",
+}
+ASSIGN_CHANGES = {"leaseOwner", "leaseCounter", "ownerSwitchesSinceCheckpoint", "checkpointOwner"}
+KCL_ITEMS = kcl_fixture.load()["items"]
+
+
+def changed_attributes(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    b, a = serializer.canonical(before), serializer.canonical(after)
+    return {name for name in b.keys() | a.keys() if b.get(name) != a.get(name)}
+
+
+@pytest.mark.parametrize("item", KCL_ITEMS, ids=[i["leaseKey"]["S"] for i in KCL_ITEMS])
+def test_each_kcl_item_keeps_every_attribute_our_writes_do_not_mean_to_change(
+    store: DynamoDBLeaseStore, ddb: Any, item: dict[str, Any]
+) -> None:
+    # GIVEN one lease item as KCL wrote it
+    ddb.put_item(TableName=store.table_name, Item=item)
+    key = item["leaseKey"]["S"]
+    lease = store.get_lease(key)
+    assert lease is not None
+    before = store.get_raw_item(key)
+    assert before is not None
+    # WHEN we make the writes a fleet makes to it: its owner renews and checkpoints (as checkpoint owner during a
+    # handoff); an unowned or finished lease is assigned by the leader
+    allowed: set[str]
+    if lease.lease_owner is None or lease.is_finished:
+        assigned = store.assign_lease(lease, "worker-z")
+        assert assigned is not None
+        allowed = ASSIGN_CHANGES
+    else:
+        owner = lease.checkpoint_owner or lease.lease_owner
+        renewed = store.renew_lease(lease, owner, throughput_kbps=42.5)
+        assert renewed is not None
+        done = store.checkpoint(
+            renewed, owner, Checkpoint(sequence="49655487212999999999999999999999999999", sub_sequence=0)
+        )
+        assert done is not None
+        allowed = RENEW_CHANGES | CHECKPOINT_CHANGES
+    after = store.get_raw_item(key)
+    assert after is not None
+    # THEN only the attributes those writes mean to change changed (entityType, hash keys, parents, children,
+    # unknown attributes: untouched)
+    assert changed_attributes(before, after) <= allowed
+    assert after.get("entityType") == before.get("entityType")
+
+
+@pytest.mark.parametrize(
+    "state", [{"B": b"\x00\x01\x02"}, {"N": "0"}], ids=["bytes-from-updateLease", "number-from-createLease"]
+)
+def test_a_checkpoint_removes_the_pending_checkpoint_and_its_state_together(
+    store: DynamoDBLeaseStore, ddb: Any, state: dict[str, Any]
+) -> None:
+    # GIVEN a KCL lease with a prepared checkpoint and application state
+    ddb.put_item(
+        TableName=store.table_name,
+        Item={
+            "leaseKey": {"S": "shardId-000000000042"},
+            "leaseCounter": {"N": "3"},
+            "leaseOwner": {"S": "w"},
+            "checkpoint": {"S": "100"},
+            "checkpointSubSequenceNumber": {"N": "0"},
+            "pendingCheckpoint": {"S": "200"},
+            "pendingCheckpointSubSequenceNumber": {"N": "0"},
+            "pendingCheckpointState": state,
+            "ownerSwitchesSinceCheckpoint": {"N": "0"},
+        },
+    )
+    lease = store.get_lease("shardId-000000000042")
+    assert lease is not None
+    # WHEN its owner checkpoints
+    done = store.checkpoint(lease, "w", Checkpoint(sequence="200", sub_sequence=0))
+    # THEN the pending pair and the state are gone together, as KCL's updateLease removes them
+    raw = store.get_raw_item("shardId-000000000042")
+    assert done is not None and raw is not None
+    assert not {"pendingCheckpoint", "pendingCheckpointSubSequenceNumber", "pendingCheckpointState"} & raw.keys()
+    assert "pendingCheckpointState" not in done.extra
+
+
+def test_a_prepared_checkpoint_without_state_drops_an_earlier_state(store: DynamoDBLeaseStore, ddb: Any) -> None:
+    # GIVEN a lease whose earlier prepared checkpoint carried application state
+    ddb.put_item(
+        TableName=store.table_name,
+        Item={
+            "leaseKey": {"S": "shardId-000000000043"},
+            "leaseCounter": {"N": "3"},
+            "leaseOwner": {"S": "w"},
+            "checkpoint": {"S": "100"},
+            "checkpointSubSequenceNumber": {"N": "0"},
+            "pendingCheckpoint": {"S": "150"},
+            "pendingCheckpointSubSequenceNumber": {"N": "0"},
+            "pendingCheckpointState": {"B": b"old"},
+            "ownerSwitchesSinceCheckpoint": {"N": "0"},
+        },
+    )
+    lease = store.get_lease("shardId-000000000043")
+    assert lease is not None
+    # WHEN a new checkpoint is prepared (we pass no application state)
+    prepared = store.prepare_checkpoint(lease, "w", Checkpoint(sequence="200", sub_sequence=0))
+    # THEN the old state does not stay attached to the new pending checkpoint
+    raw = store.get_raw_item("shardId-000000000043")
+    assert prepared is not None and raw is not None
+    assert raw["pendingCheckpoint"] == {"S": "200"} and "pendingCheckpointState" not in raw
+
+
+def test_new_leases_carry_entity_type_lease_as_kcl_3_5_writes_them(store: DynamoDBLeaseStore) -> None:
+    # WHEN we create a lease THEN its item says LEASE, so KCL 3.5 single-table readers take it for a lease
+    assert store.create_lease_if_absent(Lease(lease_key="shardId-000000000077"))
+    raw = store.get_raw_item("shardId-000000000077")
+    assert raw is not None and raw["entityType"] == {"S": "LEASE"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from worker_lib.core import aws
@@ -24,7 +25,7 @@ from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases import serializer
 from worker_lib.leases.serializer import Item, number
 from worker_lib.leases.store import LeaseScan
-from worker_lib.tables.schema import LEASE_OWNER_INDEX, lease_table_name
+from worker_lib.tables.schema import LEASE_ENTITY_TYPE, LEASE_OWNER_INDEX, lease_table_name
 from worker_lib.tables.schema import LeaseAttr as A
 
 if TYPE_CHECKING:
@@ -230,6 +231,8 @@ class DynamoDBLeaseStore:
 
     # --- writing ---------------------------------------------------------------------------------------------
     def create_lease_if_absent(self, lease: Lease) -> bool:
+        if lease.entity_type is None:
+            lease = replace(lease, entity_type=LEASE_ENTITY_TYPE)  # as KCL 3.5 creates leases; older KCL ignores it
         try:
             self._client.put_item(
                 TableName=self.table_name,
@@ -301,7 +304,8 @@ class DynamoDBLeaseStore:
         update.set(A.CHECKPOINT, {"S": checkpoint.sequence})
         update.set(A.CHECKPOINT_SUB_SEQUENCE, number(checkpoint.sub_sequence))
         update.set(A.OWNER_SWITCHES, number(0))
-        update.remove(A.PENDING_CHECKPOINT).remove(A.PENDING_CHECKPOINT_SUB_SEQUENCE)
+        # KCL's updateLease removes the three together: application state must not outlive its pending checkpoint.
+        update.remove(A.PENDING_CHECKPOINT).remove(A.PENDING_CHECKPOINT_SUB_SEQUENCE).remove(A.PENDING_CHECKPOINT_STATE)
         return self._update_or_recognise(
             lease,
             update,
@@ -318,6 +322,8 @@ class DynamoDBLeaseStore:
         update = self._fenced_by_processing_owner(lease, owner)
         update.set(A.PENDING_CHECKPOINT, {"S": pending.sequence})
         update.set(A.PENDING_CHECKPOINT_SUB_SEQUENCE, number(pending.sub_sequence))
+        # No application state is given with it: KCL's prepareCheckpoint without state removes any earlier one.
+        update.remove(A.PENDING_CHECKPOINT_STATE)
         return self._update_or_recognise(
             lease,
             update,

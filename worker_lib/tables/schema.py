@@ -29,6 +29,9 @@ class LeaseAttr:
     CHECKPOINT_SUB_SEQUENCE = "checkpointSubSequenceNumber"
     PENDING_CHECKPOINT = "pendingCheckpoint"
     PENDING_CHECKPOINT_SUB_SEQUENCE = "pendingCheckpointSubSequenceNumber"
+    # The application state of a two-phase checkpoint (B; KCL's createLease writes an N here). Not modelled: carried
+    # in Lease.extra, removed with the pending checkpoint as KCL's updateLease does.
+    PENDING_CHECKPOINT_STATE = "pendingCheckpointState"
     OWNER_SWITCHES = "ownerSwitchesSinceCheckpoint"
     PARENT_SHARD_IDS = "parentShardId"
     CHILD_SHARD_IDS = "childShardIds"
