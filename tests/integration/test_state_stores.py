@@ -16,7 +16,7 @@ from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, worker_metrics_table_name
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
-# An item as KCL 3.x writes it (docs/kcl-compat.md "Worker-metrics table").
+# An item as KCL 3.x writes it (docs/kcl-compatibility.md "Worker-metrics table").
 KCL_ITEM = {
     "wid": {"S": "java-worker"},
     "lut": {"N": "1700000000"},

@@ -1,4 +1,4 @@
-"""CPU providers (docs/kcl-compat.md, "CPU providers") against fixture files with the reference's worked numbers, the
+"""CPU providers (docs/kcl-compatibility.md, "CPU providers") against fixture files with the reference's worked numbers, the
 ECS provider against a real local HTTP server serving recorded task-metadata JSON, and detection order."""
 
 from __future__ import annotations

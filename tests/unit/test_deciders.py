@@ -1,7 +1,7 @@
 """Deciders: KCL 3.x's test scenarios (kcl_compatible), CPU 70 / 40 with threshold 10, 500 shards over
 100 + 100 workers and the dynamic cap (docs/assignment.md), our refinements, config, expiry.
 
-Scenarios follow KCL's Java tests (docs/kcl-compat.md, "Scenarios"): a "yield" worker at CPU [90, 90] and a
+Scenarios follow KCL's Java tests (docs/kcl-compatibility.md, "Scenarios"): a "yield" worker at CPU [90, 90] and a
 "take" worker at [50, 50], both with operating range 80; owned leases carry 10 KBps; dampening 80 and balancing on
 every run (the Java tests' settings), unless a test says otherwise.
 """

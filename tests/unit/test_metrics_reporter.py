@@ -1,4 +1,4 @@
-"""Worker-metrics reporter (docs/kcl-compat.md): 1 s samples in memory, a report after 2 s and every
+"""Worker-metrics reporter (docs/kcl-compatibility.md): 1 s samples in memory, a report after 2 s and every
 30 s, −1 for an empty window, the last 10 values, KCL's item format, sink failures survived."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker-metrics items <-> WorkerMetricStats: pure conversion in KCL 3.x's format (docs/kcl-compat.md)."""
+"""Worker-metrics items <-> WorkerMetricStats: pure conversion in KCL 3.x's format (docs/kcl-compatibility.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-lease throughput recorder (docs/kcl-compat.md): KBps per renewal window, EMA α 0.5, seeded from
+"""Per-lease throughput recorder (docs/kcl-compatibility.md): KBps per renewal window, EMA α 0.5, seeded from
 the stored lease value, thread-safe."""
 
 from __future__ import annotations

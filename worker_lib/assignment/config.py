@@ -1,4 +1,4 @@
-"""Configuration of lease assignment on the leader (KCL 3.x defaults: docs/kcl-compat.md; docs/assignment.md)."""
+"""Configuration of lease assignment on the leader (KCL 3.x defaults: docs/kcl-compatibility.md; docs/assignment.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Everything here is pure (no I/O, no clock reads): the leader loop reads the tables and the clocks and passes the
 results in. Two small pieces of leader-side state live here too because they are pure and tested with the
 deciders: :class:`ExpiryTracker` (lease expiry by counter observation) and the worker validity /
-activity rules, as KCL 3.x (docs/kcl-compat.md, "Assignment loop" and "Worker-metrics table").
+activity rules, as KCL 3.x (docs/kcl-compatibility.md, "Assignment loop" and "Worker-metrics table").
 
 Worker rules (KCL 3.x):
 

@@ -2,7 +2,7 @@
 
 Both variants share :class:`worker_lib.assignment._variance_run.VarianceRun` (fleet averages, projections, the
 receiver queue, the assignment phase). :class:`KCLVarianceRun` adds KCL's receiver priority and balancing and
-reproduces KCL's decisions, quirks included (the scenarios of docs/kcl-compat.md); :class:`OursVarianceRun`
+reproduces KCL's decisions, quirks included (the scenarios of docs/kcl-compatibility.md); :class:`OursVarianceRun`
 overrides the hooks listed in that module and balances with a band over the live workers, filling the workers
 below it (docs/assignment.md, "Where we differ"). ``config.kcl_compatible`` chooses between them.
 """

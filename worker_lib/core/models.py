@@ -72,7 +72,7 @@ SHARD_END = Checkpoint.sentinel(SentinelCheckpoint.SHARD_END)
 
 @dataclass(frozen=True, kw_only=True)
 class Lease:
-    """One item of the lease table, as KCL 3.x writes it (docs/kcl-compat.md, "Lease table").
+    """One item of the lease table, as KCL 3.x writes it (docs/kcl-compatibility.md, "Lease table").
 
     ``extra`` keeps attributes this version does not model (as raw DynamoDB attribute values) so that a table
     written by another KCL version round-trips unchanged.
@@ -170,7 +170,7 @@ class WorkerHeartbeat:
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerMetricStats:
-    """One item of ``<app>-WorkerMetricStats`` (docs/kcl-compat.md, "Worker-metrics table").
+    """One item of ``<app>-WorkerMetricStats`` (docs/kcl-compatibility.md, "Worker-metrics table").
 
     stats: metric name (``C`` CPU, ``M`` memory, ``NI``/``NO`` network, ...) → last ≤ 10 window averages,
       newest last; −1 marks a window with no samples.

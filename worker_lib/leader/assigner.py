@@ -1,6 +1,6 @@
 """The leader's assignment step: read the tables, decide (pure), write conditionally, report.
 
-One run (KCL's LeaseAssignmentManager, docs/kcl-compat.md):
+One run (KCL's LeaseAssignmentManager, docs/kcl-compatibility.md):
 
 1. scan leases (parallel segments once the table is large) and worker metrics;
 2. expiry by counter observation on the leader's monotonic clock (:class:`ExpiryTracker`, reset when a new

@@ -1,6 +1,6 @@
 """The lease store over DynamoDB: every write conditional, every botocore error translated.
 
-Write conditions follow KCL 3.x (docs/kcl-compat.md, "Lease table"), tightened where that costs nothing:
+Write conditions follow KCL 3.x (docs/kcl-compatibility.md, "Lease table"), tightened where that costs nothing:
 renewals and checkpoints also require the caller to be the processing owner, and the leader may require the
 counter it observed so that a lease renewed after its scan is never taken.
 

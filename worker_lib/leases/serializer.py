@@ -1,4 +1,4 @@
-"""Lease ⇄ DynamoDB item, with KCL 3.x attribute names and types exactly (docs/kcl-compat.md, "Lease table").
+"""Lease ⇄ DynamoDB item, with KCL 3.x attribute names and types exactly (docs/kcl-compatibility.md, "Lease table").
 
 Items use the low-level attribute-value format (``{"S": ...}``) so that types are explicit. Attributes this
 version does not model are carried in ``Lease.extra`` and written back untouched, so a table written by

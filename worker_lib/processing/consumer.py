@@ -1,6 +1,6 @@
 """One shard consumer per held lease: read, deliver to the processor, checkpoint with fencing, end cleanly.
 
-Lifecycle (docs/kcl-compat.md, "Shard sync and lease lifecycle"; docs/worker.md)::
+Lifecycle (docs/kcl-compatibility.md, "Shard sync and lease lifecycle"; docs/worker.md)::
 
     wait for parents ─▶ initialize ─▶ (fetch ─▶ process_records)* ─┬─▶ SHARD_END: create child leases, record
                                                                     │   childShardIds, shard_ended (must checkpoint)

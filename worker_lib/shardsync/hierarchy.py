@@ -1,5 +1,5 @@
 """Shard-hierarchy rules (KCL's HierarchicalShardSyncer): pure functions of a shard listing and the leases that
-exist. No I/O. What KCL does is summarised in docs/kcl-compat.md, "Shard sync and lease lifecycle".
+exist. No I/O. What KCL does is summarised in docs/kcl-compatibility.md, "Shard sync and lease lifecycle".
 
 Three decisions per sync:
 

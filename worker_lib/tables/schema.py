@@ -1,4 +1,4 @@
-"""The three tables of KCL 3.x: names, keys, indexes and attribute names (docs/kcl-compat.md)."""
+"""The three tables of KCL 3.x: names, keys, indexes and attribute names (docs/kcl-compatibility.md)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ log = logging.getLogger("shardlease.worker")
 
 
 class ThroughputTracker(Protocol):
-    """Per-lease throughput for the leader (KCL's throughputKBps, docs/kcl-compat.md): bytes in, KBps out at each
+    """Per-lease throughput for the leader (KCL's throughputKBps, docs/kcl-compatibility.md): bytes in, KBps out at each
     renewal."""
 
     def record(self, lease_key: str, nbytes: int) -> None: ...

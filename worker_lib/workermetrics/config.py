@@ -1,4 +1,4 @@
-"""Configuration of the worker-metrics reporter (docs/kcl-compat.md: "Worker-metrics table", "Defaults")."""
+"""Configuration of the worker-metrics reporter (docs/kcl-compatibility.md: "Worker-metrics table", "Defaults")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The worker-metrics reporter: samples metrics in memory and writes this worker's item in
-``<app>-WorkerMetricStats`` (docs/kcl-compat.md, "Worker-metrics table").
+``<app>-WorkerMetricStats`` (docs/kcl-compatibility.md, "Worker-metrics table").
 
 * Every ``sample_interval_ms`` (1 s) each metric is sampled; ``None`` (the source failed) adds no sample.
 * Every ``report_interval_ms`` (30 s; the first after ``first_report_delay_ms`` = 2 s) the average of the samples

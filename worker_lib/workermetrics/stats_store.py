@@ -1,4 +1,4 @@
-"""``<app>-WorkerMetricStats`` in KCL 3.x's format (docs/kcl-compat.md; items in :mod:`.stats_serializer`).
+"""``<app>-WorkerMetricStats`` in KCL 3.x's format (docs/kcl-compatibility.md; items in :mod:`.stats_serializer`).
 
 Workers write their metrics unconditionally, as KCL does (each worker owns exactly one item) — as an UpdateItem
 that sets ``lut``/``sts``/``opr``, so that the heartbeat and notice attributes of docs/failover.md (``hbc``,

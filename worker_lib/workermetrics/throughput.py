@@ -1,4 +1,4 @@
-"""Per-lease throughput, as KCL 3.x measures it (docs/kcl-compat.md, "Throughput per lease").
+"""Per-lease throughput, as KCL 3.x measures it (docs/kcl-compatibility.md, "Throughput per lease").
 
 Consumer threads call :meth:`ThroughputRecorder.record` with the bytes delivered to the record processor; the
 renewer calls :meth:`ThroughputRecorder.renewal_value` once per renewal and writes the result as the lease's

@@ -1,4 +1,4 @@
-"""CPU utilisation providers for worker metrics (docs/kcl-compat.md, "CPU providers").
+"""CPU utilisation providers for worker metrics (docs/kcl-compatibility.md, "CPU providers").
 
 Every provider returns the CPU utilisation of *this worker's compute allowance* as a percentage 0–100 and
 follows KCL 3.x's formulas:

@@ -1,4 +1,4 @@
-"""cgroup v1 and v2: a container's CPU allowance on EKS and other hosts (docs/kcl-compat.md, "CPU providers")."""
+"""cgroup v1 and v2: a container's CPU allowance on EKS and other hosts (docs/kcl-compatibility.md, "CPU providers")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ECS task metadata v4: a container's share of the task's CPU limit (docs/kcl-compat.md, "CPU providers")."""
+"""ECS task metadata v4: a container's share of the task's CPU limit (docs/kcl-compatibility.md, "CPU providers")."""
 
 from __future__ import annotations
 

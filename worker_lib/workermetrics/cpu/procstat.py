@@ -1,4 +1,4 @@
-"""``/proc/stat``: host CPU on EC2 and plain Linux (docs/kcl-compat.md, "CPU providers")."""
+"""``/proc/stat``: host CPU on EC2 and plain Linux (docs/kcl-compatibility.md, "CPU providers")."""
 
 from __future__ import annotations
 
