@@ -1,4 +1,5 @@
-"""The leader's assignment step against a moto lease table (docs/kcl-compatibility.md scenarios 10 and 15, expiry, writes).
+"""The leader's assignment step against a moto lease table (docs/kcl-compatibility.md scenarios 10 and 15, expiry,
+writes).
 
 Worker metrics come from an in-memory source here (the DynamoDB metrics store has its own tests), so each test
 states exactly which workers the leader sees.

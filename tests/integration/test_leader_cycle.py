@@ -1,4 +1,5 @@
-"""The whole leader (lock + shard sync + assignment) on moto: docs/kcl-compatibility.md "Scenarios" scenarios 10 and 14."""
+"""The whole leader (lock + shard sync + assignment) on moto: docs/kcl-compatibility.md "Scenarios" scenarios 10
+and 14."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""CPU providers (docs/kcl-compatibility.md, "CPU providers") against fixture files with the reference's worked numbers, the
-ECS provider against a real local HTTP server serving recorded task-metadata JSON, and detection order."""
+"""CPU providers (docs/kcl-compatibility.md, "CPU providers") against fixture files with the reference's worked
+numbers, the ECS provider against a real local HTTP server serving recorded task-metadata JSON, and detection order."""
 
 from __future__ import annotations
 

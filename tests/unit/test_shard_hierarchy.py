@@ -1,4 +1,5 @@
-"""Pure shard-hierarchy rules: the whole shard-graph-A table of docs/kcl-compatibility.md, cleanup, repair, properties."""
+"""Pure shard-hierarchy rules: the whole shard-graph-A table of docs/kcl-compatibility.md, cleanup, repair,
+properties."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def build_graph_a() -> list[ShardInfo]:
 
 GRAPH_A = build_graph_a()
 
-# docs/kcl-compatibility.md "Shard sync and lease lifecycle": existing leases → created (LATEST, TRIM_HORIZON, AT_TIMESTAMP)
+# docs/kcl-compatibility.md "Shard sync and lease lifecycle": existing leases → created
+# (LATEST, TRIM_HORIZON, AT_TIMESTAMP)
 TABLE = [
     ((4, 5, 7), (6,), (0, 1), (0, 1)),
     ((3, 4, 5), (2, 6), (0, 1, 2), (0, 1, 2)),

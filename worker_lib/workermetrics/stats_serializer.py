@@ -1,9 +1,9 @@
 """``<app>-WorkerMetricStats`` items <-> :class:`~worker_lib.core.models.WorkerMetricStats`, as pure functions.
 
-The item format is KCL 3.x's (docs/kcl-compatibility.md): ``wid`` (S), ``lut`` (N, epoch seconds), ``sts`` (M: metric → L of N,
-newest last, −1 = a window without samples), ``opr`` (M: metric → L of N, first = maximum utilisation), and, from
-KCL 3.5 on, ``entityType`` (S). Items use DynamoDB's low-level attribute-value shapes (``{"S": ...}``), as the
-stores' clients send and receive them.
+The item format is KCL 3.x's (docs/kcl-compatibility.md): ``wid`` (S), ``lut`` (N, epoch seconds), ``sts`` (M:
+metric → L of N, newest last, −1 = a window without samples), ``opr`` (M: metric → L of N, first = maximum
+utilisation), and, from KCL 3.5 on, ``entityType`` (S). Items use DynamoDB's low-level attribute-value shapes
+(``{"S": ...}``), as the stores' clients send and receive them.
 
 Reading is strict about shapes and lenient about extras: an attribute we do not know is ignored, a known
 attribute of the wrong shape makes the item corrupt (:class:`~worker_lib.core.errors.CorruptItemError`, whose message
