@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.errors import CorruptItemError, InvalidStateError
+from worker_lib.core.errors import CorruptItemError, DependencyError, InvalidStateError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases import serializer
 from worker_lib.leases.serializer import Item, number
@@ -30,6 +30,8 @@ from worker_lib.tables.schema import LeaseAttr as A
 
 if TYPE_CHECKING:
     import boto3
+
+OWNER_INDEX_RETRY_S = 60.0  # while the owner index is missing or backfilling, look again this often
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,8 @@ class DynamoDBLeaseStore:
         self.table_name = lease_table_name(app)
         self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
+        self._owner_index_usable = True
+        self._owner_index_retry_at = 0.0
 
     # --- reading ---------------------------------------------------------------------------------------------
     def get_lease(self, lease_key: str) -> Lease | None:
@@ -199,6 +203,49 @@ class DynamoDBLeaseStore:
         return self.scan(segments=segments).leases
 
     def list_lease_keys_for_owner(self, owner: str) -> list[str]:
+        """The keys ``owner`` holds, from the owner index — or, while the index is missing or still being built (a
+        KCL 2.x table being adopted: docs/kcl-compatibility.md), from a scan of the table."""
+        if not self._owner_index_usable:
+            return self._scan_keys_for_owner(owner)
+        try:
+            return self._query_keys_for_owner(owner)
+        except DependencyError as exc:
+            cause = exc.__cause__
+            # DynamoDB answers ValidationException for an index that does not exist or is backfilling (moto:
+            # ResourceNotFoundException); if the table itself is gone, the scan says so.
+            if cause is None or aws.error_code(cause) not in ("ValidationException", "ResourceNotFoundException"):
+                raise
+            log.warning(
+                "lease table %s: owner index %s not usable (%s); finding leases with a scan until it is",
+                self.table_name,
+                LEASE_OWNER_INDEX.name,
+                exc,
+            )
+            self._owner_index_usable = False
+            self._owner_index_retry_at = self._clock.monotonic() + OWNER_INDEX_RETRY_S
+            return self._scan_keys_for_owner(owner)
+
+    def _scan_keys_for_owner(self, owner: str) -> list[str]:
+        if self._clock.monotonic() >= self._owner_index_retry_at:
+            self._owner_index_usable = True  # try the index again next time
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "FilterExpression": "#owner = :owner",
+            "ProjectionExpression": "#key",
+            "ExpressionAttributeNames": {"#owner": A.LEASE_OWNER, "#key": A.LEASE_KEY},
+            "ExpressionAttributeValues": {":owner": {"S": owner}},
+        }
+        keys: list[str] = []
+        while True:
+            with aws.translated("Scan", self.table_name):
+                response = self._client.scan(**kwargs)
+            keys.extend(item[A.LEASE_KEY]["S"] for item in response.get("Items", []) if A.LEASE_KEY in item)
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return sorted(keys)
+            kwargs["ExclusiveStartKey"] = last
+
+    def _query_keys_for_owner(self, owner: str) -> list[str]:
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "IndexName": LEASE_OWNER_INDEX.name,

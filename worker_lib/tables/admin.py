@@ -1,4 +1,5 @@
-"""Create the three tables idempotently and wait until they (and their indexes) are ACTIVE."""
+"""Create the three tables idempotently and wait until they (and their indexes) are ACTIVE; adopt a KCL 2.x lease
+table (add the owner index) and record KCL's client-version migration item."""
 
 from __future__ import annotations
 
@@ -6,9 +7,16 @@ import logging
 from typing import Any
 
 from worker_lib.core import aws
-from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.errors import DependencyError, TableSchemaError
-from worker_lib.tables.schema import BillingMode, TableSpec, all_specs
+from worker_lib.tables.coordinator_items import (
+    CLIENT_VERSIONS_2X_MODE,
+    MIGRATION_KEY,
+    key_of,
+    migration_item,
+    migration_version,
+)
+from worker_lib.tables.schema import BillingMode, TableSpec, all_specs, coordinator_state_table_name
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,8 @@ def ensure_table(
     name = spec.table_name(app)
     created = False
     description = _describe(ddb, name)
+    if description is not None:
+        description = _add_missing_indexes(spec, app, ddb, description, billing)
     if description is None:
         try:
             ddb.create_table(**spec.create_table_request(app, billing))
@@ -79,6 +89,71 @@ def ensure_table(
     if created and spec.point_in_time_recovery:
         _enable_pitr(ddb, name)
     return created
+
+
+def _add_missing_indexes(
+    spec: TableSpec, app: str, ddb: Any, description: dict[str, Any], billing: BillingMode
+) -> dict[str, Any]:
+    """Add the indexes an existing table lacks — a KCL 2.x lease table has no ``LeaseOwnerToLeaseKeyIndex`` — with
+    UpdateTable. The table stays in use while DynamoDB builds the index (15–20 minutes in AWS); until then workers
+    find their leases with a scan (DynamoDBLeaseStore.list_lease_keys_for_owner)."""
+    existing = {g["IndexName"] for g in description.get("GlobalSecondaryIndexes", [])}
+    # The index follows the table's own billing (KCL 2.x created provisioned tables by default): DynamoDB rejects
+    # provisioned throughput on an index of an on-demand table, and requires it on a provisioned one.
+    table_billing = description.get("BillingModeSummary", {}).get("BillingMode", BillingMode.PROVISIONED.value)
+    request = spec.create_table_request(app, BillingMode(table_billing))
+    missing = [g for g in request.get("GlobalSecondaryIndexes", []) if g["IndexName"] not in existing]
+    if not missing:
+        return description
+    name = spec.table_name(app)
+    for gsi in missing:  # DynamoDB accepts one index creation per UpdateTable
+        log.info("adding index %s to the existing table %s (a KCL 2.x lease table?)", gsi["IndexName"], name)
+        try:
+            ddb.update_table(
+                TableName=name,
+                AttributeDefinitions=request["AttributeDefinitions"],
+                GlobalSecondaryIndexUpdates=[{"Create": gsi}],
+            )
+        except Exception as exc:
+            aws.raise_translated(exc, operation="UpdateTable (add index)", resource=name)
+    return _describe(ddb, name) or description
+
+
+def ensure_migration_state(app: str, ddb: Any, *, modified_by: str, clock: Clock = SYSTEM_CLOCK) -> str:
+    """KCL's ``Migration3.0`` item in ``<app>-CoordinatorState``: create it as a KCL 3.x worker configured for 3.x
+    does when there is none (a table from KCL 2.x, or a new one), so that a Java fleet started on this application
+    later runs in 3.x mode too; returns the client version the item records.
+
+    A version in which a Java fleet still takes leases the 2.x way (``CLIENT_VERSION_2X``,
+    ``CLIENT_VERSION_UPGRADE_FROM_2X``) is left alone, with one warning: our leader's assignments and 2.x-style lease
+    stealing would move leases back and forth; finish that migration (or roll it back) with KCL's tool first."""
+    table = coordinator_state_table_name(app)
+    with aws.translated("GetItem", table):
+        found = ddb.get_item(TableName=table, Key=key_of(MIGRATION_KEY), ConsistentRead=True).get("Item")
+    if found is None:
+        try:
+            ddb.put_item(
+                TableName=table,
+                Item=migration_item(modified_by=modified_by, now_ms=wall_millis(clock)),
+                ConditionExpression="attribute_not_exists(#k)",
+                ExpressionAttributeNames={"#k": "key"},
+            )
+            log.info("recorded client version CLIENT_VERSION_3X in %s (%s)", table, MIGRATION_KEY)
+        except Exception as exc:
+            if not aws.is_conditional_check_failed(exc):
+                aws.raise_translated(exc, operation="PutItem (migration state)", resource=table)
+        with aws.translated("GetItem", table):
+            found = ddb.get_item(TableName=table, Key=key_of(MIGRATION_KEY), ConsistentRead=True).get("Item") or {}
+    version = migration_version(found) or "unreadable"
+    if version in CLIENT_VERSIONS_2X_MODE:
+        log.warning(
+            "%s in %s says %s: a KCL fleet on this application takes leases the 2.x way; complete or roll back its "
+            "migration with KCL's migration tool before running shardlease workers beside it",
+            MIGRATION_KEY,
+            table,
+            version,
+        )
+    return version
 
 
 def _enable_pitr(ddb: Any, name: str) -> None:
@@ -109,8 +184,11 @@ def ensure_tables(
     clock: Clock = SYSTEM_CLOCK,
     timeout_s: float = 300.0,
 ) -> dict[str, bool]:
-    """All three tables; returns table name → whether it was created now."""
-    return {
+    """All three tables (adding the owner index to a KCL 2.x lease table), and KCL's migration item recording
+    client version 3.x when there is none; returns table name → whether it was created now."""
+    created = {
         spec.table_name(app): ensure_table(spec, app, ddb, billing=billing, clock=clock, timeout_s=timeout_s)
         for spec in all_specs()
     }
+    ensure_migration_state(app, ddb, modified_by="shardlease", clock=clock)
+    return created

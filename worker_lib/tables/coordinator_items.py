@@ -199,6 +199,52 @@ def lock_update(
     }
 
 
+# --- KCL's client-version migration item ---------------------------------------------------------------------------
+
+MIGRATION_KEY = "Migration3.0"
+
+
+class MigrationAttr:
+    """KCL 3.x ``MigrationState`` (coordinator/migration/MigrationState.java): the client version the fleet runs in."""
+
+    CLIENT_VERSION = "cv"  # S: a ClientVersion name
+    MODIFIED_BY = "mb"  # S: the worker that wrote it
+    MODIFIED_AT = "mts"  # N: epoch milliseconds
+    HISTORY = "h"  # L of M {cv, mb, mts}: earlier versions, newest first, at most 10
+    ENTITY_TYPE = "entityType"  # "CLIENT_VERSION_MIGRATION" from KCL 3.5
+
+
+CLIENT_VERSION_3X = "CLIENT_VERSION_3X"
+CLIENT_VERSION_INIT = "CLIENT_VERSION_INIT"
+# A Java fleet in one of these still takes leases the KCL 2.x way (by count, stealing): it does not follow a leader.
+CLIENT_VERSIONS_2X_MODE = frozenset({"CLIENT_VERSION_2X", "CLIENT_VERSION_UPGRADE_FROM_2X"})
+MIGRATION_ENTITY_TYPE = "CLIENT_VERSION_MIGRATION"
+
+
+def migration_item(*, modified_by: str, now_ms: int) -> Item:
+    """The item a KCL 3.x worker configured for 3.x (``CLIENT_VERSION_CONFIG_3X``) creates when it finds none: version
+    ``CLIENT_VERSION_3X``, with the local ``CLIENT_VERSION_INIT`` it came from as the one history entry
+    (AbstractMigrationClientVersionState.ensureDdbStateMatchesClientVersion, MigrationState.update)."""
+    entry = {
+        MigrationAttr.CLIENT_VERSION: {"S": CLIENT_VERSION_INIT},
+        MigrationAttr.MODIFIED_BY: {"S": modified_by},
+        MigrationAttr.MODIFIED_AT: {"N": str(now_ms)},
+    }
+    return {
+        KEY: {"S": MIGRATION_KEY},
+        MigrationAttr.CLIENT_VERSION: {"S": CLIENT_VERSION_3X},
+        MigrationAttr.MODIFIED_BY: {"S": modified_by},
+        MigrationAttr.MODIFIED_AT: {"N": str(now_ms)},
+        MigrationAttr.HISTORY: {"L": [{"M": entry}]},
+        MigrationAttr.ENTITY_TYPE: {"S": MIGRATION_ENTITY_TYPE},
+    }
+
+
+def migration_version(item: Mapping[str, Any]) -> str | None:
+    """The client version a migration item records (None when malformed)."""
+    return _s(item, MigrationAttr.CLIENT_VERSION)
+
+
 # --- plain-valued items (the leader's state store) ----------------------------------------------------------------
 
 
