@@ -78,13 +78,43 @@ def test_a_conflicting_table_is_one_clear_error(moto_endpoint: str, app_name: st
         ensure_tables(app_name, ddb)
 
 
-def test_a_lease_table_without_the_owner_index_is_refused(moto_endpoint: str, app_name: str) -> None:
+def test_a_lease_table_without_the_owner_index_gets_it(moto_endpoint: str, app_name: str) -> None:
+    # GIVEN a lease table as KCL 2.x creates it: our key, no owner index
     ddb: Any = aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint))
     lease_spec = all_specs()[0]
     request = lease_spec.create_table_request(app_name)
     del request["GlobalSecondaryIndexes"]
     request["AttributeDefinitions"] = [{"AttributeName": "leaseKey", "AttributeType": "S"}]
     ddb.create_table(**request)
+    # WHEN create-tables runs
+    result = shardlease("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
+    # THEN it succeeds, keeps the table and adds the index (docs/kcl-compatibility.md, adopting KCL 2.x)
+    assert result.returncode == 0, result.stderr
+    assert f"{app_name}: exists (ACTIVE)" in result.stdout
+    indexes = ddb.describe_table(TableName=app_name)["Table"]["GlobalSecondaryIndexes"]
+    assert [g["IndexName"] for g in indexes] == ["LeaseOwnerToLeaseKeyIndex"]
+
+
+def test_an_owner_index_with_other_keys_is_refused(moto_endpoint: str, app_name: str) -> None:
+    # GIVEN a lease table whose index of our name has other keys
+    ddb: Any = aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint))
+    ddb.create_table(
+        TableName=app_name,
+        KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}],
+        AttributeDefinitions=[
+            {"AttributeName": "leaseKey", "AttributeType": "S"},
+            {"AttributeName": "owner", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "LeaseOwnerToLeaseKeyIndex",
+                "KeySchema": [{"AttributeName": "owner", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+        ],
+    )
+    # THEN ensuring the tables refuses it with a typed error naming the index
     with pytest.raises(TableSchemaError, match="LeaseOwnerToLeaseKeyIndex"):
         ensure_tables(app_name, ddb)
 

@@ -35,7 +35,8 @@ def check_schema(spec: TableSpec, app: str, description: dict[str, Any]) -> None
         gsi = existing.get(index.name)
         if gsi is None:
             raise TableSchemaError(
-                f"table {name} exists without index {index.name}; create it (it can take 15-20 minutes in AWS)"
+                f"table {name} exists without index {index.name} (a KCL 2.x table?): run `shardlease create-tables` "
+                "to add it (15-20 minutes in AWS; the table stays in use)"
             )
         gsi_keys = {k["AttributeName"]: k["KeyType"] for k in gsi.get("KeySchema", [])}
         wanted = {index.hash_key: "HASH", **({index.range_key: "RANGE"} if index.range_key else {})}
