@@ -44,6 +44,7 @@ from tests.support.chaos import (
     worker_liveness,
 )
 from tests.support.processes import (
+    EMBEDDED_LEADER_ENV,
     LIVENESS_MODES,
     ProcessGroup,
     liveness_env,
@@ -69,17 +70,7 @@ def worker_env(journal: Path, liveness: str) -> dict[str, str]:
     return {
         **liveness_env(liveness),
         "SHARDLEASE_CHAOS_JOURNAL": str(journal),
-        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
-        "SHARDLEASE_LEADER_MODE": "embedded",
-        "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
-        "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
-        "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
-        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
-        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
-        "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
-        "SHARDLEASE_CPU_METRIC": "process",
+        **EMBEDDED_LEADER_ENV,
     }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.test_worker_processes import PROCESSOR, processed
-from tests.support.processes import process_group
+from tests.support.processes import EMBEDDED_LEADER_ENV, process_group
 from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
@@ -67,19 +67,7 @@ def test_a_kcl2_application_is_adopted_and_resumes_after_its_checkpoints(
         )
     journal = tmp_path / "journal.txt"
     journal.touch()
-    env = {
-        "SHARDLEASE_TEST_JOURNAL": str(journal),
-        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
-        "SHARDLEASE_LEADER_MODE": "embedded",
-        "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
-        "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
-        "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
-        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
-        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
-        "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
-        "SHARDLEASE_CPU_METRIC": "process",
-    }
+    env = {"SHARDLEASE_TEST_JOURNAL": str(journal), **EMBEDDED_LEADER_ENV}
     args = ["--app", app_name, "--endpoint-url", moto_endpoint]
     with process_group(tmp_path) as group:
         # WHEN the tables go through `shardlease create-tables`

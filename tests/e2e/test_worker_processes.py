@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.journal_processor import read_journal
-from tests.support.processes import ProcessGroup, process_group
+from tests.support.processes import EMBEDDED_LEADER_ENV, ProcessGroup, process_group
 from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
@@ -71,18 +71,7 @@ def setup(moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
         "journal": journal,
         "env": {
             "SHARDLEASE_TEST_JOURNAL": str(journal),
-            "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
-            # every worker runs the real leader loop too; the lock picks one (short timings for a test)
-            "SHARDLEASE_LEADER_MODE": "embedded",
-            "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
-            "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
-            "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
-            "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
-            "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
-            "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
-            "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
-            "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
-            "SHARDLEASE_CPU_METRIC": "process",
+            **EMBEDDED_LEADER_ENV,
         },
         "args": ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint],
     }

@@ -228,40 +228,40 @@ class DynamoDBLeaseStore:
     def _scan_keys_for_owner(self, owner: str) -> list[str]:
         if self._clock.monotonic() >= self._owner_index_retry_at:
             self._owner_index_usable = True  # try the index again next time
-        kwargs: dict[str, Any] = {
+        request: dict[str, Any] = {
             "TableName": self.table_name,
             "FilterExpression": "#owner = :owner",
             "ProjectionExpression": "#key",
             "ExpressionAttributeNames": {"#owner": A.LEASE_OWNER, "#key": A.LEASE_KEY},
             "ExpressionAttributeValues": {":owner": {"S": owner}},
         }
-        keys: list[str] = []
-        while True:
-            with aws.translated("Scan", self.table_name):
-                response = self._client.scan(**kwargs)
-            keys.extend(item[A.LEASE_KEY]["S"] for item in response.get("Items", []) if A.LEASE_KEY in item)
-            last = response.get("LastEvaluatedKey")
-            if not last:
-                return sorted(keys)
-            kwargs["ExclusiveStartKey"] = last
+        return self._all_keys(self._client.scan, request, operation="Scan", resource=self.table_name)
 
     def _query_keys_for_owner(self, owner: str) -> list[str]:
-        kwargs: dict[str, Any] = {
+        request: dict[str, Any] = {
             "TableName": self.table_name,
             "IndexName": LEASE_OWNER_INDEX.name,
             "KeyConditionExpression": "#owner = :owner",
             "ExpressionAttributeNames": {"#owner": A.LEASE_OWNER},
             "ExpressionAttributeValues": {":owner": {"S": owner}},
         }
+        resource = f"{self.table_name}/{LEASE_OWNER_INDEX.name}"
+        return self._all_keys(self._client.query, request, operation="Query", resource=resource)
+
+    @staticmethod
+    def _all_keys(
+        call: Callable[..., dict[str, Any]], request: dict[str, Any], *, operation: str, resource: str
+    ) -> list[str]:
+        """Every page of a Query or Scan: the lease keys found, sorted."""
         keys: list[str] = []
         while True:
-            with aws.translated("Query", f"{self.table_name}/{LEASE_OWNER_INDEX.name}"):
-                response = self._client.query(**kwargs)
+            with aws.translated(operation, resource):
+                response = call(**request)
             keys.extend(item[A.LEASE_KEY]["S"] for item in response.get("Items", []) if A.LEASE_KEY in item)
             last = response.get("LastEvaluatedKey")
             if not last:
                 return sorted(keys)
-            kwargs["ExclusiveStartKey"] = last
+            request["ExclusiveStartKey"] = last
 
     def is_empty(self) -> bool:
         """True when no *lease* exists (foreign entity items do not count)."""
