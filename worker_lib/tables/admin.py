@@ -62,7 +62,8 @@ def ensure_table(
 ) -> bool:
     """Create ``spec``'s table for ``app`` unless it exists; wait for ACTIVE. Returns True if it was created.
 
-    An existing table with other keys or without the required index raises :class:`TableSchemaError`.
+    An existing table without our index gets it (a KCL 2.x lease table); one with other keys, or with an index of
+    our name on other keys, raises :class:`TableSchemaError`.
     """
     name = spec.table_name(app)
     created = False

@@ -99,7 +99,8 @@ class TableSpec:
         return [{"AttributeName": n, "AttributeType": "S"} for n in seen]
 
     def create_table_request(self, app: str, billing: BillingMode = BillingMode.PAY_PER_REQUEST) -> dict[str, Any]:
-        """Arguments for DynamoDB ``CreateTable``; GSIs are created with the table, never added later."""
+        """Arguments for DynamoDB ``CreateTable``; GSIs are created with the table (only an adopted KCL 2.x table gets
+        its owner index added later, by ``create-tables``: tables/admin.py)."""
         request: dict[str, Any] = {
             "TableName": self.table_name(app),
             "KeySchema": [{"AttributeName": self.hash_key, "KeyType": "HASH"}],
