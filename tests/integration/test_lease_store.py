@@ -14,6 +14,7 @@ from worker_lib.core.errors import EndpointUnreachableError, InvalidStateError, 
 from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from worker_lib.leases import serializer
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.renewer import LeaseDiscoverer
 from worker_lib.tables.admin import ensure_tables
 
 
@@ -451,3 +452,48 @@ def test_new_leases_carry_entity_type_lease_as_kcl_3_5_writes_them(store: Dynamo
     assert store.create_lease_if_absent(Lease(lease_key="shardId-000000000077"))
     raw = store.get_raw_item("shardId-000000000077")
     assert raw is not None and raw["entityType"] == {"S": "LEASE"}
+
+
+# --- batched reads ------------------------------------------------------------------------------------------------
+
+
+def test_get_leases_reads_many_keys_in_batches_and_leaves_out_what_is_not_a_lease(
+    store: DynamoDBLeaseStore, ddb: Any
+) -> None:
+    # GIVEN 230 leases, a foreign item and a corrupt one
+    keys = [f"shardId-{n:012d}" for n in range(230)]
+    for key in keys:
+        assert store.create_lease_if_absent(Lease(lease_key=key))
+    fixture = kcl_fixture.load()
+    for item in fixture["foreign"][:1] + fixture["corrupt"][:1]:
+        ddb.put_item(TableName=store.table_name, Item=item)
+    calls: list[str] = []
+    ddb.meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.append(model.name))
+    # WHEN they are read together with a key that does not exist (and one asked twice)
+    odd = [fixture["foreign"][0]["leaseKey"]["S"], fixture["corrupt"][0]["leaseKey"]["S"], "shardId-missing"]
+    found = store.get_leases([*keys, keys[0], *odd])
+    # THEN every lease comes back, in three requests of at most 100 keys, and nothing else does
+    assert sorted(found) == keys
+    assert all(found[key].lease_key == key for key in keys)
+    assert calls == ["BatchGetItem"] * 3
+    # AND one key alone, or none, needs no batch at all
+    calls.clear()
+    assert store.get_leases([]) == {} and calls == []
+
+
+def test_a_worker_discovers_many_handed_over_leases_in_one_request(store: DynamoDBLeaseStore, ddb: Any) -> None:
+    # GIVEN eight leases the leader assigned to w, one of them finished and one in a hand-off to w
+    keys = [f"shardId-{n:012d}" for n in range(8)]
+    for key in keys:
+        owned(store, key, "w")
+    finished = store.get_lease(keys[0])
+    assert finished is not None and store.checkpoint(finished, "w", SHARD_END) is not None
+    moving = owned(store, "shardId-handoff", "old")
+    assert store.initiate_graceful_handoff(moving, "w") is not None
+    calls: list[str] = []
+    ddb.meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.append(model.name))
+    # WHEN w discovers them from the leader's notice
+    found = LeaseDiscoverer(store, "w").discover_keys([*keys, "shardId-handoff"], already_held=set())
+    # THEN one consistent batch read finds the seven it may start (not the finished one, not the hand-off)
+    assert [lease.lease_key for lease in found] == keys[1:]
+    assert calls == ["BatchGetItem"]

@@ -31,6 +31,8 @@ from worker_lib.tables.schema import LeaseAttr as A
 if TYPE_CHECKING:
     import boto3
 
+BATCH_GET_LIMIT = 100  # keys per BatchGetItem
+BATCH_GET_ATTEMPTS = 4  # requests per batch while the service leaves keys unprocessed; then one GetItem each
 OWNER_INDEX_RETRY_S = 60.0  # while the owner index is missing or backfilling, look again this often
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,40 @@ class DynamoDBLeaseStore:
         except CorruptItemError as exc:
             log.warning("skipping corrupt lease item: %s", exc)
             return None
+
+    def get_leases(self, lease_keys: Iterable[str]) -> dict[str, Lease]:
+        """BatchGetItem, strongly consistent, 100 keys per request (the service's limit); unprocessed keys (the
+        service's partial answer under load) are asked again, up to ``BATCH_GET_ATTEMPTS`` times, then read one by
+        one so that a key is never silently dropped."""
+        wanted = list(dict.fromkeys(lease_keys))
+        items: list[Item] = []
+        for start in range(0, len(wanted), BATCH_GET_LIMIT):
+            pending: list[dict[str, Any]] = [
+                {A.LEASE_KEY: {"S": key}} for key in wanted[start : start + BATCH_GET_LIMIT]
+            ]
+            for attempt in range(BATCH_GET_ATTEMPTS):
+                if not pending:
+                    break
+                if attempt:
+                    self._clock.sleep(min(0.05 * 2**attempt, 1.0))
+                with aws.translated("BatchGetItem", self.table_name):
+                    response = self._client.batch_get_item(
+                        RequestItems={self.table_name: {"Keys": pending, "ConsistentRead": True}}
+                    )
+                items.extend(dict(item) for item in response.get("Responses", {}).get(self.table_name, []))
+                pending = response.get("UnprocessedKeys", {}).get(self.table_name, {}).get("Keys", [])
+            items.extend(item for key in pending if (item := self._get_item(key[A.LEASE_KEY]["S"])) is not None)
+        found: dict[str, Lease] = {}
+        for item in items:
+            if serializer.is_foreign(item):
+                continue
+            try:
+                lease = serializer.from_item(item)
+            except CorruptItemError as exc:
+                log.warning("skipping corrupt lease item: %s", exc)
+                continue
+            found[lease.lease_key] = lease
+        return found
 
     def get_raw_item(self, lease_key: str) -> Item | None:
         """The item exactly as stored (for tools and compatibility tests)."""

@@ -477,7 +477,8 @@ class LeaseHolder:
 
 
 class LeaseDiscoverer:
-    """Finds leases the leader assigned to us: GSI query by owner, then a consistent read of each new key."""
+    """Finds leases the leader assigned to us: GSI query by owner, then consistent reads of the new keys (one
+    BatchGetItem per hundred when there are several)."""
 
     def __init__(self, store: LeaseStore, worker_id: str) -> None:
         self._store = store
@@ -487,13 +488,18 @@ class LeaseDiscoverer:
         return self.discover_keys(self._store.list_lease_keys_for_owner(self.worker_id), already_held)
 
     def discover_keys(self, keys: Iterable[str], already_held: set[str] | frozenset[str]) -> list[Lease]:
-        """The leases among ``keys`` that are ours to start (one consistent read each): the leader's notice names
-        them, so no index query is needed."""
+        """The leases among ``keys`` that are ours to start (consistent reads, batched: many leases handed over at
+        once cost one request per hundred, not one each): the leader's notice names them, so no index query is
+        needed."""
+        new_keys = [key for key in keys if key not in already_held]
+        if len(new_keys) == 1:
+            single = self._store.get_lease(new_keys[0])
+            read = {} if single is None else {single.lease_key: single}
+        else:
+            read = self._store.get_leases(new_keys)
         found: list[Lease] = []
-        for key in keys:
-            if key in already_held:
-                continue
-            lease = self._store.get_lease(key)
+        for key in new_keys:
+            lease = read.get(key)
             # The GSI is eventually consistent and a handoff *to* us is not ours until the old owner lets go.
             # A finished lease (SHARD_END) has nothing left to read: its consumer already dropped it.
             if (

@@ -31,6 +31,10 @@ class LeaseStore(Protocol):
     def get_lease(self, lease_key: str) -> Lease | None:
         """A strongly consistent read; ``None`` if absent, foreign or corrupt."""
 
+    def get_leases(self, lease_keys: Iterable[str]) -> dict[str, Lease]:
+        """Strongly consistent reads of several keys in as few requests as the service allows; absent, foreign and
+        corrupt items are left out."""
+
     def scan(self, *, segments: int = 1, page_size: int | None = None) -> LeaseScan:
         """Every lease (paginated; ``segments`` > 1 scans in parallel), skipping foreign and corrupt items."""
 
