@@ -538,44 +538,39 @@ LOCK_CASES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "kcl
 ]
 
 
-def kcl_item(owner: str) -> dict[str, Any]:
-    return {
-        "key": {"S": LOCK_KEY},
-        "ownerName": {"S": owner},
-        "leaseDuration": {"S": "120000"},
-        "recordVersionNumber": {"S": str(uuid.uuid4())},
-    }
-
-
-def kcl_take_released(ddb: Any, app: str, owner: str) -> bool:
-    """upsertAndMonitorReleasedLock: PutItem conditioned on ``attribute_exists(#pk) AND #ir = :ir`` (:ir = "1")."""
+def kcl_takeover(ddb: Any, app: str, owner: str, *, condition: str, names: dict[str, str], value: str) -> bool:
+    """The lock client's takeover: a new item (its attributes, a 120 s lease) put under ``condition``, with ``:v``
+    bound to ``value``; False when the condition fails."""
     try:
         ddb.put_item(
             TableName=coordinator_state_table_name(app),
-            Item=kcl_item(owner),
-            ConditionExpression="attribute_exists(#pk) AND #ir = :ir",
-            ExpressionAttributeNames={"#pk": "key", "#ir": "isReleased"},
-            ExpressionAttributeValues={":ir": {"S": "1"}},
+            Item={
+                "key": {"S": LOCK_KEY},
+                "ownerName": {"S": owner},
+                "leaseDuration": {"S": "120000"},
+                "recordVersionNumber": {"S": str(uuid.uuid4())},
+            },
+            ConditionExpression=condition,
+            ExpressionAttributeNames={"#pk": "key", **names},
+            ExpressionAttributeValues={":v": {"S": value}},
         )
     except ddb.exceptions.ConditionalCheckFailedException:
         return False
     return True
+
+
+def kcl_take_released(ddb: Any, app: str, owner: str) -> bool:
+    """upsertAndMonitorReleasedLock: PutItem conditioned on ``attribute_exists(#pk) AND #ir = :ir`` (:ir = "1")."""
+    condition = "attribute_exists(#pk) AND #ir = :v"
+    return kcl_takeover(ddb, app, owner, condition=condition, names={"#ir": "isReleased"}, value="1")
 
 
 def kcl_take_expired(ddb: Any, app: str, owner: str, observed_version: str) -> bool:
     """upsertAndMonitorExpiredLock: PutItem conditioned on ``attribute_exists(#pk) AND #rvn = :rvn`` (the version it
     watched for a lease duration)."""
-    try:
-        ddb.put_item(
-            TableName=coordinator_state_table_name(app),
-            Item=kcl_item(owner),
-            ConditionExpression="attribute_exists(#pk) AND #rvn = :rvn",
-            ExpressionAttributeNames={"#pk": "key", "#rvn": "recordVersionNumber"},
-            ExpressionAttributeValues={":rvn": {"S": observed_version}},
-        )
-    except ddb.exceptions.ConditionalCheckFailedException:
-        return False
-    return True
+    condition = "attribute_exists(#pk) AND #rvn = :v"
+    names = {"#rvn": "recordVersionNumber"}
+    return kcl_takeover(ddb, app, owner, condition=condition, names=names, value=observed_version)
 
 
 def kcl_sees_released(ddb: Any, app: str) -> bool:

@@ -389,6 +389,24 @@ def test_each_kcl_item_keeps_every_attribute_our_writes_do_not_mean_to_change(
     assert after.get("entityType") == before.get("entityType")
 
 
+def put_pending(store: DynamoDBLeaseStore, ddb: Any, key: str, *, pending: str, state: dict[str, Any]) -> None:
+    """A KCL lease owned by ``w``, checkpointed at 100, with a prepared checkpoint and its application state."""
+    ddb.put_item(
+        TableName=store.table_name,
+        Item={
+            "leaseKey": {"S": key},
+            "leaseCounter": {"N": "3"},
+            "leaseOwner": {"S": "w"},
+            "checkpoint": {"S": "100"},
+            "checkpointSubSequenceNumber": {"N": "0"},
+            "pendingCheckpoint": {"S": pending},
+            "pendingCheckpointSubSequenceNumber": {"N": "0"},
+            "pendingCheckpointState": state,
+            "ownerSwitchesSinceCheckpoint": {"N": "0"},
+        },
+    )
+
+
 @pytest.mark.parametrize(
     "state", [{"B": b"\x00\x01\x02"}, {"N": "0"}], ids=["bytes-from-updateLease", "number-from-createLease"]
 )
@@ -396,20 +414,7 @@ def test_a_checkpoint_removes_the_pending_checkpoint_and_its_state_together(
     store: DynamoDBLeaseStore, ddb: Any, state: dict[str, Any]
 ) -> None:
     # GIVEN a KCL lease with a prepared checkpoint and application state
-    ddb.put_item(
-        TableName=store.table_name,
-        Item={
-            "leaseKey": {"S": "shardId-000000000042"},
-            "leaseCounter": {"N": "3"},
-            "leaseOwner": {"S": "w"},
-            "checkpoint": {"S": "100"},
-            "checkpointSubSequenceNumber": {"N": "0"},
-            "pendingCheckpoint": {"S": "200"},
-            "pendingCheckpointSubSequenceNumber": {"N": "0"},
-            "pendingCheckpointState": state,
-            "ownerSwitchesSinceCheckpoint": {"N": "0"},
-        },
-    )
+    put_pending(store, ddb, "shardId-000000000042", pending="200", state=state)
     lease = store.get_lease("shardId-000000000042")
     assert lease is not None
     # WHEN its owner checkpoints
@@ -423,20 +428,7 @@ def test_a_checkpoint_removes_the_pending_checkpoint_and_its_state_together(
 
 def test_a_prepared_checkpoint_without_state_drops_an_earlier_state(store: DynamoDBLeaseStore, ddb: Any) -> None:
     # GIVEN a lease whose earlier prepared checkpoint carried application state
-    ddb.put_item(
-        TableName=store.table_name,
-        Item={
-            "leaseKey": {"S": "shardId-000000000043"},
-            "leaseCounter": {"N": "3"},
-            "leaseOwner": {"S": "w"},
-            "checkpoint": {"S": "100"},
-            "checkpointSubSequenceNumber": {"N": "0"},
-            "pendingCheckpoint": {"S": "150"},
-            "pendingCheckpointSubSequenceNumber": {"N": "0"},
-            "pendingCheckpointState": {"B": b"old"},
-            "ownerSwitchesSinceCheckpoint": {"N": "0"},
-        },
-    )
+    put_pending(store, ddb, "shardId-000000000043", pending="150", state={"B": b"old"})
     lease = store.get_lease("shardId-000000000043")
     assert lease is not None
     # WHEN a new checkpoint is prepared (we pass no application state)

@@ -135,19 +135,16 @@ class DynamoDBLeaseStore:
     # --- reading ---------------------------------------------------------------------------------------------
     def get_lease(self, lease_key: str) -> Lease | None:
         item = self._get_item(lease_key)
-        if item is None or serializer.is_foreign(item):
-            return None
-        try:
-            return serializer.from_item(item)
-        except CorruptItemError as exc:
-            log.warning("skipping corrupt lease item: %s", exc)
-            return None
+        return None if item is None else _lease_or_none(item)
 
     def get_leases(self, lease_keys: Iterable[str]) -> dict[str, Lease]:
         """BatchGetItem, strongly consistent, 100 keys per request (the service's limit); unprocessed keys (the
         service's partial answer under load) are asked again, up to ``BATCH_GET_ATTEMPTS`` times, then read one by
         one so that a key is never silently dropped."""
         wanted = list(dict.fromkeys(lease_keys))
+        if len(wanted) == 1:  # one key: a plain GetItem (the same cost, and what KCL sends)
+            single = self.get_lease(wanted[0])
+            return {} if single is None else {single.lease_key: single}
         items: list[Item] = []
         for start in range(0, len(wanted), BATCH_GET_LIMIT):
             pending: list[dict[str, Any]] = [
@@ -165,17 +162,8 @@ class DynamoDBLeaseStore:
                 items.extend(dict(item) for item in response.get("Responses", {}).get(self.table_name, []))
                 pending = response.get("UnprocessedKeys", {}).get(self.table_name, {}).get("Keys", [])
             items.extend(item for key in pending if (item := self._get_item(key[A.LEASE_KEY]["S"])) is not None)
-        found: dict[str, Lease] = {}
-        for item in items:
-            if serializer.is_foreign(item):
-                continue
-            try:
-                lease = serializer.from_item(item)
-            except CorruptItemError as exc:
-                log.warning("skipping corrupt lease item: %s", exc)
-                continue
-            found[lease.lease_key] = lease
-        return found
+        leases = (_lease_or_none(item) for item in items)
+        return {lease.lease_key: lease for lease in leases if lease is not None}
 
     def get_raw_item(self, lease_key: str) -> Item | None:
         """The item exactly as stored (for tools and compatibility tests)."""
@@ -541,6 +529,17 @@ class DynamoDBLeaseStore:
         if current is not None and applied(current):
             log.info("lease %s: %s reply was lost but the write was applied", lease.lease_key, operation)
             return current
+        return None
+
+
+def _lease_or_none(item: Item) -> Lease | None:
+    """The lease an item read by key holds; None for a foreign entity or (with one log line) a corrupt item."""
+    if serializer.is_foreign(item):
+        return None
+    try:
+        return serializer.from_item(item)
+    except CorruptItemError as exc:
+        log.warning("skipping corrupt lease item: %s", exc)
         return None
 
 

@@ -492,11 +492,7 @@ class LeaseDiscoverer:
         once cost one request per hundred, not one each): the leader's notice names them, so no index query is
         needed."""
         new_keys = [key for key in keys if key not in already_held]
-        if len(new_keys) == 1:
-            single = self._store.get_lease(new_keys[0])
-            read = {} if single is None else {single.lease_key: single}
-        else:
-            read = self._store.get_leases(new_keys)
+        read = self._store.get_leases(new_keys)
         found: list[Lease] = []
         for key in new_keys:
             lease = read.get(key)

@@ -32,8 +32,8 @@ class LeaseStore(Protocol):
         """A strongly consistent read; ``None`` if absent, foreign or corrupt."""
 
     def get_leases(self, lease_keys: Iterable[str]) -> dict[str, Lease]:
-        """Strongly consistent reads of several keys in as few requests as the service allows; absent, foreign and
-        corrupt items are left out."""
+        """Strongly consistent reads of several keys in as few requests as the service allows (one key: one plain
+        read); absent, foreign and corrupt items are left out."""
 
     def scan(self, *, segments: int = 1, page_size: int | None = None) -> LeaseScan:
         """Every lease (paginated; ``segments`` > 1 scans in parallel), skipping foreign and corrupt items."""

@@ -9,14 +9,15 @@ from typing import Any
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.errors import DependencyError, TableSchemaError
+from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.tables.coordinator_items import (
+    CLIENT_VERSION_3X,
     CLIENT_VERSIONS_2X_MODE,
     MIGRATION_KEY,
-    key_of,
-    migration_item,
+    migration_attrs,
     migration_version,
 )
-from worker_lib.tables.schema import BillingMode, TableSpec, all_specs, coordinator_state_table_name
+from worker_lib.tables.schema import BillingMode, TableSpec, all_specs
 
 log = logging.getLogger(__name__)
 
@@ -129,30 +130,20 @@ def ensure_migration_state(app: str, ddb: Any, *, modified_by: str, clock: Clock
     A version in which a Java fleet still takes leases the 2.x way (``CLIENT_VERSION_2X``,
     ``CLIENT_VERSION_UPGRADE_FROM_2X``) is left alone, with one warning: our leader's assignments and 2.x-style lease
     stealing would move leases back and forth; finish that migration (or roll it back) with KCL's tool first."""
-    table = coordinator_state_table_name(app)
-    with aws.translated("GetItem", table):
-        found = ddb.get_item(TableName=table, Key=key_of(MIGRATION_KEY), ConsistentRead=True).get("Item")
+    store = CoordinatorStateStore(app, client=ddb, clock=clock)
+    found = store.get(MIGRATION_KEY)
     if found is None:
-        try:
-            ddb.put_item(
-                TableName=table,
-                Item=migration_item(modified_by=modified_by, now_ms=wall_millis(clock)),
-                ConditionExpression="attribute_not_exists(#k)",
-                ExpressionAttributeNames={"#k": "key"},
-            )
-            log.info("recorded client version CLIENT_VERSION_3X in %s (%s)", table, MIGRATION_KEY)
-        except Exception as exc:
-            if not aws.is_conditional_check_failed(exc):
-                aws.raise_translated(exc, operation="PutItem (migration state)", resource=table)
-        with aws.translated("GetItem", table):
-            found = ddb.get_item(TableName=table, Key=key_of(MIGRATION_KEY), ConsistentRead=True).get("Item") or {}
+        if store.put_if_absent(MIGRATION_KEY, migration_attrs(modified_by=modified_by, now_ms=wall_millis(clock))):
+            log.info("recorded client version %s in %s (%s)", CLIENT_VERSION_3X, store.table_name, MIGRATION_KEY)
+            return CLIENT_VERSION_3X
+        found = store.get(MIGRATION_KEY) or {}  # another writer created it between our read and our write
     version = migration_version(found) or "unreadable"
     if version in CLIENT_VERSIONS_2X_MODE:
         log.warning(
             "%s in %s says %s: a KCL fleet on this application takes leases the 2.x way; complete or roll back its "
             "migration with KCL's migration tool before running shardlease workers beside it",
             MIGRATION_KEY,
-            table,
+            store.table_name,
             version,
         )
     return version

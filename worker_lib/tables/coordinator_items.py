@@ -221,28 +221,23 @@ CLIENT_VERSIONS_2X_MODE = frozenset({"CLIENT_VERSION_2X", "CLIENT_VERSION_UPGRAD
 MIGRATION_ENTITY_TYPE = "CLIENT_VERSION_MIGRATION"
 
 
-def migration_item(*, modified_by: str, now_ms: int) -> Item:
-    """The item a KCL 3.x worker configured for 3.x (``CLIENT_VERSION_CONFIG_3X``) creates when it finds none: version
-    ``CLIENT_VERSION_3X``, with the local ``CLIENT_VERSION_INIT`` it came from as the one history entry
-    (AbstractMigrationClientVersionState.ensureDdbStateMatchesClientVersion, MigrationState.update)."""
-    entry = {
-        MigrationAttr.CLIENT_VERSION: {"S": CLIENT_VERSION_INIT},
-        MigrationAttr.MODIFIED_BY: {"S": modified_by},
-        MigrationAttr.MODIFIED_AT: {"N": str(now_ms)},
-    }
+def migration_attrs(*, modified_by: str, now_ms: int) -> dict[str, Any]:
+    """The item (plain values) a KCL 3.x worker configured for 3.x (``CLIENT_VERSION_CONFIG_3X``) creates when it
+    finds none: version ``CLIENT_VERSION_3X``, with the local ``CLIENT_VERSION_INIT`` it came from as the one history
+    entry (AbstractMigrationClientVersionState.ensureDdbStateMatchesClientVersion, MigrationState.update)."""
+    stamp = {MigrationAttr.MODIFIED_BY: modified_by, MigrationAttr.MODIFIED_AT: now_ms}
     return {
-        KEY: {"S": MIGRATION_KEY},
-        MigrationAttr.CLIENT_VERSION: {"S": CLIENT_VERSION_3X},
-        MigrationAttr.MODIFIED_BY: {"S": modified_by},
-        MigrationAttr.MODIFIED_AT: {"N": str(now_ms)},
-        MigrationAttr.HISTORY: {"L": [{"M": entry}]},
-        MigrationAttr.ENTITY_TYPE: {"S": MIGRATION_ENTITY_TYPE},
+        MigrationAttr.CLIENT_VERSION: CLIENT_VERSION_3X,
+        **stamp,
+        MigrationAttr.HISTORY: [{MigrationAttr.CLIENT_VERSION: CLIENT_VERSION_INIT, **stamp}],
+        MigrationAttr.ENTITY_TYPE: MIGRATION_ENTITY_TYPE,
     }
 
 
-def migration_version(item: Mapping[str, Any]) -> str | None:
-    """The client version a migration item records (None when malformed)."""
-    return _s(item, MigrationAttr.CLIENT_VERSION)
+def migration_version(attrs: Mapping[str, Any]) -> str | None:
+    """The client version a migration item (plain values) records (None when malformed)."""
+    version = attrs.get(MigrationAttr.CLIENT_VERSION)
+    return version if isinstance(version, str) else None
 
 
 # --- plain-valued items (the leader's state store) ----------------------------------------------------------------
