@@ -13,6 +13,7 @@ import sys
 import threading
 
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.streams import StreamSelection
 from worker_lib.leader.factory import build_leader_from_env, preflight
 from worker_lib.leader.leader import CycleReport
 from worker_lib.shardsync.config import ShardSyncConfig
@@ -43,7 +44,7 @@ def summarize(report: CycleReport) -> str:
 def run_leader_cli(
     *,
     app: str,
-    stream: str,
+    stream: StreamSelection,
     aws_config: AwsConfig,
     shard_sync: ShardSyncConfig,
     once: bool,

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from worker_lib import __version__
 from worker_lib.core.errors import ConfigError, ShardleaseError
+from worker_lib.core.streams import StreamSelection
 from worker_lib.tools import demo as demo_bounds
 
 log = logging.getLogger("shardlease")
@@ -39,7 +40,18 @@ def _add_aws(parser: argparse.ArgumentParser) -> None:
 def _add_app(parser: argparse.ArgumentParser, *, stream: bool) -> None:
     parser.add_argument("--app", required=True, metavar="APP", help="application name (= lease table name)")
     if stream:
-        parser.add_argument("--stream", required=True, metavar="STREAM", help="Kinesis stream name")
+        parser.add_argument(
+            "--stream",
+            required=True,
+            action="append",
+            metavar="STREAM",
+            help="Kinesis stream name; repeat it for a multi-stream application (docs/multi-stream.md)",
+        )
+        parser.add_argument(
+            "--multi-stream",
+            action="store_true",
+            help="KCL multi-stream lease keys (account:stream:epoch:shardId) even with one --stream",
+        )
 
 
 def _add_position(parser: argparse.ArgumentParser) -> None:
@@ -231,13 +243,20 @@ def _shard_sync_config(args: argparse.Namespace) -> Any:
     return replace(config, initial_position=position, initial_timestamp=timestamp)
 
 
+def _streams(args: argparse.Namespace) -> StreamSelection:
+    try:
+        return StreamSelection(names=tuple(args.stream), multi_stream=args.multi_stream)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _cmd_leader(args: argparse.Namespace) -> int:
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
     from worker_lib.cli.leader import run_leader_cli
 
     return run_leader_cli(
         app=args.app,
-        stream=args.stream,
+        stream=_streams(args),
         aws_config=aws_config,
         shard_sync=shard_sync,
         once=args.once,
@@ -254,7 +273,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     factory = load_processor(args.processor)
     config = WorkerConfig.from_env(
         app=args.app,
-        stream=args.stream,
+        streams=_streams(args).names,
+        multi_stream=args.multi_stream or None,
         worker_id=args.worker_id,
         initial_position=shard_sync.initial_position,
         initial_timestamp=shard_sync.initial_timestamp,

@@ -9,8 +9,9 @@ AWS settings default to :meth:`AwsConfig.from_env`; :func:`build_leader_from_env
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, default_owner, validate_app_name
 from worker_lib.core.env import environ
-from worker_lib.core.errors import ConfigError
+from worker_lib.core.errors import ConfigError, StreamMissingError
+from worker_lib.core.streams import StreamSelection, parse_stream_entry
 from worker_lib.leader.assigner import LeaseAssigner
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.leader import Leader
@@ -35,10 +37,13 @@ from worker_lib.leases.mode import check_start
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector
+from worker_lib.shardsync.multistream import MultiStreamShardSyncer
 from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.admin import check_schema
 from worker_lib.tables.schema import all_specs
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
+
+log = logging.getLogger("shardlease.leader")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +54,7 @@ class LeaderParts:
     config: LeaderConfig
     lease_store: DynamoDBLeaseStore
     lock: DynamoDBLeaderLock
-    syncer: ShardSyncer
+    syncer: ShardSyncer | MultiStreamShardSyncer
     assigner: LeaseAssigner | None
     dynamodb: Any
     kinesis: Any
@@ -87,19 +92,20 @@ class ClientCache:
             return self.current
 
 
-def app_and_stream(env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """``SHARDLEASE_APP`` and ``SHARDLEASE_STREAM``; one clear error when either is missing."""
+def app_and_stream(env: Mapping[str, str] | None = None) -> tuple[str, StreamSelection]:
+    """``SHARDLEASE_APP`` and the streams (:meth:`StreamSelection.from_env`); one clear error when either is
+    missing."""
     e = environ(env)
-    app, stream = e.get("SHARDLEASE_APP", ""), e.get("SHARDLEASE_STREAM", "")
-    if not app or not stream:
+    app = e.get("SHARDLEASE_APP", "")
+    if not app:
         raise ConfigError("SHARDLEASE_APP and SHARDLEASE_STREAM must be set")
-    return app, stream
+    return app, StreamSelection.from_env(e)
 
 
 def build_leader(
     *,
     app: str,
-    stream: str,
+    stream: str | Sequence[str] | StreamSelection,
     aws_config: AwsConfig | None = None,
     shard_sync: ShardSyncConfig | None = None,
     owner: str | None = None,
@@ -113,9 +119,15 @@ def build_leader(
     kinesis: Any = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> LeaderParts:
-    """Wire the leader. ``dynamodb`` / ``kinesis`` clients may be passed (tests, the demo's two emulators, a
-    warm Lambda container); otherwise they are made from ``aws_config`` (default: the environment)."""
+    """Wire the leader. ``stream``: one stream name, several (a multi-stream application; a comma-separated string
+    too), or a :class:`StreamSelection` with a tracker. ``dynamodb`` / ``kinesis`` clients may be passed (tests,
+    the demo's two emulators, a warm Lambda container); otherwise they are made from ``aws_config`` (default: the
+    environment)."""
     validate_app_name(app)
+    try:
+        streams = StreamSelection.of(stream)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if dynamodb is None or kinesis is None:
         aws_config = aws_config or AwsConfig.from_env()
         dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
@@ -126,8 +138,15 @@ def build_leader(
     store = DynamoDBLeaseStore(app, client=dynamodb, clock=clock)
     owner = owner or default_owner()
     lock = DynamoDBLeaderLock(app, owner, config=lock_config, client=dynamodb, clock=clock)
-    detector = KinesisShardDetector(stream, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size)
-    syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
+    syncer: ShardSyncer | MultiStreamShardSyncer
+    if streams.multi_stream:
+        state = CoordinatorStateStore(app, client=dynamodb, clock=clock)
+        syncer = MultiStreamShardSyncer(store, kinesis, streams, state=state, config=shard_sync, clock=clock)
+    else:
+        detector = KinesisShardDetector(
+            streams.single, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size
+        )
+        syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
     assigner = None
     fast_path = None
     lease_config = lease_config or LeaseConfig(failover_time_ms=(assignment or AssignmentConfig()).failover_ms)
@@ -190,7 +209,7 @@ def build_leader_from_env(
     env: Mapping[str, str] | None = None,
     *,
     app: str | None = None,
-    stream: str | None = None,
+    stream: str | Sequence[str] | StreamSelection | None = None,
     aws_config: AwsConfig | None = None,
     shard_sync: ShardSyncConfig | None = None,
     owner: str | None = None,
@@ -205,7 +224,7 @@ def build_leader_from_env(
     e = environ(env)
     if app is None or stream is None:
         env_app, env_stream = app_and_stream(e)
-        app, stream = app or env_app, stream or env_stream
+        app, stream = app or env_app, env_stream if stream is None else stream
     return build_leader(
         app=app,
         stream=stream,
@@ -223,15 +242,24 @@ def build_leader_from_env(
     )
 
 
-def preflight(parts: LeaderParts, *, app: str, stream: str) -> None:
+def preflight(parts: LeaderParts, *, app: str, stream: str | Sequence[str] | StreamSelection) -> None:
     """Fail with one clear error (TableMissingError, StreamMissingError, EndpointUnreachableError, ...) before the
-    loop starts, rather than counting the same failure three times inside it."""
+    loop starts, rather than counting the same failure three times inside it. In a multi-stream application a
+    missing stream is one warning: the others are consumed (a tracker's streams are checked at every sync)."""
     for spec in all_specs():
         name = spec.table_name(app)
         with aws.translated("dynamodb DescribeTable", name):
             description = parts.dynamodb.describe_table(TableName=name)
         check_schema(spec, app, description.get("Table", {}))
-    with aws.translated("kinesis DescribeStreamSummary", stream):
-        parts.kinesis.describe_stream_summary(StreamName=stream)
+    streams = StreamSelection.of(stream)
+    for entry in streams.names:
+        name = parse_stream_entry(entry)[0]
+        try:
+            with aws.translated("kinesis DescribeStreamSummary", name):
+                parts.kinesis.describe_stream_summary(StreamName=name)
+        except StreamMissingError as exc:
+            if not streams.multi_stream:
+                raise
+            log.warning("%s; the other streams are consumed", exc)
     if parts.liveness_modes is not None:  # a leader configured for the other liveness mode refuses to start
         check_start(parts.liveness_setting, parts.liveness_modes.read(), who="the leader")

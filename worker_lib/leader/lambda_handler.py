@@ -52,7 +52,7 @@ def invoke(
     env = os.environ
     app, stream = app_and_stream(env)
     owner = env.get("SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
-    report = observer.begin(env, app=app, stream=stream, owner=owner)
+    report = observer.begin(env, app=app, stream=stream.describe(), owner=owner)
     # The deadline is taken first, so that building the leader counts against the invocation's time.
     started = SYSTEM_CLOCK.monotonic()
     deadline = started + context.get_remaining_time_in_millis() / 1000

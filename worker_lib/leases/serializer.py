@@ -12,6 +12,7 @@ from typing import Any
 
 from worker_lib.core.errors import CorruptItemError
 from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.core.streams import split_lease_key
 from worker_lib.tables.schema import LEASE_ENTITY_TYPE
 from worker_lib.tables.schema import LeaseAttr as A
 
@@ -170,6 +171,10 @@ def to_item(lease: Lease) -> Item:
         item[A.ENTITY_TYPE] = {"S": lease.entity_type}
     for name, value in lease.extra.items():
         item.setdefault(name, value)
+    stream, shard_id = split_lease_key(lease.lease_key)
+    if stream is not None:  # a multi-stream lease names its stream and shard too (DynamoDBMultiStreamLeaseSerializer)
+        item.setdefault(A.STREAM_NAME, {"S": stream.serialize()})
+        item.setdefault(A.SHARD_ID, {"S": shard_id})
     return item
 
 

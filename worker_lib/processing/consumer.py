@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.core.streams import related_lease_key, split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy, RetrievalConfig
@@ -164,6 +165,7 @@ class ShardConsumer:
     ) -> None:
         self.lease_key = lease_key
         self.stream = stream
+        self._stream_identifier, self.shard_id = split_lease_key(lease_key)
         self._holder = holder
         self._store = store
         self._processor = processor
@@ -198,7 +200,7 @@ class ShardConsumer:
     def _lease_lost(self) -> ConsumerOutcome:
         log.info("lease lost lease=%s: stopping processing", self.lease_key)
         try:
-            self._processor.lease_lost(LeaseLostInput(shard_id=self.lease_key))
+            self._processor.lease_lost(LeaseLostInput(shard_id=self.shard_id))
         except Exception as exc:
             log.warning("processor.lease_lost raised on %s: %s", self.lease_key, _one_line(exc))
         return ConsumerOutcome.LOST
@@ -206,7 +208,7 @@ class ShardConsumer:
     def _shutdown_requested(self, checkpointer: LeaseCheckpointer) -> None:
         try:
             self._processor.shutdown_requested(
-                ShutdownRequestedInput(shard_id=self.lease_key, checkpointer=checkpointer)
+                ShutdownRequestedInput(shard_id=self.shard_id, checkpointer=checkpointer)
             )
         except Exception as exc:
             log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, _one_line(exc))
@@ -214,7 +216,7 @@ class ShardConsumer:
     def _parents_ended(self, lease: Lease) -> bool:
         """A child is processed only after every parent reached SHARD_END (or its lease is already gone)."""
         for parent in sorted(lease.parent_shard_ids):
-            parent_lease = self._store.get_lease(parent)
+            parent_lease = self._store.get_lease(related_lease_key(self.lease_key, parent))
             if parent_lease is not None and not parent_lease.is_finished:
                 return False
         return True
@@ -258,7 +260,11 @@ class ShardConsumer:
         )
         self._processor.initialize(
             InitializationInput(
-                shard_id=self.lease_key, checkpoint=lease.checkpoint, pending_checkpoint=lease.pending_checkpoint
+                shard_id=self.shard_id,
+                checkpoint=lease.checkpoint,
+                pending_checkpoint=lease.pending_checkpoint,
+                stream_name=self.stream,
+                stream_identifier=None if self._stream_identifier is None else self._stream_identifier.serialize(),
             )
         )
         while True:
@@ -300,7 +306,7 @@ class ShardConsumer:
     def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome | None:
         now = datetime.fromtimestamp(self._clock.wall(), timezone.utc)
         records_input = ProcessRecordsInput(
-            shard_id=self.lease_key,
+            shard_id=self.shard_id,
             records=batch.records,
             checkpointer=checkpointer,
             millis_behind_latest=batch.millis_behind_latest,
@@ -378,7 +384,7 @@ class ShardConsumer:
                     checkpointer.largest_permitted = SHARD_END
                     self._processor.shard_ended(
                         ShardEndedInput(
-                            shard_id=self.lease_key, checkpointer=checkpointer, child_shard_ids=tuple(children)
+                            shard_id=self.shard_id, checkpointer=checkpointer, child_shard_ids=tuple(children)
                         )
                     )
                     if checkpointer.last_checkpoint == SHARD_END:

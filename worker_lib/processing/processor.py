@@ -22,15 +22,15 @@ lost raises :class:`ShutdownError`; no stale checkpoint is ever written.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
+from typing import Protocol, TypeAlias, cast, runtime_checkable
 
 from worker_lib.core.errors import ConfigError, ShardleaseError
+from worker_lib.core.imports import import_attr
 from worker_lib.core.models import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -191,11 +191,19 @@ def validate_checkpoint_value(
 
 @dataclass(frozen=True, kw_only=True)
 class InitializationInput:
-    """Where the lease starts: its checkpoint (a sequence number or a sentinel) and any pending checkpoint."""
+    """Where the lease starts: its checkpoint (a sequence number or a sentinel) and any pending checkpoint.
+
+    shard_id: the shard (every input names it; in a multi-stream application the bare shard id, as in KCL).
+    stream_name: the Kinesis stream the records come from.
+    stream_identifier: in a multi-stream application the stream's ``account:stream:creationEpoch`` (KCL's
+      ``streamIdentifierSerOpt``), which tells a stream from a deleted one of the same name; None otherwise.
+    """
 
     shard_id: str
     checkpoint: Checkpoint
     pending_checkpoint: Checkpoint | None = None
+    stream_name: str = ""
+    stream_identifier: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,26 +336,8 @@ def load_processor(spec: str) -> ProcessorFactory:
     arguments (its result is checked when called), or a function ``handle(records, checkpointer)`` (wrapped in
     :class:`FunctionProcessor`). Anything else raises :class:`ConfigError` with one line saying what is wrong.
     """
-    module_name, sep, attr_path = spec.strip().partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ConfigError(f"invalid processor {spec!r}: expected MODULE:ATTR, e.g. mypkg.processors:MyProcessor")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise ConfigError(f"invalid processor {spec!r}: no module named {exc.name!r}") from None
-        raise ConfigError(f"invalid processor {spec!r}: importing {module_name!r} failed: {_one_line(exc)}") from exc
-    except Exception as exc:  # a broken user module: report it in one line, never a traceback
-        raise ConfigError(f"invalid processor {spec!r}: importing {module_name!r} failed: {_one_line(exc)}") from exc
-
-    target: Any = module
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigError(
-                f"invalid processor {spec!r}: {getattr(target, '__name__', module_name)!r} has no attribute {part!r}"
-            ) from None
+    target = import_attr(spec, what="processor", example="mypkg.processors:MyProcessor")
+    attr_path = spec.strip().partition(":")[2]
 
     if inspect.isclass(target):
         missing = [m for m in _PROCESSOR_METHODS if not callable(getattr(target, m, None))]

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from worker_lib.core.models import TRIM_HORIZON, ShardInfo
+from worker_lib.core.streams import related_lease_key, split_lease_key
 from worker_lib.leases.store import LeaseStore
 from worker_lib.shardsync.hierarchy import new_lease
 
@@ -21,20 +22,25 @@ log = logging.getLogger("shardlease.shardsync.children")
 def ensure_child_leases(
     store: LeaseStore, parent_key: str, children: Sequence[str], shards: Mapping[str, ShardInfo]
 ) -> bool:
-    """True when every child of ``parent_key`` has a lease (creating what is missing); False to retry later."""
+    """True when every child of ``parent_key`` has a lease (creating what is missing); False to retry later.
+
+    ``children`` and the shards' parents are bare shard ids; in a multi-stream application their leases carry the
+    parent's stream prefix (:func:`~worker_lib.core.streams.related_lease_key`)."""
+    parent_shard = split_lease_key(parent_key)[1]
     for child_id in children:
-        if store.get_lease(child_id) is not None:
+        child_key = related_lease_key(parent_key, child_id)
+        if store.get_lease(child_key) is not None:
             continue
         shard = shards.get(child_id)
         if shard is None:
             log.warning("child shard %s of %s is not listed yet; retrying", child_id, parent_key)
             return False
-        partners = [p for p in shard.parent_ids if p != parent_key and p in shards]
-        if any(store.get_lease(p) is None for p in partners):
+        partners = [p for p in shard.parent_ids if p != parent_shard and p in shards]
+        if any(store.get_lease(related_lease_key(parent_key, p)) is None for p in partners):
             log.warning(
                 "merge child %s: partner lease %s missing; waiting for shard sync", child_id, ",".join(partners)
             )
             return False
-        created = store.create_lease_if_absent(new_lease(shard, TRIM_HORIZON))
-        log.info("child lease %s of %s %s", child_id, parent_key, "created" if created else "exists")
+        created = store.create_lease_if_absent(new_lease(shard, TRIM_HORIZON).with_(lease_key=child_key))
+        log.info("child lease %s of %s %s", child_key, parent_key, "created" if created else "exists")
     return True

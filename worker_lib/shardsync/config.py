@@ -19,6 +19,10 @@ class ShardSyncConfig:
     interval_ms: how often the leader syncs (KCL shardSyncIntervalMillis, 60 s).
     cleanup_enabled: delete finished leases once their children have started (KCL default on).
     delete_unknown_shard_leases: delete leases of shards that ListShards no longer returns (trimmed).
+    former_stream_grace_ms: multi-stream applications: how long a stream that is no longer tracked (but still exists)
+      keeps its leases before they are deleted, counted from the first sync that found it untracked (1 hour;
+      negative: never delete them, KCL's NoLeaseDeletionStrategy). A stream deleted in Kinesis loses its leases at
+      once. ``SHARDLEASE_FORMER_STREAM_GRACE_MS``; docs/multi-stream.md.
     """
 
     initial_position: InitialPosition = InitialPosition.LATEST
@@ -27,6 +31,7 @@ class ShardSyncConfig:
     cleanup_enabled: bool = True
     delete_unknown_shard_leases: bool = True
     list_shards_page_size: int = 1000
+    former_stream_grace_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         if self.initial_position is InitialPosition.AT_TIMESTAMP and self.initial_timestamp is None:
@@ -49,4 +54,5 @@ class ShardSyncConfig:
             interval_ms=env_int(e, "SHARDLEASE_SHARD_SYNC_INTERVAL_MS", 60_000),
             cleanup_enabled=env_bool(e, "SHARDLEASE_LEASE_CLEANUP", True),
             delete_unknown_shard_leases=env_bool(e, "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES", True),
+            former_stream_grace_ms=env_int(e, "SHARDLEASE_FORMER_STREAM_GRACE_MS", 3_600_000),
         )

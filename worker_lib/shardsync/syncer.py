@@ -13,11 +13,13 @@ and in ``shardlease leader --once``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
-from worker_lib.leases.store import LeaseStore
+from worker_lib.core.models import Lease
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import ShardDetector
 from worker_lib.shardsync.hierarchy import plan_sync
@@ -37,12 +39,32 @@ class ShardSyncResult:
     unknown_pending: tuple[str, ...] = ()  # leases whose shard is not listed but not confirmed gone: kept
     listing_complete: bool = True
     duration_ms: float = 0.0
+    # multi-stream applications (docs/multi-stream.md): serialized identifiers
+    streams_synced: tuple[str, ...] = ()
+    streams_missing: tuple[str, ...] = ()  # tracked names Kinesis does not know (deleted or not created yet)
+    former_streams_waiting: tuple[str, ...] = ()  # untracked streams in their grace period
+    former_streams_deleted: tuple[str, ...] = ()  # streams whose leases this sync deleted
+
+
+class SyncLeaseStore(Protocol):
+    """What a shard sync needs of a lease store (a :class:`~worker_lib.leases.store.LeaseStore`, or one stream's
+    view of it in a multi-stream application)."""
+
+    def list_leases(self) -> list[Lease]: ...
+
+    def create_lease_if_absent(self, lease: Lease) -> bool: ...
+
+    def update_child_shard_ids(self, lease: Lease, child_shard_ids: Iterable[str]) -> Lease | None: ...
+
+    def get_lease(self, lease_key: str) -> Lease | None: ...
+
+    def delete_lease(self, lease: Lease, *, only_if_finished: bool = True) -> bool: ...
 
 
 class ShardSyncer:
     def __init__(
         self,
-        lease_store: LeaseStore,
+        lease_store: SyncLeaseStore,
         detector: ShardDetector,
         *,
         config: ShardSyncConfig | None = None,

@@ -40,6 +40,8 @@ class LeaseAttr:
     THROUGHPUT_KBPS = "throughputKBps"
     CHECKPOINT_OWNER = "checkpointOwner"
     ENTITY_TYPE = "entityType"
+    STREAM_NAME = "streamName"  # multi-stream leases: the serialized stream identifier
+    SHARD_ID = "shardId"  # multi-stream leases: the bare shard id
 
 
 LEASE_ENTITY_TYPE = "LEASE"

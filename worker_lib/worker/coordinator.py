@@ -11,6 +11,7 @@ lifecycle.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from worker_lib.core.clock import Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import ShardInfo, WorkerState
+from worker_lib.core.streams import stream_name_of
 from worker_lib.leases.keeping import (
     NoticeBox,
     apply_liveness_mode,
@@ -112,12 +114,12 @@ class LeaseCoordinator:
         )
         self._modes = mode_follower(config.lease, modes, who=f"worker {self.worker_id}", clock=clock)
         self._discoverer = LeaseDiscoverer(store, self.worker_id)
-        self._detector = KinesisShardDetector(config.stream, client=kinesis, clock=clock)
+        self._detectors: dict[str, KinesisShardDetector] = {}  # per stream: a multi-stream worker reads several
         self._running: dict[str, _Running] = {}
         self._guard = threading.Lock()
         self._coordinator_stop = threading.Event()  # set after the consumers finished: renewals go on until then
         self._thread: threading.Thread | None = None
-        self._shard_cache: tuple[float, list[ShardInfo]] | None = None
+        self._shard_cache: dict[str, tuple[float, list[ShardInfo]]] = {}
         self.renewal_failures = 0
         self.outcomes: dict[str, ConsumerOutcome] = {}
 
@@ -280,14 +282,15 @@ class LeaseCoordinator:
 
     def _spawn(self, lease_key: str) -> None:
         processor: RecordProcessor = self._factory()
+        stream = stream_name_of(lease_key, self.config.stream)
         consumer = ShardConsumer(
             lease_key=lease_key,
-            stream=self.config.stream,
+            stream=stream,
             holder=self._holder,
             store=self._store,
             processor=processor,
             kinesis_client=self._kinesis,
-            list_shards=self._list_shards,
+            list_shards=functools.partial(self._list_shards, stream),
             config=self.config.consumer,
             retrieval=self.config.retrieval,
             initial_timestamp=self.config.initial_timestamp,
@@ -344,14 +347,18 @@ class LeaseCoordinator:
         if nbytes:
             self._throughput.record(lease_key, nbytes)
 
-    def _list_shards(self) -> list[ShardInfo]:
+    def _list_shards(self, stream: str) -> list[ShardInfo]:
         """The stream's shards, for child-lease creation at SHARD_END (cached briefly: several parents may end
         together)."""
         now = self._clock.monotonic()
-        if self._shard_cache is not None and now - self._shard_cache[0] < 2.0:
-            return self._shard_cache[1]
-        listing = self._detector.list_shards()
+        cached = self._shard_cache.get(stream)
+        if cached is not None and now - cached[0] < 2.0:
+            return cached[1]
+        detector = self._detectors.get(stream)
+        if detector is None:
+            detector = self._detectors[stream] = KinesisShardDetector(stream, client=self._kinesis, clock=self._clock)
+        listing = detector.list_shards()
         shards = list(listing.shards)
         if listing.complete:
-            self._shard_cache = (now, shards)
+            self._shard_cache[stream] = (now, shards)
         return shards

@@ -29,8 +29,15 @@ import boto3
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, InitialPosition, default_owner, parse_timestamp, validate_app_name
-from worker_lib.core.env import env_int, env_str, environ
-from worker_lib.core.errors import ConfigError, EndpointUnreachableError, TableMissingError, ThrottledError
+from worker_lib.core.env import env_bool, env_int, env_str, environ
+from worker_lib.core.errors import (
+    ConfigError,
+    EndpointUnreachableError,
+    StreamMissingError,
+    TableMissingError,
+    ThrottledError,
+)
+from worker_lib.core.streams import StreamSelection, StreamTracker, load_stream_tracker, parse_stream_entry
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -80,6 +87,7 @@ def _initial_timestamp(env: Mapping[str, str]) -> datetime | None:
 # and as the default of every field the caller leaves out (so both paths parse a variable the same way).
 _ENV_READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
     "worker_id": _worker_id,
+    "multi_stream": lambda e: env_bool(e, "SHARDLEASE_MULTI_STREAM", False),
     "initial_position": lambda e: InitialPosition.parse(env_str(e, "SHARDLEASE_INITIAL_POSITION", "LATEST")),
     "initial_timestamp": _initial_timestamp,
     "discovery_interval_ms": lambda e: env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
@@ -103,7 +111,13 @@ class WorkerConfig:
     eu-west-1 (``AWS_REGION``), and the same image runs against local emulators with only variables changed.
     An explicit argument always wins. docs/api.md lists every variable.
 
-    app / stream: the application (= lease table name) and the Kinesis stream.
+    app / stream: the application (= lease table name) and the Kinesis stream (``SHARDLEASE_STREAM``).
+    streams / stream_tracker / multi_stream: a multi-stream application (KCL's ``MultiStreamTracker``; docs/
+      multi-stream.md): several streams in one lease table, lease keys ``account:stream:epoch:shardId``. Give
+      ``streams`` (or ``SHARDLEASE_STREAM=a,b``) instead of ``stream``; ``stream_tracker`` is a callable the embedded
+      leader asks for the current streams at every shard sync (``SHARDLEASE_STREAM_TRACKER=module:attr``);
+      ``multi_stream=True`` (``SHARDLEASE_MULTI_STREAM``) keeps multi-stream keys with a single stream. A worker
+      reads each lease from the stream its key names, so workers need the list only to lead or to preflight.
     aws: region, endpoints, timeouts, retries (``AwsConfig.from_env()``: ``AWS_REGION``/``AWS_DEFAULT_REGION``,
       ``SHARDLEASE_ENDPOINT_URL``, ``SHARDLEASE_{KINESIS,DYNAMODB,CLOUDWATCH}_ENDPOINT_URL``,
       ``SHARDLEASE_AWS_MAX_ATTEMPTS``).
@@ -127,7 +141,10 @@ class WorkerConfig:
     """
 
     app: str
-    stream: str
+    stream: str = ""
+    streams: tuple[str, ...] = ()
+    stream_tracker: StreamTracker | None = None
+    multi_stream: bool = field(default_factory=_from_env("multi_stream"))
     aws: AwsConfig = field(default_factory=AwsConfig.from_env)
     worker_id: str = field(default_factory=_from_env("worker_id"))
     initial_position: InitialPosition = field(default_factory=_from_env("initial_position"))
@@ -146,8 +163,23 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         validate_app_name(self.app)
-        if not self.stream:
+        if self.stream and self.streams:
+            raise ConfigError("give either stream or streams, not both")
+        if not self.stream and not self.streams and self.stream_tracker is None:  # all left out: the environment's
+            e = environ()
+            object.__setattr__(self, "stream", env_str(e, "SHARDLEASE_STREAM"))
+            object.__setattr__(self, "stream_tracker", load_stream_tracker(env_str(e, "SHARDLEASE_STREAM_TRACKER")))
+        names = tuple(self.streams) or tuple(n for n in self.stream.split(",") if n.strip())
+        if not names and self.stream_tracker is None:
             raise ConfigError("a worker needs a stream name")
+        try:
+            selection = StreamSelection(names=names, tracker=self.stream_tracker, multi_stream=self.multi_stream)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        object.__setattr__(self, "streams", selection.names)
+        object.__setattr__(self, "multi_stream", selection.multi_stream)
+        # The stream of leases whose key names none: the application's only stream.
+        object.__setattr__(self, "stream", selection.names[0] if len(selection.names) == 1 else "")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", default_owner())
         if self.discovery_interval_ms is not None and self.discovery_interval_ms < 100:
@@ -159,6 +191,11 @@ class WorkerConfig:
         if not 0 <= self.startup_timeout_ms <= 20_000:
             # 20 s at most: with the probes' own timeouts a worker that cannot start says so within 30 s.
             raise ConfigError(f"startup_timeout_ms={self.startup_timeout_ms} must be within 0..20000")
+
+    @property
+    def stream_selection(self) -> StreamSelection:
+        """The streams as the leader takes them."""
+        return StreamSelection(names=self.streams, tracker=self.stream_tracker, multi_stream=self.multi_stream)
 
     @property
     def renewer_interval_s(self) -> float:
@@ -174,11 +211,13 @@ class WorkerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
         """Every setting from ``env`` (default: the process environment), ``SHARDLEASE_APP`` and
-        ``SHARDLEASE_STREAM`` included; ``overrides`` that are not ``None`` win."""
+        ``SHARDLEASE_STREAM`` included; ``overrides`` that are not ``None`` win (``streams`` replaces the
+        environment's stream)."""
         e = environ(env)
         values: dict[str, Any] = {
             "app": e.get("SHARDLEASE_APP", ""),
             "stream": e.get("SHARDLEASE_STREAM", ""),
+            "stream_tracker": load_stream_tracker(env_str(e, "SHARDLEASE_STREAM_TRACKER")),
             "aws": AwsConfig.from_env(e),
             **{name: read(e) for name, read in _ENV_READERS.items()},
             "lease": LeaseConfig.from_env(e),
@@ -188,6 +227,8 @@ class WorkerConfig:
             "worker_metrics": WorkerMetricsConfig.from_env(e),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if overrides.get("streams"):
+            values["stream"] = ""
         return cls(**values)
 
 
@@ -309,13 +350,20 @@ class Worker:
             reply = self._probe("dynamodb DescribeTable", table, functools.partial(describe, TableName=table), deadline)
             # A table created by hand or by another tool with other keys fails here, not at the first write.
             check_schema(specs[table], self.config.app, reply.get("Table", {}))
-        stream = self.config.stream
-        self._probe(
-            "kinesis DescribeStreamSummary",
-            stream,
-            lambda: self._probe_kinesis.describe_stream_summary(StreamName=stream),
-            deadline,
-        )
+        for entry in self.config.streams:
+            stream = parse_stream_entry(entry)[0]
+            try:
+                self._probe(
+                    "kinesis DescribeStreamSummary",
+                    stream,
+                    functools.partial(self._probe_kinesis.describe_stream_summary, StreamName=stream),
+                    deadline,
+                )
+            except StreamMissingError as exc:
+                if not self.config.multi_stream:
+                    raise
+                # One deleted stream must not keep a multi-stream worker from the others (its leases are cleaned up).
+                log.warning("%s; the other streams are consumed", exc)
         self._check_liveness_mode()
         self._preflight_done = True
 
@@ -355,7 +403,8 @@ class Worker:
         self._coordinator.start()
         if self.config.leader_mode == "embedded":
             self._start_embedded_leader()
-        log.info("worker started id=%s app=%s stream=%s", self.worker_id, self.config.app, self.config.stream)
+        streams = ",".join(self.config.streams) + (" + tracker" if self.config.stream_tracker is not None else "")
+        log.info("worker started id=%s app=%s stream=%s", self.worker_id, self.config.app, streams)
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Check the tables and the stream (:meth:`preflight`), start, and block until shutdown. SIGTERM/SIGINT
@@ -395,9 +444,14 @@ class Worker:
         one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md)."""
         from worker_lib.leader.factory import build_leader_from_env
 
-        env = {**os.environ, "SHARDLEASE_APP": self.config.app, "SHARDLEASE_STREAM": self.config.stream}
         parts = build_leader_from_env(
-            env, owner=f"{self.worker_id}:leader", dynamodb=self._dynamodb, kinesis=self._kinesis, clock=self._clock
+            os.environ,
+            app=self.config.app,
+            stream=self.config.stream_selection,
+            owner=f"{self.worker_id}:leader",
+            dynamodb=self._dynamodb,
+            kinesis=self._kinesis,
+            clock=self._clock,
         )
 
         def lead() -> None:
