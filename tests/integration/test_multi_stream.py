@@ -1,0 +1,286 @@
+"""Multi-stream applications on moto (docs/multi-stream.md): one lease table, several streams, KCL's keys.
+
+The leader's shard sync of every tracked stream, a stream deleted in Kinesis, a stream dropped from the tracker
+and its grace period (an injected clock, carried across a change of leader), and a worker reading two streams.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from tests.support.recording import wait_until
+from worker_lib.core import aws
+from worker_lib.core.clock import ManualClock
+from worker_lib.core.config import AwsConfig, InitialPosition
+from worker_lib.core.models import TRIM_HORIZON
+from worker_lib.core.streams import StreamIdentifier, StreamSelection, split_lease_key
+from worker_lib.leader.factory import build_leader
+from worker_lib.leader.state_store import CoordinatorStateStore
+from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.processor import (
+    InitializationInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+from worker_lib.shardsync.config import ShardSyncConfig
+from worker_lib.shardsync.multistream import FORMER_STREAMS_KEY
+from worker_lib.shardsync.syncer import ShardSyncResult
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+
+GRACE_MS = 600_000
+
+
+@pytest.fixture
+def clients(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any]:
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    return ddb, aws.client("kinesis", moto_aws)
+
+
+def identifier(kinesis: Any, stream: str) -> StreamIdentifier:
+    summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+    return StreamIdentifier(
+        account_id=summary["StreamARN"].split(":")[4],
+        stream_name=stream,
+        creation_epoch=int(summary["StreamCreationTimestamp"].timestamp()),
+    )
+
+
+def sync(
+    app: str, clients: tuple[Any, Any], streams: StreamSelection, clock: ManualClock | None = None
+) -> ShardSyncResult:
+    """One shard sync by a leader built afresh (as every Lambda invocation builds it)."""
+    ddb, kinesis = clients
+    parts = build_leader(
+        app=app,
+        stream=streams,
+        shard_sync=ShardSyncConfig(initial_position=InitialPosition.TRIM_HORIZON, former_stream_grace_ms=GRACE_MS),
+        with_assignment=False,
+        dynamodb=ddb,
+        kinesis=kinesis,
+        clock=clock or ManualClock(),
+    )
+    return parts.syncer.sync_once()
+
+
+def keys_by_stream(store: DynamoDBLeaseStore) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for lease in store.list_leases():
+        stream, shard = split_lease_key(lease.lease_key)
+        out.setdefault(stream.stream_name if stream else "", set()).add(shard)
+    return out
+
+
+def test_the_leader_syncs_every_stream_into_one_table_with_kcls_multi_stream_items(
+    clients: tuple[Any, Any], app_name: str
+) -> None:
+    ddb, kinesis = clients
+    # GIVEN two streams of 2 and 3 shards
+    create_stream(kinesis, f"{app_name}-a", 2)
+    create_stream(kinesis, f"{app_name}-b", 3)
+    # WHEN a multi-stream leader syncs them
+    result = sync(app_name, clients, StreamSelection(names=(f"{app_name}-a", f"{app_name}-b")))
+    # THEN each shard has one lease keyed account:stream:creationEpoch:shardId, carrying streamName and shardId
+    a, b = identifier(kinesis, f"{app_name}-a"), identifier(kinesis, f"{app_name}-b")
+    assert set(result.streams_synced) == {a.serialize(), b.serialize()}
+    items = ddb.scan(TableName=app_name, ConsistentRead=True)["Items"]
+    assert len(items) == 5 and len(result.created) == 5
+    for item in items:
+        stream, shard = split_lease_key(item["leaseKey"]["S"])
+        assert stream in (a, b)
+        assert item["streamName"] == {"S": stream.serialize()}
+        assert item["shardId"] == {"S": shard}
+        assert item["entityType"] == {"S": "LEASE"}
+        assert item["checkpoint"] == {"S": TRIM_HORIZON.sequence}
+    # AND a second sync changes nothing
+    again = sync(app_name, clients, StreamSelection(names=(f"{app_name}-a", f"{app_name}-b")))
+    assert again.created == () and again.deleted == ()
+
+
+def test_a_stream_deleted_in_kinesis_loses_its_leases_and_does_not_hold_the_others_back(
+    clients: tuple[Any, Any], app_name: str
+) -> None:
+    ddb, kinesis = clients
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    names = (f"{app_name}-a", f"{app_name}-b")
+    for name in names:
+        create_stream(kinesis, name, 2)
+    sync(app_name, clients, StreamSelection(names=names))
+    doomed = identifier(kinesis, names[1])
+    # GIVEN stream b is deleted in Kinesis while still tracked, and a new stream c is tracked
+    kinesis.delete_stream(StreamName=names[1])
+    create_stream(kinesis, f"{app_name}-c", 2)
+    tracked = (*names, f"{app_name}-c")
+    # WHEN the leader syncs
+    result = sync(app_name, clients, StreamSelection(names=tracked))
+    # THEN b is reported missing and its leases are gone, while a and c are synced in the same pass
+    assert result.streams_missing == (names[1],)
+    assert result.former_streams_deleted == (doomed.serialize(),)
+    assert set(result.streams_synced) == {identifier(kinesis, n).serialize() for n in (names[0], tracked[2])}
+    assert keys_by_stream(store) == {
+        names[0]: {"shardId-000000000000", "shardId-000000000001"},
+        tracked[2]: {"shardId-000000000000", "shardId-000000000001"},
+    }
+
+
+class Tracker:
+    """A stream tracker whose answer the test changes."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = list(names)
+
+    def __call__(self) -> list[str]:
+        return list(self.names)
+
+
+def test_a_stream_dropped_from_the_tracker_keeps_its_leases_for_the_grace_period_across_leaders(
+    clients: tuple[Any, Any], app_name: str
+) -> None:
+    ddb, kinesis = clients
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    names = [f"{app_name}-a", f"{app_name}-b"]
+    for name in names:
+        create_stream(kinesis, name, 1)
+    tracker = Tracker(names)
+    streams = StreamSelection(tracker=tracker)
+    clock = ManualClock()
+    sync(app_name, clients, streams, clock)
+    dropped = identifier(kinesis, names[1]).serialize()
+    # GIVEN the tracker stops answering stream b
+    tracker.names = names[:1]
+    # WHEN leaders sync over almost the grace period
+    first = sync(app_name, clients, streams, clock)
+    clock.advance(GRACE_MS / 1000 - 1)
+    before = sync(app_name, clients, streams, clock)
+    # THEN b's leases stay, its clock kept in CoordinatorState across the (new) leaders
+    assert first.former_streams_waiting == (dropped,) and before.former_streams_waiting == (dropped,)
+    assert set(keys_by_stream(store)) == set(names)
+    stored = CoordinatorStateStore(app_name, client=ddb).get(FORMER_STREAMS_KEY)
+    assert stored is not None and stored["since"] == {dropped: int(ManualClock().wall() * 1000)}
+    # WHEN the grace period is over
+    clock.advance(1)
+    after = sync(app_name, clients, streams, clock)
+    # THEN b's leases are deleted and nothing waits any more
+    assert after.former_streams_deleted == (dropped,) and after.former_streams_waiting == ()
+    assert set(keys_by_stream(store)) == {names[0]}
+    assert CoordinatorStateStore(app_name, client=ddb).get(FORMER_STREAMS_KEY) == {
+        "key": FORMER_STREAMS_KEY,
+        "since": {},
+    }
+
+
+def test_a_stream_tracked_again_within_its_grace_period_keeps_everything(
+    clients: tuple[Any, Any], app_name: str
+) -> None:
+    ddb, kinesis = clients
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    names = [f"{app_name}-a", f"{app_name}-b"]
+    for name in names:
+        create_stream(kinesis, name, 1)
+    tracker = Tracker(names)
+    streams = StreamSelection(tracker=tracker)
+    clock = ManualClock()
+    sync(app_name, clients, streams, clock)
+    before = {lease.lease_key: lease for lease in store.list_leases()}
+    # GIVEN b drops out of the tracker for a while
+    tracker.names = names[:1]
+    sync(app_name, clients, streams, clock)
+    clock.advance(GRACE_MS / 2000)
+    # WHEN it comes back and the rest of the grace period passes
+    tracker.names = names
+    back = sync(app_name, clients, streams, clock)
+    clock.advance(GRACE_MS / 1000)
+    later = sync(app_name, clients, streams, clock)
+    # THEN its leases were never touched and its clock was cleared
+    assert back.former_streams_waiting == () and later.former_streams_deleted == ()
+    assert {lease.lease_key: lease for lease in store.list_leases()} == before
+
+
+def test_a_tracker_that_raises_makes_the_sync_write_nothing(clients: tuple[Any, Any], app_name: str) -> None:
+    _, kinesis = clients
+    create_stream(kinesis, f"{app_name}-a", 1)
+
+    def broken() -> list[str]:
+        raise RuntimeError("config service down")
+
+    result = sync(app_name, clients, StreamSelection(tracker=broken))
+    assert result.listing_complete is False and result.created == ()
+
+
+class StreamRecorder:
+    """Records (stream name, stream identifier, shard, data) of every record; checkpoints every batch."""
+
+    def __init__(self, seen: list[tuple[str, str | None, str, bytes]], lock: threading.Lock) -> None:
+        self.seen, self.lock = seen, lock
+        self.stream, self.identifier, self.shard = "", None, ""
+
+    def initialize(self, input: InitializationInput) -> None:
+        self.stream, self.identifier, self.shard = input.stream_name, input.stream_identifier, input.shard_id
+
+    def process_records(self, input: ProcessRecordsInput) -> None:
+        with self.lock:
+            self.seen.extend((self.stream, self.identifier, input.shard_id, r.data) for r in input.records)
+        input.checkpointer.checkpoint()
+
+    def lease_lost(self, input: LeaseLostInput) -> None:
+        pass
+
+    def shard_ended(self, input: ShardEndedInput) -> None:
+        input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
+        input.checkpointer.checkpoint()
+
+
+def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_processor_which(
+    clients: tuple[Any, Any], app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ddb, kinesis = clients
+    names = (f"{app_name}-a", f"{app_name}-b")
+    for name in names:
+        create_stream(kinesis, name, 2)
+        kinesis.put_records(
+            StreamName=name,
+            Records=[{"Data": f"{name}/{n}".encode(), "PartitionKey": str(n)} for n in range(40)],
+        )
+    monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
+    monkeypatch.setenv("SHARDLEASE_LEADER_FAST_TICK_MS", "200")
+    seen: list[tuple[str, str | None, str, bytes]] = []
+    lock = threading.Lock()
+    # GIVEN one worker of a two-stream application, leading too
+    config = WorkerConfig(
+        app=app_name,
+        streams=names,
+        worker_id="w1",
+        leader_mode="embedded",
+        lease=LeaseConfig(failover_time_ms=3_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+        discovery_interval_ms=200,
+        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
+    )
+    worker = Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    # WHEN it runs
+    worker.start()
+    # THEN every record of both streams arrives once, each with its own stream's name and identifier
+    assert wait_until(lambda: len(seen) >= 80, timeout_s=60), f"{len(seen)} of 80 records"
+    with lock:
+        got = list(seen)
+    assert sorted(data for *_, data in got) == sorted(f"{name}/{n}".encode() for name in names for n in range(40))
+    ids = {name: identifier(kinesis, name).serialize() for name in names}
+    for stream, ident, shard, data in got:
+        assert data.decode().startswith(f"{stream}/") and ident == ids[stream] and shard.startswith("shardId-")
+    # AND the checkpoints land on the multi-stream leases
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    assert wait_until(lambda: all(not lease.checkpoint.is_sentinel for lease in store.list_leases()), timeout_s=10)
