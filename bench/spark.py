@@ -99,7 +99,7 @@ def _baseline_read(task: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     if records:
         end.update(seq=records[-1].sequence_number, sub=records[-1].sub_sequence_number)
     # The source's own conversion, so that both Spark readers hand Spark the same Arrow batches.
-    return to_arrow(task["shard"], records), end
+    return to_arrow(task["shard"], records, stream=task["stream"]), end
 
 
 class LeaselessReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

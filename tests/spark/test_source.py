@@ -151,3 +151,61 @@ def test_a_query_configured_for_the_other_mode_fails_with_the_reason(spark: Any,
     message = str(failed.value)
     assert "LivenessModeMismatchError" in message and "'lease'" in message and "'worker'" in message
     assert all(lease.lease_owner == "spark-l" for lease in env.store.list_leases())  # nothing was taken or moved
+
+
+def test_a_multi_stream_query_reads_each_lease_from_its_own_stream(
+    spark: Any, moto_endpoint: str, app_name: str, tmp_path: Path
+) -> None:
+    from worker_lib.core.config import InitialPosition
+    from worker_lib.core.streams import split_lease_key
+    from worker_lib.leader.factory import build_leader
+    from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+    from worker_lib.shardsync.config import ShardSyncConfig
+    from worker_lib.tables.admin import ensure_tables
+    from worker_lib.testing.streams import create_stream
+
+    config = AwsConfig(endpoint_url=moto_endpoint, max_attempts=2)
+    ddb, kinesis = aws.client("dynamodb", config), aws.client("kinesis", config)
+    ensure_tables(app_name, ddb)
+    names = (f"{app_name}-a", f"{app_name}-b")
+    for name in names:
+        create_stream(kinesis, name, 2)
+        for n in range(30):
+            kinesis.put_record(StreamName=name, Data=f"{name}/{n}".encode(), PartitionKey=str(n))
+    # GIVEN a multi-stream application whose leader synced both streams, every lease assigned to the query
+    build_leader(
+        app=app_name,
+        stream=names,
+        shard_sync=ShardSyncConfig(initial_position=InitialPosition.TRIM_HORIZON),
+        with_assignment=False,
+        dynamodb=ddb,
+        kinesis=kinesis,
+    ).syncer.sync_once()
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    assert assign_unowned(store, lambda lease: "spark-a") == 4
+    rows: list[tuple[str, str, bytes]] = []
+    lock = threading.Lock()
+
+    def sink(df: Any, batch_id: int) -> None:
+        with lock:
+            rows.extend((r.stream, r.shard_id, bytes(r.data)) for r in df.collect())
+
+    # WHEN a query names both streams and reads what is there
+    query = (
+        spark.readStream.format("shardlease")
+        .options(app=app_name, stream=",".join(names), endpoint_url=moto_endpoint, region="us-east-1")
+        .options(worker_id="spark-a", discovery_interval_ms="500", metrics="false")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    # THEN every record of both streams arrives once, its stream column the stream it was written to
+    assert sorted(data for *_, data in rows) == sorted(f"{name}/{n}".encode() for name in names for n in range(30))
+    for stream, lease_key, data in rows:
+        identifier, _ = split_lease_key(lease_key)
+        assert identifier is not None and identifier.stream_name == stream and data.decode().startswith(f"{stream}/")
+    # AND the checkpoints were written to the multi-stream leases
+    assert all(not lease.checkpoint.is_sentinel for lease in store.list_leases())

@@ -25,6 +25,7 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo, WorkerState
+from worker_lib.core.streams import related_lease_key, stream_name_of
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeping import (
@@ -200,7 +201,7 @@ class SparkLeaseCoordinator:
             "spark source started worker=%s app=%s stream=%s liveness=%s",
             self.worker_id,
             self.options.app,
-            self.options.stream,
+            ",".join(self.options.streams),
             self._modes.current.describe(),
         )
 
@@ -330,12 +331,12 @@ class SparkLeaseCoordinator:
 
     def _parents_ended(self, lease: Lease) -> bool:
         for parent in sorted(lease.parent_shard_ids):
-            if parent in self._finished_parents:
+            if related_lease_key(lease.lease_key, parent) in self._finished_parents:
                 continue
-            parent_lease = self._store.get_lease(parent)
+            parent_lease = self._store.get_lease(related_lease_key(lease.lease_key, parent))
             if parent_lease is not None and not parent_lease.is_finished:
                 return False
-            self._finished_parents.add(parent)
+            self._finished_parents.add(related_lease_key(lease.lease_key, parent))
         return True
 
     def held_leases(self) -> list[HeldLease]:
@@ -436,7 +437,7 @@ class SparkLeaseCoordinator:
             )
             try:
                 fetcher = ShardRecordFetcher(
-                    self.options.stream,
+                    stream_name_of(key, self.options.stream),
                     task.shard_id,
                     kinesis_client=self._kinesis,
                     start=shard.position,
@@ -535,12 +536,13 @@ class SparkLeaseCoordinator:
             except DependencyError as exc:
                 log.warning("SHARD_END handling for %s failed (retrying next batch): %s", key, exc)
 
-    def _list_shards(self) -> Mapping[str, ShardInfo]:
-        listing = KinesisShardDetector(self.options.stream, client=self._kinesis, clock=self._clock).list_shards()
+    def _list_shards(self, stream: str) -> Mapping[str, ShardInfo]:
+        listing = KinesisShardDetector(stream, client=self._kinesis, clock=self._clock).list_shards()
         return {shard.shard_id: shard for shard in listing.shards}
 
     def _child_leases_ready(self, lease_key: str, children: tuple[str, ...]) -> bool:
         """The consumer's rule (:func:`~worker_lib.shardsync.children.ensure_child_leases`)."""
         if not children:
             return True
-        return ensure_child_leases(self._store, lease_key, children, self._list_shards())
+        shards = self._list_shards(stream_name_of(lease_key, self.options.stream))
+        return ensure_child_leases(self._store, lease_key, children, shards)

@@ -65,12 +65,14 @@ def lease_config(opts: Mapping[str, str], env: Mapping[str, str] | None) -> Leas
 
 @dataclass(frozen=True, kw_only=True)
 class SourceOptions:
-    """app / stream: application (lease table) and Kinesis stream. worker_id: this application's name in
-    ``leaseOwner`` (default ``spark-<host>``; keep it stable across restarts). initial_position /
-    initial_timestamp: the timestamp serves leases whose checkpoint is ``AT_TIMESTAMP`` (the leader decides every
-    new lease's starting point). max_records_per_shard: user records per shard per micro-batch.
-    max_read_ms: time budget of one shard read. failover_time_ms / discovery_interval_ms: lease timing (KCL
-    defaults 10 000 / 9 975). lease: the lease settings, from ``SHARDLEASE_*`` in the environment
+    """app / stream: application (lease table) and Kinesis stream; in a multi-stream application
+    (docs/multi-stream.md) the option names the streams comma-separated, ``streams`` holds them and ``stream`` is
+    empty: the source reads each lease from the stream its key names (the leader decides which streams have leases).
+    worker_id: this application's name in ``leaseOwner`` (default ``spark-<host>``; keep it stable across restarts).
+    initial_position / initial_timestamp: the timestamp serves leases whose checkpoint is ``AT_TIMESTAMP`` (the
+    leader decides every new lease's starting point). max_records_per_shard: user records per shard per micro-batch.
+    max_read_ms: time budget of one shard read. failover_time_ms / discovery_interval_ms: lease timing (KCL defaults
+    10 000 / 9 975). lease: the lease settings, from ``SHARDLEASE_*`` in the environment
     (:meth:`LeaseConfig.from_env`) with the options ``failover_time_ms``, ``liveness_mode`` (``lease``, ``worker``
     or ``auto``; docs/liveness-modes.md) and ``heartbeat_interval_ms`` (0 = off, ``lease`` mode only) over them.
     idle_probe_interval_ms: how often an idle shard is probed for new data. metrics: write the load metric to
@@ -80,6 +82,7 @@ class SourceOptions:
     app: str
     stream: str
     worker_id: str
+    streams: tuple[str, ...] = ()
     aws: AwsConfig
     initial_position: InitialPosition = InitialPosition.LATEST
     initial_timestamp: datetime | None = None
@@ -102,8 +105,8 @@ class SourceOptions:
         if unknown:
             raise ConfigError(f"unknown shardlease option(s): {', '.join(unknown)}")
         app = validate_app_name(opts.get("app", ""))
-        stream = opts.get("stream", "")
-        if not stream:
+        streams = tuple(name.strip() for name in opts.get("stream", "").split(",") if name.strip())
+        if not streams:
             raise ConfigError("shardlease option stream is required")
         # The options override the environment (AWS_REGION, SHARDLEASE_*_ENDPOINT_URL, ...) as every other
         # component's settings do: a job submitted in eu-west-1 with no region option reads eu-west-1's tables.
@@ -125,7 +128,8 @@ class SourceOptions:
             raise ConfigError("initial_position AT_TIMESTAMP needs the initial_timestamp option")
         return cls(
             app=app,
-            stream=stream,
+            stream=streams[0] if len(streams) == 1 else "",
+            streams=streams,
             worker_id=opts.get("worker_id", "").strip() or f"spark-{socket.gethostname()}",
             aws=aws,
             initial_position=position,

@@ -27,6 +27,7 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, Checkpoint
+from worker_lib.core.streams import stream_name_of
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import KinesisRecord
 from worker_lib.processing.retrieval import ShardRecordFetcher
@@ -104,7 +105,7 @@ def read_up_to(
         )
     limit = min(GET_RECORDS_LIMIT, settings.max_records)
     fetcher = ShardRecordFetcher(
-        settings.stream,
+        stream_name_of(task.lease_key, settings.stream),
         task.shard_id,
         kinesis_client=kinesis,
         start=task.position,
@@ -263,13 +264,15 @@ def arrow_schema() -> Any:
             ("sub_sequence_number", pa.int64()),
             ("shard_id", pa.string()),
             ("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
+            ("stream", pa.string()),
         ]
     )
 
 
-def to_arrow(lease_key: str, records: Sequence[KinesisRecord]) -> list[Any]:
+def to_arrow(lease_key: str, records: Sequence[KinesisRecord], *, stream: str) -> list[Any]:
     """Records as ``pyarrow.RecordBatch``es in the source schema (data, partition_key, sequence_number,
-    sub_sequence_number, shard_id, approximate_arrival_timestamp), at most ``ARROW_ROWS_PER_BATCH`` rows each."""
+    sub_sequence_number, shard_id (the lease key), approximate_arrival_timestamp, stream), at most
+    ``ARROW_ROWS_PER_BATCH`` rows each."""
     import pyarrow as pa
 
     if not records:
@@ -282,6 +285,7 @@ def to_arrow(lease_key: str, records: Sequence[KinesisRecord]) -> list[Any]:
         pa.array([r.sub_sequence_number for r in records], pa.int64()),
         pa.array([lease_key] * len(records), pa.string()),
         pa.array([r.approximate_arrival_timestamp for r in records], schema.field(5).type),
+        pa.array([stream] * len(records), pa.string()),
     ]
     whole = pa.RecordBatch.from_arrays(columns, schema=schema)
     return [whole.slice(i, ARROW_ROWS_PER_BATCH) for i in range(0, whole.num_rows, ARROW_ROWS_PER_BATCH)]

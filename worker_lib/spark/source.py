@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from worker_lib.core.streams import stream_name_of
 from worker_lib.spark import trace
 from worker_lib.spark.driver import SparkLeaseCoordinator
 from worker_lib.spark.options import SourceOptions
@@ -28,7 +29,7 @@ from worker_lib.spark.reading import read_task, to_arrow
 
 SCHEMA = (
     "data binary, partition_key string, sequence_number string, sub_sequence_number long, shard_id string, "
-    "approximate_arrival_timestamp timestamp"
+    "approximate_arrival_timestamp timestamp, stream string"
 )
 
 
@@ -115,7 +116,9 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         with trace.step("task", batch=task.batch, lease=task.lease_key) as noted:
             result = read_task(task)
             converting = time.perf_counter()
-            batches = to_arrow(task.lease_key, result.records)
+            batches = to_arrow(
+                task.lease_key, result.records, stream=stream_name_of(task.lease_key, task.settings.stream)
+            )
             noted.update(
                 records=len(result.records),
                 caught_up=result.end.caught_up,
