@@ -27,15 +27,17 @@ PROCESSOR = "tests.support.journal_processor:JournalProcessor"
 class Producer:
     """Puts numbered records at a steady pace from a thread until stopped."""
 
-    def __init__(self, kinesis: Any, stream: str, *, per_tick: int = 10, tick_s: float = 0.05) -> None:
-        self.kinesis, self.stream, self.per_tick, self.tick_s = kinesis, stream, per_tick, tick_s
+    def __init__(
+        self, kinesis: Any, stream: str, *, per_tick: int = 10, tick_s: float = 0.05, prefix: str = "r"
+    ) -> None:
+        self.kinesis, self.stream, self.per_tick, self.tick_s, self.prefix = kinesis, stream, per_tick, tick_s, prefix
         self.produced: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            batch = [f"r{len(self.produced) + i:06d}" for i in range(self.per_tick)]
+            batch = [f"{self.prefix}{len(self.produced) + i:06d}" for i in range(self.per_tick)]
             self.kinesis.put_records(
                 StreamName=self.stream, Records=[{"Data": d.encode(), "PartitionKey": d} for d in batch]
             )

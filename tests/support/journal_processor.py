@@ -1,7 +1,8 @@
 """A record processor for multi-process tests: appends every record to a journal file, then checkpoints.
 
 ``shardlease worker --processor tests.support.journal_processor:JournalProcessor`` with
-``SHARDLEASE_TEST_JOURNAL=/path/file``. Each line is ``pid shard sequence sub-sequence data``; the line is flushed
+``SHARDLEASE_TEST_JOURNAL=/path/file``. Each line is ``pid shard sequence sub-sequence data`` (in a multi-stream
+application ``shard`` is ``stream/shardId``); the line is flushed
 *before* the checkpoint, so a record checkpointed is always in the journal (duplicates are possible only for
 records after the last checkpoint, never losses).
 """
@@ -32,28 +33,29 @@ class JournalProcessor:
             os.fsync(journal.fileno())
 
     def initialize(self, input: InitializationInput) -> None:
-        self.shard_id = input.shard_id
-        self._append([f"{os.getpid()} {input.shard_id} INIT {input.checkpoint}\n"])
+        multi = input.stream_identifier is not None
+        self.shard_id = f"{input.stream_name}/{input.shard_id}" if multi else input.shard_id
+        self._append([f"{os.getpid()} {self.shard_id} INIT {input.checkpoint}\n"])
 
     def process_records(self, input: ProcessRecordsInput) -> None:
         pid = os.getpid()
         self._append(
             [
-                f"{pid} {input.shard_id} {r.sequence_number} {r.sub_sequence_number} {r.data.decode()}\n"
+                f"{pid} {self.shard_id} {r.sequence_number} {r.sub_sequence_number} {r.data.decode()}\n"
                 for r in input.records
             ]
         )
         input.checkpointer.checkpoint()
 
     def lease_lost(self, input: LeaseLostInput) -> None:
-        self._append([f"{os.getpid()} {input.shard_id} LOST -\n"])
+        self._append([f"{os.getpid()} {self.shard_id or input.shard_id} LOST -\n"])
 
     def shard_ended(self, input: ShardEndedInput) -> None:
-        self._append([f"{os.getpid()} {input.shard_id} END -\n"])
+        self._append([f"{os.getpid()} {self.shard_id} END -\n"])
         input.checkpointer.checkpoint()
 
     def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
-        self._append([f"{os.getpid()} {input.shard_id} SHUTDOWN -\n"])
+        self._append([f"{os.getpid()} {self.shard_id or input.shard_id} SHUTDOWN -\n"])
         # a slow flush, to test what a second SIGTERM does while a graceful shutdown is in progress
         time.sleep(float(os.environ.get("SHARDLEASE_TEST_SLOW_SHUTDOWN_S", "0")))
         input.checkpointer.checkpoint()
@@ -67,4 +69,15 @@ def read_journal(path: str) -> list[tuple[int, str, str, int, str]]:
             parts = line.split()
             if len(parts) == 5 and parts[2].isdigit():
                 out.append((int(parts[0]), parts[1], parts[2], int(parts[3]), parts[4]))
+    return out
+
+
+def read_lines_with_kinds(path: str) -> list[tuple[str, str]]:
+    """Every line in order as (kind, shard): kind is ``REC`` for a record, else the event (INIT, END, LOST, ...)."""
+    out = []
+    with open(path, encoding="utf-8") as journal:
+        for line in journal:
+            parts = line.split()
+            if len(parts) >= 3:
+                out.append(("REC" if parts[2].isdigit() else parts[2], parts[1]))
     return out
