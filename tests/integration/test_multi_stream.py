@@ -284,3 +284,25 @@ def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_proce
     # AND the checkpoints land on the multi-stream leases
     store = DynamoDBLeaseStore(app_name, client=ddb)
     assert wait_until(lambda: all(not lease.checkpoint.is_sentinel for lease in store.list_leases()), timeout_s=10)
+
+
+def test_a_missing_stream_fails_a_single_stream_start_but_only_warns_in_a_multi_stream_one(
+    clients: tuple[Any, Any], app_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from worker_lib.core.errors import StreamMissingError
+    from worker_lib.leader.factory import preflight
+
+    ddb, kinesis = clients
+    create_stream(kinesis, f"{app_name}-a", 1)
+    gone = f"{app_name}-gone"
+    # GIVEN one existing stream and one that does not exist
+    multi = WorkerConfig(app=app_name, streams=(f"{app_name}-a", gone), worker_id="w1")
+    single = WorkerConfig(app=app_name, stream=gone, worker_id="w1")
+    parts = build_leader(app=app_name, stream=multi.stream_selection, dynamodb=ddb, kinesis=kinesis)
+    # WHEN a multi-stream worker and leader check before starting THEN they start, with one warning each
+    Worker(multi, lambda: StreamRecorder([], threading.Lock()), dynamodb=ddb, kinesis=kinesis).preflight()
+    preflight(parts, app=app_name, stream=multi.stream_selection)
+    assert sum(gone in r.getMessage() and "other streams are consumed" in r.getMessage() for r in caplog.records) == 2
+    # AND a single-stream worker refuses to start
+    with pytest.raises(StreamMissingError):
+        Worker(single, lambda: StreamRecorder([], threading.Lock()), dynamodb=ddb, kinesis=kinesis).preflight()

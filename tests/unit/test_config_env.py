@@ -137,6 +137,52 @@ def test_a_worker_config_given_only_app_and_stream_takes_the_rest_from_the_envir
     assert WorkerConfig(app="orders", stream="orders-stream", leader_mode="none").leader_mode == "none"
 
 
+def test_a_worker_config_names_one_stream_or_several(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker_lib.worker import WorkerConfig
+
+    monkeypatch.setenv("SHARDLEASE_STREAM", "from-env")
+    # GIVEN several streams, by argument or comma-separated in the environment
+    listed = WorkerConfig(app="orders", streams=("orders", "clicks"))
+    monkeypatch.setenv("SHARDLEASE_STREAM", "orders,clicks")
+    from_env = WorkerConfig(app="orders")
+    # THEN both are multi-stream and have no default stream; one stream is not, unless told
+    for config in (listed, from_env, WorkerConfig.from_env(app="orders")):
+        assert (config.streams, config.multi_stream, config.stream) == (("orders", "clicks"), True, "")
+    assert WorkerConfig(app="orders", stream="orders").multi_stream is False
+    assert WorkerConfig(app="orders", stream="orders", multi_stream=True).stream_selection.multi_stream is True
+    assert WorkerConfig.from_env(app="orders", streams=("a",)).streams == ("a",)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"stream": "a", "streams": ("b",)}, "either stream or streams"),
+        ({"streams": ("a", "a")}, "named twice"),
+        ({"stream": ""}, "needs a stream name"),
+    ],
+)
+def test_a_wrong_stream_setting_is_one_config_error(
+    kwargs: dict[str, object], fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker_lib.worker import WorkerConfig
+
+    monkeypatch.delenv("SHARDLEASE_STREAM", raising=False)
+    monkeypatch.delenv("SHARDLEASE_STREAM_TRACKER", raising=False)
+    with pytest.raises(ConfigError, match=fragment):
+        WorkerConfig(app="orders", **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_cli_takes_stream_repeated_for_a_multi_stream_application() -> None:
+    from worker_lib.cli.main import _streams, build_parser
+
+    args = build_parser().parse_args(
+        ["leader", "--app", "orders", "--stream", "orders", "--stream", "clicks", "--once"]
+    )
+    assert _streams(args).names == ("orders", "clicks") and _streams(args).multi_stream is True
+    one = build_parser().parse_args(["leader", "--app", "orders", "--stream", "orders", "--multi-stream"])
+    assert _streams(one).multi_stream is True
+
+
 def test_without_settings_the_region_is_aws_default_region_then_us_east_1(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN only AWS_DEFAULT_REGION, then nothing at all
     from worker_lib.core.config import AwsConfig

@@ -82,6 +82,15 @@ def test_a_new_lease_is_written_with_only_the_attributes_kcl_writes() -> None:
     assert item["checkpoint"] == {"S": "TRIM_HORIZON"}
 
 
+def test_a_new_multi_stream_lease_names_its_stream_and_shard_as_kcl_writes_them() -> None:
+    # GIVEN a lease of a multi-stream application (key account:stream:epoch:shardId), created by us
+    lease = Lease(lease_key="123456789012:orders:1700000000:shardId-000000000009")
+    # WHEN serialised THEN streamName and shardId are there (DynamoDBMultiStreamLeaseSerializer)
+    item = serializer.to_item(lease)
+    assert item["streamName"] == {"S": "123456789012:orders:1700000000"}
+    assert item["shardId"] == {"S": "shardId-000000000009"}
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     [(0.0, "0"), (1.5, "1.5"), (812.3456789, "812.345679"), (100.0, "100"), (1e-9, "0"), (12345678.25, "12345678.25")],

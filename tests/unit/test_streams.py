@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support import kcl_fixture
-from worker_lib.core.streams import StreamIdentifier, split_lease_key
+from worker_lib.core.errors import ConfigError
+from worker_lib.core.streams import (
+    StreamIdentifier,
+    StreamSelection,
+    parse_stream_entry,
+    related_lease_key,
+    split_lease_key,
+    stream_name_of,
+)
 
 ORDERS = StreamIdentifier(account_id="123456789012", stream_name="orders", creation_epoch=1_700_000_000)
 
@@ -64,3 +74,96 @@ def test_every_identifier_and_key_round_trips(account: str, name: str, epoch: in
     stream = StreamIdentifier(account_id=account, stream_name=name, creation_epoch=epoch)
     assert StreamIdentifier.parse(stream.serialize()) == stream
     assert split_lease_key(stream.lease_key(shard)) == (stream, shard)
+
+
+# --- related keys, the stream of a lease ---------------------------------------------------------------------------
+
+
+def test_a_parent_or_child_of_a_multi_stream_lease_is_looked_up_under_the_same_stream() -> None:
+    key = ORDERS.lease_key("shardId-000000000004")
+    assert related_lease_key(key, "shardId-000000000001") == ORDERS.lease_key("shardId-000000000001")
+    assert stream_name_of(key, default="other") == "orders"
+
+
+def test_a_single_stream_lease_keeps_bare_keys_and_the_configured_stream() -> None:
+    assert related_lease_key("shardId-000000000004", "shardId-000000000001") == "shardId-000000000001"
+    assert stream_name_of("shardId-000000000004", default="orders") == "orders"
+
+
+def test_a_configured_entry_is_a_name_or_a_serialized_identifier() -> None:
+    assert parse_stream_entry("orders") == ("orders", None)
+    assert parse_stream_entry(ORDERS.serialize()) == ("orders", ORDERS)
+
+
+# --- the selection of streams --------------------------------------------------------------------------------------
+
+
+def test_one_name_is_a_single_stream_application_unless_told_otherwise() -> None:
+    assert StreamSelection.of("orders").multi_stream is False
+    assert StreamSelection.of("orders").single == "orders"
+    assert StreamSelection(names=("orders",), multi_stream=True).single == ""
+
+
+def test_several_names_or_a_tracker_make_a_multi_stream_application() -> None:
+    assert StreamSelection.of("orders, clicks").names == ("orders", "clicks")
+    assert StreamSelection.of(["orders", "clicks"]).multi_stream is True
+    assert StreamSelection(tracker=lambda: ["orders"]).multi_stream is True
+
+
+@pytest.mark.parametrize(
+    ("names", "fragment"), [((), "no stream given"), (("a", "a"), "named twice"), (("a", " "), "empty")]
+)
+def test_a_wrong_selection_is_one_clear_error(names: tuple[str, ...], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        StreamSelection(names=names)
+
+
+def test_the_tracker_decides_the_current_streams_in_its_order_without_duplicates() -> None:
+    selection = StreamSelection(names=("ignored",), tracker=lambda: ["b", "a", "b "])
+    assert selection.current() == ("b", "a")
+
+
+@pytest.mark.parametrize(
+    ("tracker", "fragment"),
+    [(lambda: 1 / 0, "the stream tracker raised ZeroDivisionError"), (lambda: ["a", 3], "not a list of stream names")],
+)
+def test_a_tracker_that_fails_is_one_clear_error(tracker: Any, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        StreamSelection(tracker=tracker).current()
+
+
+def current_streams() -> list[str]:
+    return ["orders", "clicks"]
+
+
+class TrackerObject:
+    def stream_names(self) -> list[str]:
+        return ["orders"]
+
+
+TRACKER_OBJECT = TrackerObject()
+
+
+def test_the_environment_names_the_streams_comma_separated_or_a_tracker() -> None:
+    env = {"SHARDLEASE_STREAM": "orders,clicks"}
+    assert StreamSelection.from_env(env).names == ("orders", "clicks")
+    tracked = StreamSelection.from_env({"SHARDLEASE_STREAM_TRACKER": "tests.unit.test_streams:current_streams"})
+    assert tracked.current() == ("orders", "clicks")
+    method = StreamSelection.from_env({"SHARDLEASE_STREAM_TRACKER": "tests.unit.test_streams:TRACKER_OBJECT"})
+    assert method.current() == ("orders",)
+    forced = StreamSelection.from_env({"SHARDLEASE_STREAM": "orders", "SHARDLEASE_MULTI_STREAM": "true"})
+    assert forced.multi_stream is True
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({}, "SHARDLEASE_STREAM"),
+        ({"SHARDLEASE_STREAM_TRACKER": "nope"}, "expected MODULE:ATTR"),
+        ({"SHARDLEASE_STREAM_TRACKER": "tests.unit.test_streams:ORDERS"}, "is not callable"),
+        ({"SHARDLEASE_STREAM_TRACKER": "no_such_module_x:f"}, "no module named"),
+    ],
+)
+def test_a_wrong_environment_is_one_config_error(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        StreamSelection.from_env(env)
