@@ -53,7 +53,11 @@ def test_two_streams_one_resharded_three_workers_one_killed(
             producing.enter_context(Producer(kinesis, stream, per_tick=5, tick_s=0.1, prefix=f"{stream[-6:]}-"))
             for stream in streams
         ]
-        labels = lambda: {r[1] for r in processed(journal)}  # noqa: E731 - "stream/shard" of every record so far
+
+        def labels() -> set[str]:
+            """``stream/shard`` of every record so far."""
+            return {r[1] for r in processed(journal)}
+
         assert wait_until(lambda: len(labels()) == 4, timeout_s=60), labels()
         assert wait_until(lambda: pids["w2"] in {r[0] for r in processed(journal)}, timeout_s=30)
         # WHEN one stream's shard is split

@@ -223,7 +223,8 @@ class StreamRecorder:
 
     def __init__(self, seen: list[tuple[str, str | None, str, bytes]], lock: threading.Lock) -> None:
         self.seen, self.lock = seen, lock
-        self.stream, self.identifier, self.shard = "", None, ""
+        self.stream, self.shard = "", ""
+        self.identifier: str | None = None
 
     def initialize(self, input: InitializationInput) -> None:
         self.stream, self.identifier, self.shard = input.stream_name, input.stream_identifier, input.shard_id
