@@ -119,8 +119,12 @@ class ShardleaseCoordination(Construct):
     application_name: the KCL application name = lease table name (``<app>``, ``<app>-WorkerMetricStats``,
       ``<app>-CoordinatorState``).
     stream: the Kinesis stream, as an ``IStream`` or a stream ARN.
+    streams: instead of ``stream``, the streams of a multi-stream application (KCL's MultiStreamTracker; one lease
+      table, keys ``account:stream:epoch:shardId``; docs/multi-stream.md). The leader and the workers get exactly
+      these streams; a stream added later needs a deploy (or ``leader_environment`` with a tracker and a grant).
+    multi_stream: multi-stream lease keys even with one stream (implied by several ``streams``).
     stream_encryption_key: the stream's customer managed KMS key, if any (workers get ``kms:Decrypt`` on it;
-      taken from the ``IStream`` when it knows its key).
+      taken from each ``IStream`` that knows its key).
     failover_time: lease duration (KCL failoverTimeMillis; 10 s).
     schedule: how often EventBridge invokes the leader (``rate(1 minute)``).
     leader_term: how long one invocation leads before it hands the lock to the next (65 s: the schedule's period
@@ -147,7 +151,9 @@ class ShardleaseCoordination(Construct):
         construct_id: str,
         *,
         application_name: str,
-        stream: kinesis.IStream | str,
+        stream: kinesis.IStream | str | None = None,
+        streams: Sequence[kinesis.IStream | str] = (),
+        multi_stream: bool = False,
         stream_encryption_key: kms.IKey | None = None,
         failover_time: cdk.Duration | None = None,
         schedule: events.Schedule | None = None,
@@ -180,12 +186,23 @@ class ShardleaseCoordination(Construct):
 
         liveness_mode = parse_setting(liveness_mode)  # a ConfigError names the allowed values
 
-        if isinstance(stream, str):
-            stream = kinesis.Stream.from_stream_attributes(
-                self, "Stream", stream_arn=stream, encryption_key=stream_encryption_key
+        if (stream is None) == (not streams):
+            raise ValueError("give either stream or streams (a multi-stream application)")
+        given = [stream] if stream is not None else list(streams)
+        self.streams: list[kinesis.IStream] = [
+            kinesis.Stream.from_stream_attributes(
+                self, "Stream" if n == 0 else f"Stream{n}", stream_arn=s, encryption_key=stream_encryption_key
             )
-        self.stream: kinesis.IStream = stream
-        self.stream_encryption_key = stream_encryption_key or stream.encryption_key
+            if isinstance(s, str)
+            else s
+            for n, s in enumerate(given)
+        ]
+        self.stream: kinesis.IStream = self.streams[0]  # the first (the only one unless multi-stream)
+        self.multi_stream = multi_stream or len(self.streams) > 1
+        keys = [stream_encryption_key] if stream_encryption_key is not None else []
+        keys += [s.encryption_key for s in self.streams if s.encryption_key is not None]
+        self.stream_encryption_keys: list[kms.IKey] = list({id(k): k for k in keys}.values())
+        self.stream_encryption_key = self.stream_encryption_keys[0] if self.stream_encryption_keys else None
         self.encryption_key = encryption_key
 
         # --- tables ---------------------------------------------------------------------------------------
@@ -215,7 +232,8 @@ class ShardleaseCoordination(Construct):
         self.grant_leader(self.leader_role)
         environment = {
             "SHARDLEASE_APP": self.application_name,
-            "SHARDLEASE_STREAM": self.stream.stream_name,
+            "SHARDLEASE_STREAM": cdk.Fn.join(",", [s.stream_name for s in self.streams]),
+            **({"SHARDLEASE_MULTI_STREAM": "true"} if self.multi_stream else {}),
             "SHARDLEASE_FAILOVER_TIME_MS": str(int(failover_time.to_milliseconds())),
             "SHARDLEASE_LEADER_TERM_MS": str(int(leader_term.to_milliseconds())),
             "SHARDLEASE_INITIAL_POSITION": initial_position,
@@ -283,7 +301,7 @@ class ShardleaseCoordination(Construct):
             app=self.application_name,
             namespace=metrics_namespace,
             function=self.leader_function,
-            stream=self.stream,
+            streams=self.streams,
             tables=self._tables_by_name(),
             alarms=alarms or AlarmSettings(),
             alarm_actions=alarm_actions,
@@ -317,6 +335,9 @@ class ShardleaseCoordination(Construct):
             coordinator_state_table_name(app): self.coordinator_state_table,
         }
 
+    def _stream_arns(self) -> tuple[str, ...]:
+        return tuple(s.stream_arn for s in self.streams)
+
     def _key_permissions(self) -> list[p.Permission]:
         out = []
         if self.encryption_key is not None:
@@ -336,7 +357,7 @@ class ShardleaseCoordination(Construct):
             p.Permission(actions=p.INDEX_QUERY_ACTIONS, resources=(self.lease_owner_index_arn,)),
             p.Permission(actions=p.LEADER_WORKER_METRICS_ACTIONS, resources=(self.worker_metrics_table.table_arn,)),
             p.Permission(actions=p.LEADER_COORDINATOR_ACTIONS, resources=(self.coordinator_state_table.table_arn,)),
-            p.Permission(actions=p.LEADER_STREAM_ACTIONS, resources=(self.stream.stream_arn,)),
+            p.Permission(actions=p.LEADER_STREAM_ACTIONS, resources=self._stream_arns()),
             *self._key_permissions(),
         ]
 
@@ -348,12 +369,16 @@ class ShardleaseCoordination(Construct):
             p.Permission(actions=p.INDEX_QUERY_ACTIONS, resources=(self.lease_owner_index_arn,)),
             p.Permission(actions=p.WORKER_METRICS_ACTIONS, resources=(self.worker_metrics_table.table_arn,)),
             p.Permission(actions=p.WORKER_COORDINATOR_ACTIONS, resources=(self.coordinator_state_table.table_arn,)),
-            p.Permission(actions=p.WORKER_STREAM_ACTIONS, resources=(self.stream.stream_arn,)),
+            p.Permission(actions=p.WORKER_STREAM_ACTIONS, resources=self._stream_arns()),
             p.put_metric_data(self.metrics_namespace),
             *self._key_permissions(),
         ]
-        if self.stream_encryption_key is not None:
-            perms.append(p.Permission(actions=p.STREAM_KEY_ACTIONS, resources=(self.stream_encryption_key.key_arn,)))
+        if self.stream_encryption_keys:
+            perms.append(
+                p.Permission(
+                    actions=p.STREAM_KEY_ACTIONS, resources=tuple(k.key_arn for k in self.stream_encryption_keys)
+                )
+            )
         if spark:
             perms.append(
                 p.Permission(

@@ -54,7 +54,7 @@ class ShardleaseObservability(Construct):
         app: str,
         namespace: str,
         function: lambda_.IFunction,
-        stream: kinesis.IStream,
+        streams: Sequence[kinesis.IStream],
         tables: Mapping[str, dynamodb.ITable],
         alarms: AlarmSettings,
         alarm_actions: Sequence[cw.IAlarmAction] = (),
@@ -144,12 +144,19 @@ class ShardleaseObservability(Construct):
         self.dashboard.add_widgets(
             cw.GraphWidget(
                 title="Stream throughput (bytes/min)",
-                left=[stream.metric_incoming_bytes(statistic="Sum"), stream.metric_get_records_bytes(statistic="Sum")],
+                left=[
+                    metric
+                    for stream in streams
+                    for metric in (
+                        stream.metric_incoming_bytes(statistic="Sum"),
+                        stream.metric_get_records_bytes(statistic="Sum"),
+                    )
+                ],
                 width=8,
             ),
             cw.GraphWidget(
                 title="Iterator age (ms)",
-                left=[stream.metric_get_records_iterator_age_milliseconds(statistic="Maximum")],
+                left=[stream.metric_get_records_iterator_age_milliseconds(statistic="Maximum") for stream in streams],
                 right=[self._per_worker_search(WorkerMetric.MILLIS_BEHIND_LATEST, "Maximum")],
                 width=8,
             ),
