@@ -43,7 +43,7 @@ def test_given_two_streams_then_the_leader_is_told_both_in_multi_stream_mode() -
 def test_given_two_streams_then_leader_and_workers_may_read_both_and_nothing_else() -> None:
     template = synth_multi()
     text = json.dumps(template.to_json())
-    policies = template.find_resources("AWS::IAM::Policy") | template.find_resources("AWS::IAM::ManagedPolicy")
+    policies = {**template.find_resources("AWS::IAM::Policy"), **template.find_resources("AWS::IAM::ManagedPolicy")}
     stream_resources = set()
     for policy in policies.values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
