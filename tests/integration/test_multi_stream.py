@@ -307,3 +307,44 @@ def test_a_missing_stream_fails_a_single_stream_start_but_only_warns_in_a_multi_
     # AND a single-stream worker refuses to start
     with pytest.raises(StreamMissingError):
         Worker(single, lambda: StreamRecorder([], threading.Lock()), dynamodb=ddb, kinesis=kinesis).preflight()
+
+
+def test_a_stream_deleted_while_workers_read_it_stops_its_consumers_and_not_the_others(
+    clients: tuple[Any, Any], app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker_lib.processing.consumer import ConsumerOutcome
+
+    ddb, kinesis = clients
+    names = (f"{app_name}-a", f"{app_name}-b")
+    for name in names:
+        create_stream(kinesis, name, 1)
+    monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
+    monkeypatch.setenv("SHARDLEASE_SHARD_SYNC_INTERVAL_MS", "1000")
+    monkeypatch.setenv("SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", "500")
+    seen: list[tuple[str, str | None, str, bytes]] = []
+    lock = threading.Lock()
+    config = WorkerConfig(
+        app=app_name,
+        streams=names,
+        worker_id="w1",
+        leader_mode="embedded",
+        lease=LeaseConfig(failover_time_ms=3_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+        discovery_interval_ms=200,
+        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
+    )
+    worker = Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    worker.start()
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    # GIVEN a worker reading both streams
+    assert wait_until(lambda: len(worker.held_leases) == 2, timeout_s=30), worker.held_leases
+    doomed = identifier(kinesis, names[1]).lease_key("shardId-000000000000")
+    # WHEN stream b is deleted in Kinesis while stream a keeps receiving records
+    kinesis.delete_stream(StreamName=names[1])
+    kinesis.put_records(StreamName=names[0], Records=[{"Data": b"after", "PartitionKey": "k"}])
+    # THEN b's lease is deleted by the leader and its consumer stops, while a's record still arrives
+    assert wait_until(lambda: worker.outcomes.get(doomed) is ConsumerOutcome.LOST, timeout_s=30), worker.outcomes
+    assert store.get_lease(doomed) is None
+    assert wait_until(lambda: any(data == b"after" for *_, data in seen), timeout_s=20)
+    assert worker.held_leases == [identifier(kinesis, names[0]).lease_key("shardId-000000000000")]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.errors import DependencyError
+from worker_lib.core.errors import DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
 from worker_lib.core.streams import related_lease_key, split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
@@ -213,6 +213,12 @@ class ShardConsumer:
         except Exception as exc:
             log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, _one_line(exc))
 
+    def _lease_deleted(self) -> bool:
+        try:
+            return self._store.get_lease(self.lease_key) is None
+        except DependencyError:
+            return False
+
     def _parents_ended(self, lease: Lease) -> bool:
         """A child is processed only after every parent reached SHARD_END (or its lease is already gone)."""
         for parent in sorted(lease.parent_shard_ids):
@@ -287,6 +293,16 @@ class ShardConsumer:
                 continue
             try:
                 batch = fetcher.fetch()
+            except StreamMissingError as exc:
+                if self._lease_deleted():
+                    # The stream is gone and the leader deleted its leases (docs/multi-stream.md): stop here, as for
+                    # any lost lease, rather than retry a read that can never succeed (in worker liveness mode
+                    # nothing else would tell us).
+                    log.info("lease %s was deleted with its stream (%s): consumer stopped", self.lease_key, exc)
+                    return self._lease_lost()
+                log.warning("reading %s failed: %s", self.lease_key, exc)
+                self._wait(self._config.error_backoff_ms / 1000)
+                continue
             except DependencyError as exc:
                 log.warning("reading %s failed: %s", self.lease_key, exc)
                 self._wait(self._config.error_backoff_ms / 1000)
