@@ -839,3 +839,26 @@ def test_empty_fleet_leaves_everything_unassigned() -> None:
         plan = decide(decider, s)
         assert plan.decisions == ()
         assert set(plan.unassigned_lease_keys) == {"a", "b"}
+
+
+def test_leases_of_several_streams_are_balanced_by_load_not_per_stream() -> None:
+    from worker_lib.core.streams import StreamIdentifier
+
+    # GIVEN a multi-stream application: w1 holds both hot shards of "orders", w2 all six cold shards of "clicks"
+    orders = StreamIdentifier(account_id="1", stream_name="orders", creation_epoch=1)
+    clicks = StreamIdentifier(account_id="1", stream_name="clicks", creation_epoch=1)
+    leases: tuple[Lease, ...] = (
+        *(owned(orders.lease_key(f"shardId-{n}"), "w1", 100.0) for n in range(2)),
+        *(owned(clicks.lease_key(f"shardId-{n}"), "w2", 10.0) for n in range(6)),
+    )
+    workers = [default_worker("w1"), default_worker("w2")]
+    decider = VarianceDecider(AssignmentConfig(balancing_frequency=1))
+    # WHEN the leader runs a few cycles
+    for run in range(1, 6):
+        leases = apply_plan(leases, decide(decider, snap(leases, workers, run=run), seed=run))
+    # THEN both workers carry the same load (one hot orders shard and three clicks shards each): streams mixed
+    load: dict[str | None, float] = {}
+    for lease in leases:
+        load[lease.lease_owner] = load.get(lease.lease_owner, 0.0) + (lease.throughput_kbps or 0.0)
+    assert load == {"w1": 130.0, "w2": 130.0}
+    assert {lease.lease_key.split(":")[1] for lease in leases if lease.lease_owner == "w1"} == {"orders", "clicks"}
