@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "WorkerConfig": "worker_lib.worker.worker",
     "AwsConfig": "worker_lib.core.config",
     "InitialPosition": "worker_lib.core.config",
+    "StreamIdentifier": "worker_lib.core.streams",
+    "split_lease_key": "worker_lib.core.streams",
     "FunctionProcessor": "worker_lib.processing.processor",
     "RecordProcessor": "worker_lib.processing.processor",
     "Checkpointer": "worker_lib.processing.processor",
@@ -75,6 +77,7 @@ __all__ = [
     "ShardleaseError",
     "ShutdownError",
     "ShutdownRequestedInput",
+    "StreamIdentifier",
     "StreamMissingError",
     "TableMissingError",
     "TableSchemaError",
@@ -82,10 +85,12 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "__version__",
+    "split_lease_key",
 ]
 
 if TYPE_CHECKING:
     from worker_lib.core.config import AwsConfig, InitialPosition
+    from worker_lib.core.streams import StreamIdentifier, split_lease_key
     from worker_lib.core.errors import (
         ConfigError,
         CorruptItemError,
