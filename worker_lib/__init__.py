@@ -90,7 +90,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from worker_lib.core.config import AwsConfig, InitialPosition
-    from worker_lib.core.streams import StreamIdentifier, split_lease_key
     from worker_lib.core.errors import (
         ConfigError,
         CorruptItemError,
@@ -105,6 +104,7 @@ if TYPE_CHECKING:
         TableSchemaError,
         ThrottledError,
     )
+    from worker_lib.core.streams import StreamIdentifier, split_lease_key
     from worker_lib.processing.processor import (
         Checkpointer,
         CheckpointError,

@@ -143,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_aws(create)
     create.add_argument("--billing-mode", default="PAY_PER_REQUEST", choices=["PAY_PER_REQUEST", "PROVISIONED"])
     create.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="wait for ACTIVE")
+    create.add_argument(
+        "--table-layout",
+        choices=["three-tables", "single-table"],
+        default=None,
+        help="three tables (KCL 3.0-3.4, the default) or the lease table alone (KCL 3.5 single-table mode); "
+        "default: SHARDLEASE_TABLE_LAYOUT",
+    )
     create.set_defaults(func=_cmd_create_tables)
 
     leader = sub.add_parser("leader", help="run the leader (shard sync and lease assignment)")
@@ -218,11 +225,14 @@ def _aws_config(args: argparse.Namespace) -> Any:
 def _cmd_create_tables(args: argparse.Namespace) -> int:
     from worker_lib.core import aws
     from worker_lib.tables.admin import ensure_tables
-    from worker_lib.tables.schema import BillingMode
+    from worker_lib.tables.schema import BillingMode, TableLayout
 
     aws_config = _aws_config(args)
+    layout = TableLayout.parse(args.table_layout) if args.table_layout else TableLayout.from_env()
     ddb = aws.client("dynamodb", aws_config)
-    results = ensure_tables(args.app, ddb, billing=BillingMode(args.billing_mode), timeout_s=args.timeout)
+    results = ensure_tables(
+        args.app, ddb, billing=BillingMode(args.billing_mode), timeout_s=args.timeout, layout=layout
+    )
     for table, created in results.items():
         print(f"{table}: {'created' if created else 'exists'} (ACTIVE)")
     return EXIT_OK

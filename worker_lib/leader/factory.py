@@ -39,8 +39,8 @@ from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.shardsync.multistream import MultiStreamShardSyncer
 from worker_lib.shardsync.syncer import ShardSyncer
-from worker_lib.tables.admin import check_schema
-from worker_lib.tables.schema import all_specs
+from worker_lib.tables.admin import check_layout, check_schema
+from worker_lib.tables.schema import TableLayout
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 log = logging.getLogger("shardlease.leader")
@@ -60,6 +60,7 @@ class LeaderParts:
     kinesis: Any
     liveness_modes: LivenessModeStore | None = None
     liveness_setting: str = "lease"
+    layout: TableLayout = TableLayout.THREE_TABLES
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def build_leader(
     assignment: AssignmentConfig | None = None,
     lease_config: LeaseConfig | None = None,
     with_assignment: bool = True,
+    layout: TableLayout | None = None,
     boto3_session: boto3.Session | None = None,
     dynamodb: Any = None,
     kinesis: Any = None,
@@ -128,6 +130,7 @@ def build_leader(
         streams = StreamSelection.of(stream)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    layout = layout or TableLayout.from_env()
     if dynamodb is None or kinesis is None:
         aws_config = aws_config or AwsConfig.from_env()
         dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
@@ -137,10 +140,10 @@ def build_leader(
     leader_config = leader_config or LeaderConfig()
     store = DynamoDBLeaseStore(app, client=dynamodb, clock=clock)
     owner = owner or default_owner()
-    lock = DynamoDBLeaderLock(app, owner, config=lock_config, client=dynamodb, clock=clock)
+    lock = DynamoDBLeaderLock(app, owner, config=lock_config, client=dynamodb, clock=clock, layout=layout)
     syncer: ShardSyncer | MultiStreamShardSyncer
     if streams.multi_stream:
-        state = CoordinatorStateStore(app, client=dynamodb, clock=clock)
+        state = CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout)
         syncer = MultiStreamShardSyncer(store, kinesis, streams, state=state, config=shard_sync, clock=clock)
     else:
         detector = KinesisShardDetector(
@@ -150,17 +153,17 @@ def build_leader(
     assigner = None
     fast_path = None
     lease_config = lease_config or LeaseConfig(failover_time_ms=(assignment or AssignmentConfig()).failover_ms)
-    modes = LivenessModeStore(CoordinatorStateStore(app, client=dynamodb, clock=clock), clock=clock)
+    modes = LivenessModeStore(CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout), clock=clock)
     if with_assignment:
         assignment = assignment or AssignmentConfig()
-        worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock)
+        worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock, layout=layout)
         watch = LivenessWatch(
             worker_rows,
             failover_ms=assignment.failover_ms,
             max_clock_skew_ms=lock_config.max_clock_skew_ms,
             clock=clock,
         )
-        state_store = CoordinatorStateStore(app, client=dynamodb, clock=clock)
+        state_store = CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout)
         assigner = LeaseAssigner(
             store,
             worker_rows,
@@ -202,6 +205,7 @@ def build_leader(
         kinesis=kinesis,
         liveness_modes=modes,
         liveness_setting=lease_config.liveness_mode,
+        layout=layout,
     )
 
 
@@ -213,6 +217,7 @@ def build_leader_from_env(
     aws_config: AwsConfig | None = None,
     shard_sync: ShardSyncConfig | None = None,
     owner: str | None = None,
+    layout: TableLayout | None = None,
     boto3_session: boto3.Session | None = None,
     dynamodb: Any = None,
     kinesis: Any = None,
@@ -235,6 +240,7 @@ def build_leader_from_env(
         lock_config=LeaderLockConfig.from_env(e),
         assignment=AssignmentConfig.from_env(e),
         lease_config=LeaseConfig.from_env(e),
+        layout=layout or TableLayout.from_env(e),
         boto3_session=boto3_session,
         dynamodb=dynamodb,
         kinesis=kinesis,
@@ -246,11 +252,12 @@ def preflight(parts: LeaderParts, *, app: str, stream: str | Sequence[str] | Str
     """Fail with one clear error (TableMissingError, StreamMissingError, EndpointUnreachableError, ...) before the
     loop starts, rather than counting the same failure three times inside it. In a multi-stream application a
     missing stream is one warning: the others are consumed (a tracker's streams are checked at every sync)."""
-    for spec in all_specs():
+    for spec in parts.layout.specs():
         name = spec.table_name(app)
         with aws.translated("dynamodb DescribeTable", name):
             description = parts.dynamodb.describe_table(TableName=name)
         check_schema(spec, app, description.get("Table", {}))
+    check_layout(app, parts.dynamodb, parts.layout)
     streams = StreamSelection.of(stream)
     for entry in streams.names:
         name = parse_stream_entry(entry)[0]

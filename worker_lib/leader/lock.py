@@ -34,15 +34,15 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.config import AwsConfig
 from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.tables.coordinator_items import (
+    KEY,
     LOCK_KEY,
     LockRecord,
-    key_of,
     lock_acquire_condition,
     lock_item,
     lock_update,
     parse_lock,
 )
-from worker_lib.tables.schema import coordinator_state_table_name
+from worker_lib.tables.schema import TableLayout
 
 if TYPE_CHECKING:
     import boto3
@@ -96,11 +96,14 @@ class DynamoDBLeaderLock:
         boto3_session: boto3.Session | None = None,
         client: Any = None,
         clock: Clock = SYSTEM_CLOCK,
+        layout: TableLayout | None = None,
     ) -> None:
         if not owner:
             raise ValueError("a lock owner name is required")
         self.owner = owner
-        self.table_name = coordinator_state_table_name(app)
+        # KCL 3.5's single-table mode keeps the lock in the lease table (leaseKey = "Leader", entityType LEADER).
+        self._place = (layout or TableLayout.from_env()).coordinator(app)
+        self.table_name = self._place.table_name
         self._config = config or LeaderLockConfig()
         self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
@@ -115,9 +118,11 @@ class DynamoDBLeaderLock:
 
     def _read(self) -> LockRecord | None:
         with aws.translated("dynamodb GetItem", self.table_name):
-            response = self._client.get_item(TableName=self.table_name, Key=key_of(LOCK_KEY), ConsistentRead=True)
+            response = self._client.get_item(
+                TableName=self.table_name, Key=self._place.key(LOCK_KEY), ConsistentRead=True
+            )
         item = response.get("Item")
-        return parse_lock(item) if item else None
+        return parse_lock(self._place.as_read(item, KEY)) if item else None
 
     def _check_skew(self, item: LockRecord) -> None:
         """Warn (once) when the item was stamped ahead of our wall clock by more than the skew bound: the writer's
@@ -197,13 +202,23 @@ class DynamoDBLeaderLock:
     # --- writing --------------------------------------------------------------------------------------------
 
     def _new_item(self, version: str) -> dict[str, Any]:
-        return lock_item(
+        item = lock_item(
             owner=self.owner,
             version=version,
             duration_ms=self._config.lease_duration_ms,
             now_ms=wall_millis(self._clock),
             release_at_ms=self._release_at_ms,
         )
+        return self._place.as_stored(item, KEY)
+
+    def _placed(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Request arguments built for the three-table key, with this layout's key attribute."""
+        names = request.get("ExpressionAttributeNames")
+        if names and names.get("#k") == KEY:
+            request = {**request, "ExpressionAttributeNames": {**names, "#k": self._place.key_attr}}
+        if "Key" in request:
+            request = {**request, "Key": self._place.key(LOCK_KEY)}
+        return request
 
     def _applied(self, version: str) -> bool:
         """After a failed condition: was our own write applied (its reply lost)?"""
@@ -235,7 +250,7 @@ class DynamoDBLeaderLock:
                 self._lost(f"taken over by {item.owner}")
                 if not self._expired(item):
                     return False
-        kwargs = lock_acquire_condition(item)  # exactly what we read: one contender's write lands
+        kwargs = self._placed(lock_acquire_condition(item))  # exactly what we read: one contender's write lands
         version = str(uuid.uuid4())
         sent = self._clock.monotonic()
         try:
@@ -266,14 +281,16 @@ class DynamoDBLeaderLock:
         try:
             self._client.update_item(
                 TableName=self.table_name,
-                **lock_update(
-                    owner=self.owner,
-                    held_version=self._version,
-                    version=version,
-                    duration_ms=self._config.lease_duration_ms,
-                    now_ms=wall_millis(self._clock),
-                    release=release,
-                    release_at_ms=self._release_at_ms,
+                **self._placed(
+                    lock_update(
+                        owner=self.owner,
+                        held_version=self._version,
+                        version=version,
+                        duration_ms=self._config.lease_duration_ms,
+                        now_ms=wall_millis(self._clock),
+                        release=release,
+                        release_at_ms=self._release_at_ms,
+                    )
                 ),
             )
         except _BOTO_ERRORS as exc:

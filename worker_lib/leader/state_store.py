@@ -1,6 +1,8 @@
 """``<app>-CoordinatorState``: small items keyed by ``key`` (KCL: the ``Leader`` lock, ``Migration3.0``; ours: the
-published lease cap). Generic on purpose: any leader state fits. Every write is conditional; losing a condition is
-``False``, not an exception; any other botocore error becomes one of :mod:`worker_lib.core.errors`.
+published lease cap); in KCL 3.5's single-table mode the same items in the lease table, keyed by ``leaseKey`` and
+marked ``entityType = LEADER`` (:class:`~worker_lib.tables.schema.TableLayout`). Generic on purpose: any leader
+state fits. Every write is conditional; losing a condition is ``False``, not an exception; any other botocore error
+becomes one of :mod:`worker_lib.core.errors`.
 
 Values are plain Python (str, int, float, bool, None, lists/tuples, dicts, sets); numbers come back as ``int`` or
 ``float``, sets as lists. In ``expected`` mappings, ``None`` means "the attribute is absent".
@@ -26,11 +28,10 @@ from worker_lib.tables.coordinator_items import (
     ExpiryObservationsAttr,
     LeaseCapAttr,
     from_item,
-    key_of,
     plain_item,
     to_attribute,
 )
-from worker_lib.tables.schema import coordinator_state_table_name
+from worker_lib.tables.schema import TableLayout
 
 if TYPE_CHECKING:
     import boto3
@@ -47,34 +48,37 @@ class CoordinatorStateStore:
         boto3_session: boto3.Session | None = None,
         client: Any = None,
         clock: Clock = SYSTEM_CLOCK,
+        layout: TableLayout | None = None,
     ) -> None:
-        self.table_name = coordinator_state_table_name(app)
+        # In KCL 3.5's single-table mode these items live in the lease table, keyed by leaseKey.
+        self._place = (layout or TableLayout.from_env()).coordinator(app)
+        self.table_name = self._place.table_name
         self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
 
     def get(self, key: str) -> dict[str, Any] | None:
         """A strongly consistent read of one item (plain values), or ``None``."""
         with aws.translated("dynamodb GetItem", self.table_name):
-            response = self._client.get_item(TableName=self.table_name, Key=key_of(key), ConsistentRead=True)
+            response = self._client.get_item(TableName=self.table_name, Key=self._place.key(key), ConsistentRead=True)
         item = response.get("Item")
-        return from_item(item) if item else None
+        return from_item(self._place.as_read(item, KEY)) if item else None
 
     def put(self, key: str, attrs: Mapping[str, Any]) -> None:
         """Write the item ``key`` unconditionally (state whose every version is a fact, e.g. observations)."""
-        item = plain_item(key, attrs)
+        item = self._place.as_stored(plain_item(key, attrs), KEY)
         with aws.translated("dynamodb PutItem", self.table_name):
             self._client.put_item(TableName=self.table_name, Item=item)
 
     def put_if_absent(self, key: str, attrs: Mapping[str, Any]) -> bool:
         """Create the item ``key`` with ``attrs``; False if an item with that key already exists."""
-        item = plain_item(key, attrs)
+        item = self._place.as_stored(plain_item(key, attrs), KEY)
         return self._conditional(
             "PutItem",
             self._client.put_item,
             TableName=self.table_name,
             Item=item,
             ConditionExpression="attribute_not_exists(#k)",
-            ExpressionAttributeNames={"#k": KEY},
+            ExpressionAttributeNames={"#k": self._place.key_attr},
         )
 
     def update_if(self, key: str, attrs: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
@@ -82,9 +86,9 @@ class CoordinatorStateStore:
         (``None``: absent). False if the item is missing or a condition does not hold."""
         if not attrs:
             raise ValueError("update_if needs at least one attribute to write")
-        if KEY in attrs:
+        if KEY in attrs or self._place.key_attr in attrs:
             raise ValueError(f"the key attribute {KEY!r} cannot be updated")
-        names: dict[str, str] = {"#k": KEY}
+        names: dict[str, str] = {"#k": self._place.key_attr}
         values: dict[str, Any] = {}
         sets, removes, conditions = [], [], ["attribute_exists(#k)"]
         for i, (name, value) in enumerate(attrs.items()):
@@ -108,7 +112,7 @@ class CoordinatorStateStore:
         )
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
-            "Key": key_of(key),
+            "Key": self._place.key(key),
             "UpdateExpression": expression,
             "ConditionExpression": " AND ".join(conditions),
             "ExpressionAttributeNames": names,
@@ -119,7 +123,7 @@ class CoordinatorStateStore:
 
     def delete_if(self, key: str, expected: Mapping[str, Any]) -> bool:
         """Delete the item if it exists and every ``expected`` attribute has the given value (``None``: absent)."""
-        names: dict[str, str] = {"#k": KEY}
+        names: dict[str, str] = {"#k": self._place.key_attr}
         values: dict[str, Any] = {}
         conditions = ["attribute_exists(#k)"]
         for i, (name, value) in enumerate(expected.items()):
@@ -131,7 +135,7 @@ class CoordinatorStateStore:
                 conditions.append(f"#e{i} = :e{i}")
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
-            "Key": key_of(key),
+            "Key": self._place.key(key),
             "ConditionExpression": " AND ".join(conditions),
             "ExpressionAttributeNames": names,
         }

@@ -14,8 +14,8 @@ from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.spark.planning import BatchEnd
-from worker_lib.tables.coordinator_items import KEY, BatchEndAttr, batch_end_item, key_of, parse_batch_end
-from worker_lib.tables.schema import coordinator_state_table_name
+from worker_lib.tables.coordinator_items import KEY, BatchEndAttr, batch_end_item, parse_batch_end
+from worker_lib.tables.schema import TableLayout
 
 log = logging.getLogger("shardlease.spark.batches")
 
@@ -27,15 +27,17 @@ def _from_item(item: dict[str, Any]) -> BatchEnd:
 class BatchEndStore:
     """Recorded batch ends of one application."""
 
-    def __init__(self, app: str, client: Any) -> None:
-        self.table_name = coordinator_state_table_name(app)
+    def __init__(self, app: str, client: Any, *, layout: TableLayout = TableLayout.THREE_TABLES) -> None:
+        # In KCL 3.5's single-table mode they live in the lease table with the leader's other state.
+        self._place = layout.coordinator(app)
+        self.table_name = self._place.table_name
         self._client = client
 
     def get(self, key: str) -> BatchEnd | None:
         with aws.translated("GetItem", self.table_name):
-            response = self._client.get_item(TableName=self.table_name, Key=key_of(key), ConsistentRead=True)
+            response = self._client.get_item(TableName=self.table_name, Key=self._place.key(key), ConsistentRead=True)
         item = response.get("Item")
-        return _from_item(item) if item else None
+        return _from_item(self._place.as_read(item, KEY)) if item else None
 
     def put_if_absent(self, key: str, end: BatchEnd, *, now_epoch_s: float) -> tuple[BatchEnd, bool]:
         """Record ``end`` unless an end is recorded already: one conditional PutItem, whose failure returns the
@@ -43,16 +45,16 @@ class BatchEndStore:
         try:
             self._client.put_item(
                 TableName=self.table_name,
-                Item=batch_end_item(key, end, now_epoch_s=now_epoch_s),
+                Item=self._place.as_stored(batch_end_item(key, end, now_epoch_s=now_epoch_s), KEY),
                 ConditionExpression="attribute_not_exists(#k)",
-                ExpressionAttributeNames={"#k": KEY},
+                ExpressionAttributeNames={"#k": self._place.key_attr},
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except Exception as exc:
             if not aws.is_conditional_check_failed(exc):
                 aws.raise_translated(exc, operation="PutItem (batch end)", resource=self.table_name)
             old = getattr(exc, "response", {}).get("Item")
-            existing = _from_item(old) if old else self.get(key)
+            existing = _from_item(self._place.as_read(old, KEY)) if old else self.get(key)
             if existing is None:  # deleted in between: cannot happen before the batch is committed
                 raise
             return existing, False
@@ -63,10 +65,10 @@ class BatchEndStore:
         try:
             self._client.update_item(
                 TableName=self.table_name,
-                Key=key_of(key),
+                Key=self._place.key(key),
                 UpdateExpression="SET #t1 = :t1",
                 ConditionExpression="attribute_exists(#k) AND #t1 < :t1",
-                ExpressionAttributeNames={"#t1": BatchEndAttr.FINISHED, "#k": KEY},
+                ExpressionAttributeNames={"#t1": BatchEndAttr.FINISHED, "#k": self._place.key_attr},
                 ExpressionAttributeValues={":t1": {"N": repr(finished_epoch_s)}},
             )
         except Exception as exc:
@@ -79,21 +81,22 @@ class BatchEndStore:
         for i in range(0, len(keys), 100):
             request: dict[str, Any] = {
                 self.table_name: {
-                    "Keys": [key_of(key) for key in keys[i : i + 100]],
+                    "Keys": [self._place.key(key) for key in keys[i : i + 100]],
                     "ConsistentRead": True,
                 }
             }
             while request:
                 with aws.translated("BatchGetItem", self.table_name):
                     response = self._client.batch_get_item(RequestItems=request)
-                for item in response.get("Responses", {}).get(self.table_name, []):
+                for stored in response.get("Responses", {}).get(self.table_name, []):
+                    item = self._place.as_read(stored, KEY)
                     found[item[KEY]["S"]] = _from_item(item)
                 request = response.get("UnprocessedKeys") or {}
         return found
 
     def delete(self, keys: Iterable[str]) -> None:
         """Best effort, 25 keys per BatchWriteItem: a failure only leaves items for TTL."""
-        requests = [{"DeleteRequest": {"Key": key_of(key)}} for key in keys]
+        requests = [{"DeleteRequest": {"Key": self._place.key(key)}} for key in keys]
         for i in range(0, len(requests), 25):
             chunk = requests[i : i + 25]
             for _ in range(3):  # unprocessed items (throttling) are retried a little, then left for TTL

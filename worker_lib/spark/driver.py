@@ -90,7 +90,7 @@ class SparkLeaseCoordinator:
         # keeps a client's creation (~60 ms of model loading) off every query's start.
         self._kinesis_client = kinesis
         self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
-        self._batches = BatchEndStore(options.app, self._dynamodb)
+        self._batches = BatchEndStore(options.app, self._dynamodb, layout=options.table_layout)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
         self._notices = NoticeBox()
         self._holder = LeaseHolder(
@@ -104,7 +104,7 @@ class SparkLeaseCoordinator:
         self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
         # One row per application in <app>-WorkerMetricStats: the heartbeat's UpdateItem and the load metric's
         # (WorkerMetricsStore.put, also an UpdateItem) each keep the other's attributes.
-        self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock)
+        self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock, layout=options.table_layout)
         self._stop = threading.Event()
         self._heartbeat = heartbeat_loop(
             options.lease,
@@ -118,7 +118,10 @@ class SparkLeaseCoordinator:
         )
         self._modes = mode_follower(
             options.lease,
-            LivenessModeStore(CoordinatorStateStore(options.app, client=self._dynamodb, clock=clock), clock=clock),
+            LivenessModeStore(
+                CoordinatorStateStore(options.app, client=self._dynamodb, clock=clock, layout=options.table_layout),
+                clock=clock,
+            ),
             who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
             clock=clock,
         )
@@ -327,6 +330,7 @@ class SparkLeaseCoordinator:
             max_records=self.options.max_records_per_shard,
             max_read_ms=self.options.max_read_ms,
             until_epoch_s=self._available_now_until,
+            table_layout=self.options.table_layout.value,
         )
 
     def _parents_ended(self, lease: Lease) -> bool:

@@ -11,10 +11,12 @@ from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, 
 from worker_lib.core.env import parse_bool
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.config import LeaseConfig
+from worker_lib.tables.schema import TableLayout
 
 OPTION_NAMES = (
     "app",
     "stream",
+    "table_layout",
     "region",
     "endpoint_url",
     "kinesis_endpoint_url",
@@ -77,7 +79,8 @@ class SourceOptions:
     or ``auto``; docs/liveness-modes.md) and ``heartbeat_interval_ms`` (0 = off, ``lease`` mode only) over them.
     idle_probe_interval_ms: how often an idle shard is probed for new data. metrics: write the load metric to
     ``<app>-WorkerMetricStats`` (default true). executor_slots: the application's executor slots (cores) for the
-    load metric (default: the most reads seen running at once)."""
+    load metric (default: the most reads seen running at once). table_layout: ``three-tables`` or ``single-table``
+    (KCL 3.5's single-table mode; default ``SHARDLEASE_TABLE_LAYOUT``, else three tables)."""
 
     app: str
     stream: str
@@ -95,6 +98,7 @@ class SourceOptions:
     metrics_report_interval_ms: int = 30_000
     metrics_first_report_delay_ms: int = 2_000
     executor_slots: int | None = None
+    table_layout: TableLayout = TableLayout.THREE_TABLES
 
     @classmethod
     def parse(cls, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> SourceOptions:
@@ -143,4 +147,7 @@ class SourceOptions:
             metrics_report_interval_ms=_int(opts, "metrics_report_interval_ms", 30_000, 1_000),
             metrics_first_report_delay_ms=_int(opts, "metrics_first_report_delay_ms", 2_000, 0),
             executor_slots=_int(opts, "executor_slots", 0, 1) or None,
+            table_layout=TableLayout.parse(opts["table_layout"])
+            if "table_layout" in opts
+            else TableLayout.from_env(env),
         )

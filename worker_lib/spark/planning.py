@@ -275,6 +275,7 @@ class ReadSettings:
     max_records: int = 10_000
     max_read_ms: int = 10_000
     until_epoch_s: float | None = None  # Trigger.AvailableNow: records that arrived later are left for later
+    table_layout: str = "three-tables"  # where batch ends are recorded (TableLayout; KCL 3.5 single-table mode)
 
 
 @dataclass(frozen=True, kw_only=True)

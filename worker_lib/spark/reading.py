@@ -34,6 +34,7 @@ from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
 from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask
+from worker_lib.tables.schema import TableLayout
 
 log = logging.getLogger("shardlease.spark.reading")
 
@@ -232,7 +233,9 @@ def read_task(
     """Read one input partition deterministically (see the module documentation)."""
     config = aws_config(task.settings)
     kinesis = kinesis or cached_client("kinesis", replace(config, max_attempts=2))
-    store = batch_store or BatchEndStore(task.settings.app, cached_client("dynamodb", config))
+    store = batch_store or BatchEndStore(
+        task.settings.app, cached_client("dynamodb", config), layout=TableLayout.parse(task.settings.table_layout)
+    )
     first = read_up_to(task, kinesis, bound=None, clock=clock)
     standing, recorded_now = store.put_if_absent(task.item_key, first.end, now_epoch_s=clock.wall())
     if recorded_now:

@@ -8,16 +8,20 @@ from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
-from worker_lib.core.errors import DependencyError, TableSchemaError
+from worker_lib.core.errors import ConfigError, DependencyError, TableSchemaError
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.tables.coordinator_items import (
     CLIENT_VERSION_3X,
     CLIENT_VERSIONS_2X_MODE,
+    LOCK_KEY,
     MIGRATION_KEY,
+    TABLE_MIGRATION_COMPLETE,
+    TABLE_MIGRATION_KEY,
+    TABLE_MIGRATION_STATUS,
     migration_attrs,
     migration_version,
 )
-from worker_lib.tables.schema import BillingMode, TableSpec, all_specs
+from worker_lib.tables.schema import BillingMode, TableLayout, TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +126,14 @@ def _add_missing_indexes(
     return _describe(ddb, name) or description
 
 
-def ensure_migration_state(app: str, ddb: Any, *, modified_by: str, clock: Clock = SYSTEM_CLOCK) -> str:
+def ensure_migration_state(
+    app: str,
+    ddb: Any,
+    *,
+    modified_by: str,
+    clock: Clock = SYSTEM_CLOCK,
+    layout: TableLayout = TableLayout.THREE_TABLES,
+) -> str:
     """KCL's ``Migration3.0`` item in ``<app>-CoordinatorState``: create it as a KCL 3.x worker configured for 3.x
     does when there is none (a table from KCL 2.x, or a new one), so that a Java fleet started on this application
     later runs in 3.x mode too; returns the client version the item records.
@@ -130,7 +141,7 @@ def ensure_migration_state(app: str, ddb: Any, *, modified_by: str, clock: Clock
     A version in which a Java fleet still takes leases the 2.x way (``CLIENT_VERSION_2X``,
     ``CLIENT_VERSION_UPGRADE_FROM_2X``) is left alone, with one warning: our leader's assignments and 2.x-style lease
     stealing would move leases back and forth; finish that migration (or roll it back) with KCL's tool first."""
-    store = CoordinatorStateStore(app, client=ddb, clock=clock)
+    store = CoordinatorStateStore(app, client=ddb, clock=clock, layout=layout)
     found = store.get(MIGRATION_KEY)
     if found is None:
         if store.put_if_absent(MIGRATION_KEY, migration_attrs(modified_by=modified_by, now_ms=wall_millis(clock))):
@@ -176,12 +187,54 @@ def ensure_tables(
     billing: BillingMode = BillingMode.PAY_PER_REQUEST,
     clock: Clock = SYSTEM_CLOCK,
     timeout_s: float = 300.0,
+    layout: TableLayout | None = None,
 ) -> dict[str, bool]:
-    """All three tables (adding the owner index to a KCL 2.x lease table), and KCL's migration item recording
-    client version 3.x when there is none; returns table name → whether it was created now."""
+    """The layout's tables (three, or the lease table alone in KCL 3.5's single-table mode; default
+    ``SHARDLEASE_TABLE_LAYOUT``), adding the owner index to a KCL 2.x lease table, and KCL's migration item recording
+    client version 3.x when there is none; returns table name → whether it was created now.
+
+    Three tables are refused (:class:`ConfigError`, nothing created) beside a lease table a KCL 3.5 application
+    runs in single-table mode: a new ``<app>-CoordinatorState`` would make that application believe its table
+    migration had never started."""
+    layout = layout or TableLayout.from_env()
+    check_layout(app, ddb, layout)
     created = {
         spec.table_name(app): ensure_table(spec, app, ddb, billing=billing, clock=clock, timeout_s=timeout_s)
-        for spec in all_specs()
+        for spec in layout.specs()
     }
-    ensure_migration_state(app, ddb, modified_by="shardlease", clock=clock)
+    ensure_migration_state(app, ddb, modified_by="shardlease", clock=clock, layout=layout)
     return created
+
+
+def check_layout(app: str, ddb: Any, layout: TableLayout) -> None:
+    """One clear error when the tables are laid out otherwise than configured (docs/kcl-compatibility.md,
+    "Single-table mode"):
+
+    - three tables configured, no ``<app>-CoordinatorState``, and KCL 3.5 single-table items (``Migration3.0`` or
+      ``Leader``) in the lease table;
+    - single table configured while ``<app>-CoordinatorState`` exists without a COMPLETE table migration (a KCL
+      3.0–3.4 application, or one in the middle of KCL's migration: its state is still in the other tables)."""
+    legacy = _describe(ddb, TableLayout.THREE_TABLES.coordinator(app).table_name) is not None
+    lease_table = TableLayout.SINGLE_TABLE.coordinator(app)
+    if not layout.single:
+        if legacy or _describe(ddb, lease_table.table_name) is None:
+            return
+        for key in (MIGRATION_KEY, LOCK_KEY):
+            with aws.translated("dynamodb GetItem", lease_table.table_name):
+                item = ddb.get_item(TableName=lease_table.table_name, Key=lease_table.key(key), ConsistentRead=True)
+            if "Item" in item:
+                raise ConfigError(
+                    f"{lease_table.table_name} holds KCL 3.5 single-table items ({key}) and there is no "
+                    f"{TableLayout.THREE_TABLES.coordinator(app).table_name}: set SHARDLEASE_TABLE_LAYOUT=single-table "
+                    "(create-tables --table-layout single-table)"
+                )
+        return
+    if legacy:
+        state = CoordinatorStateStore(app, client=ddb, layout=TableLayout.THREE_TABLES).get(TABLE_MIGRATION_KEY)
+        status = (state or {}).get(TABLE_MIGRATION_STATUS)
+        if status != TABLE_MIGRATION_COMPLETE:
+            raise ConfigError(
+                f"single-table layout configured, but {TableLayout.THREE_TABLES.coordinator(app).table_name} exists "
+                f"and its table migration is {status or 'not started'}: finish KCL's table migration (status "
+                "COMPLETE) or use the three-table layout"
+            )

@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypedDict
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
 from worker_lib.core.models import Checkpoint
-from worker_lib.tables.schema import CoordinatorAttr
+from worker_lib.tables.schema import LEADER_ENTITY_TYPE, CoordinatorAttr
 
 KEY = CoordinatorAttr.KEY
 Item = dict[str, Any]
@@ -35,7 +35,7 @@ Item = dict[str, Any]
 # --- item keys ----------------------------------------------------------------------------------------------------
 LOCK_KEY = "Leader"
 LOCK_RELEASED_VALUE = "1"  # what the lock client writes into isReleased (a string)
-LOCK_ENTITY_TYPE = "LEADER"
+LOCK_ENTITY_TYPE = LEADER_ENTITY_TYPE
 LEASE_CAP_KEY = "MaxLeasesPerWorker"
 EXPIRY_OBSERVATIONS_KEY = "LeaseExpiryObservations"
 LIVENESS_MODE_KEY = "LivenessMode"
@@ -202,6 +202,12 @@ def lock_update(
 # --- KCL's client-version migration item ---------------------------------------------------------------------------
 
 MIGRATION_KEY = "Migration3.0"
+
+# KCL 3.5's table migration (coordinator/migration/TableMigrationState.java): kept in <app>-CoordinatorState while
+# an application moves its worker metrics and coordinator state into the lease table; COMPLETE = single-table mode.
+TABLE_MIGRATION_KEY = "TableMigration3.5"
+TABLE_MIGRATION_STATUS = "tm"
+TABLE_MIGRATION_COMPLETE = "TABLE_MIGRATION_STATUS_COMPLETE"
 
 
 class MigrationAttr:

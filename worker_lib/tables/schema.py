@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from worker_lib.core.config import validate_app_name
+from worker_lib.core.env import env_str, environ
+from worker_lib.core.errors import ConfigError
 
 
 class BillingMode(enum.Enum):
@@ -165,3 +168,90 @@ def worker_metrics_table_name(app: str) -> str:
 
 def coordinator_state_table_name(app: str) -> str:
     return COORDINATOR_STATE.table_name(app)
+
+
+# --- table layouts ---------------------------------------------------------------------------------------------------
+
+LEADER_ENTITY_TYPE = "LEADER"
+"""KCL 3.5's entity type of its leader lock; in single-table mode ours on every leader-state item too (below)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemPlace:
+    """Where one kind of item lives: its table, its hash key attribute, and the ``entityType`` every item of ours
+    there carries (None in the three-table layout, where the table says what an item is)."""
+
+    table_name: str
+    key_attr: str
+    entity_type: str | None = None
+
+    def key(self, value: str) -> dict[str, Any]:
+        """The ``Key`` argument of a GetItem/UpdateItem/DeleteItem."""
+        return {self.key_attr: {"S": value}}
+
+    def as_stored(self, item: dict[str, Any], canonical_key: str) -> dict[str, Any]:
+        """An item built with the three-table key attribute ``canonical_key``, as it is written here: the key under
+        this place's attribute, and the entity type added unless the item names its own."""
+        if self.key_attr != canonical_key and canonical_key in item:
+            item = {k: v for k, v in item.items() if k != canonical_key} | {self.key_attr: item[canonical_key]}
+        if self.entity_type is not None and "entityType" not in item:
+            item = item | {"entityType": {"S": self.entity_type}}
+        return item
+
+    def as_read(self, item: dict[str, Any], canonical_key: str) -> dict[str, Any]:
+        """A stored item with its key under ``canonical_key`` again (what the item parsers expect)."""
+        if self.key_attr != canonical_key and self.key_attr in item:
+            item = {k: v for k, v in item.items() if k != self.key_attr} | {canonical_key: item[self.key_attr]}
+        return item
+
+
+class TableLayout(enum.Enum):
+    """Where worker metrics and coordinator state live (docs/kcl-compatibility.md, "Single-table mode").
+
+    THREE_TABLES: KCL 3.0–3.4's layout and the default: ``<app>``, ``<app>-WorkerMetricStats``,
+      ``<app>-CoordinatorState``.
+    SINGLE_TABLE: KCL 3.5's single-table mode (a new 3.5 application, or one whose table migration is COMPLETE):
+      everything in the lease table, keyed by ``leaseKey`` and told apart by ``entityType`` — worker metrics under
+      the worker id (``WORKER_METRIC_STATS``), the lock under ``Leader`` (``LEADER``), ``Migration3.0``
+      (``CLIENT_VERSION_MIGRATION``), and our own leader state (``LEADER``: the one coordinator type KCL 3.5 reads
+      generically, so a KCL leader neither assigns these items as leases nor fails on them).
+    """
+
+    THREE_TABLES = "three-tables"
+    SINGLE_TABLE = "single-table"
+
+    @classmethod
+    def parse(cls, raw: str) -> TableLayout:
+        text = raw.strip().lower()
+        aliases = {"three-tables": cls.THREE_TABLES, "three": cls.THREE_TABLES, "": cls.THREE_TABLES}
+        aliases |= {"single-table": cls.SINGLE_TABLE, "single": cls.SINGLE_TABLE}
+        if text not in aliases:
+            raise ConfigError(f"invalid table layout {raw!r}: expected three-tables or single-table")
+        return aliases[text]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TableLayout:
+        """``SHARDLEASE_TABLE_LAYOUT`` (``three-tables``, the default, or ``single-table``)."""
+        return cls.parse(env_str(environ(env), "SHARDLEASE_TABLE_LAYOUT"))
+
+    @property
+    def single(self) -> bool:
+        return self is TableLayout.SINGLE_TABLE
+
+    def specs(self) -> tuple[TableSpec, ...]:
+        """The tables this layout needs."""
+        return (LEASES,) if self.single else all_specs()
+
+    def worker_metrics(self, app: str) -> ItemPlace:
+        if self.single:
+            return ItemPlace(
+                table_name=lease_table_name(app), key_attr=LeaseAttr.LEASE_KEY, entity_type=WORKER_METRICS_ENTITY_TYPE
+            )
+        return ItemPlace(table_name=worker_metrics_table_name(app), key_attr=WorkerMetricsAttr.WORKER_ID)
+
+    def coordinator(self, app: str) -> ItemPlace:
+        if self.single:
+            return ItemPlace(
+                table_name=lease_table_name(app), key_attr=LeaseAttr.LEASE_KEY, entity_type=LEADER_ENTITY_TYPE
+            )
+        return ItemPlace(table_name=coordinator_state_table_name(app), key_attr=CoordinatorAttr.KEY)

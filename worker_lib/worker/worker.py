@@ -47,9 +47,9 @@ from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
 from worker_lib.processing.processor import KinesisRecord, ProcessorFactory
-from worker_lib.tables.admin import check_schema
+from worker_lib.tables.admin import check_layout, check_schema
 from worker_lib.tables.schema import (
-    all_specs,
+    TableLayout,
     coordinator_state_table_name,
     lease_table_name,
     worker_metrics_table_name,
@@ -88,6 +88,7 @@ def _initial_timestamp(env: Mapping[str, str]) -> datetime | None:
 _ENV_READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
     "worker_id": _worker_id,
     "multi_stream": lambda e: env_bool(e, "SHARDLEASE_MULTI_STREAM", False),
+    "table_layout": TableLayout.from_env,
     "initial_position": lambda e: InitialPosition.parse(env_str(e, "SHARDLEASE_INITIAL_POSITION", "LATEST")),
     "initial_timestamp": _initial_timestamp,
     "discovery_interval_ms": lambda e: env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
@@ -137,6 +138,8 @@ class WorkerConfig:
       for the leader lock and runs the leader loop: fleets without Lambda); ``SHARDLEASE_LEADER_MODE``.
     startup_timeout_ms: how long :meth:`Worker.preflight` keeps retrying an unreachable or throttling endpoint
       before it gives up with one clear error (15 000, at most 20 000); ``SHARDLEASE_STARTUP_TIMEOUT_MS``.
+    table_layout: ``TableLayout.THREE_TABLES`` (KCL 3.0–3.4's tables) or ``SINGLE_TABLE`` (KCL 3.5's single-table
+      mode: worker metrics and coordinator state in the lease table); ``SHARDLEASE_TABLE_LAYOUT``.
     lease / consumer / retrieval / metrics / worker_metrics: each area's settings, each from its ``from_env()``.
     """
 
@@ -145,6 +148,7 @@ class WorkerConfig:
     streams: tuple[str, ...] = ()
     stream_tracker: StreamTracker | None = None
     multi_stream: bool = field(default_factory=_from_env("multi_stream"))
+    table_layout: TableLayout = field(default_factory=_from_env("table_layout"))
     aws: AwsConfig = field(default_factory=AwsConfig.from_env)
     worker_id: str = field(default_factory=_from_env("worker_id"))
     initial_position: InitialPosition = field(default_factory=_from_env("initial_position"))
@@ -274,7 +278,9 @@ class Worker:
         self._probe_kinesis = kinesis or aws.client("kinesis", probe_config, boto3_session)
         self._preflight_done = False
         self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
-        self._worker_metrics = WorkerMetricsStore(config.app, client=self._dynamodb, clock=clock)
+        self._worker_metrics = WorkerMetricsStore(
+            config.app, client=self._dynamodb, clock=clock, layout=config.table_layout
+        )
         self._reporter = metrics_reporter
         if self._reporter is None and config.report_worker_metrics:
             cpu = cpu_metric_from_env(clock=clock) if config.cpu_metric is None else config.cpu_metric
@@ -293,7 +299,8 @@ class Worker:
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._modes = LivenessModeStore(
-            CoordinatorStateStore(config.app, client=self._dynamodb, clock=clock), clock=clock
+            CoordinatorStateStore(config.app, client=self._dynamodb, clock=clock, layout=config.table_layout),
+            clock=clock,
         )
         self._coordinator = LeaseCoordinator(
             config,
@@ -340,12 +347,15 @@ class Worker:
         """
         if self._preflight_done:
             return
-        tables = [lease_table_name(self.config.app), worker_metrics_table_name(self.config.app)]
-        if self.config.leader_mode == "embedded":
-            tables.append(coordinator_state_table_name(self.config.app))
+        layout = self.config.table_layout
+        tables = [lease_table_name(self.config.app)]
+        if not layout.single:
+            tables.append(worker_metrics_table_name(self.config.app))
+            if self.config.leader_mode == "embedded":
+                tables.append(coordinator_state_table_name(self.config.app))
         deadline = self._clock.monotonic() + self.config.startup_timeout_ms / 1000
         describe = self._probe_dynamodb.describe_table
-        specs = {spec.table_name(self.config.app): spec for spec in all_specs()}
+        specs = {spec.table_name(self.config.app): spec for spec in layout.specs()}
         for table in tables:
             reply = self._probe("dynamodb DescribeTable", table, functools.partial(describe, TableName=table), deadline)
             # A table created by hand or by another tool with other keys fails here, not at the first write.
@@ -364,6 +374,7 @@ class Worker:
                     raise
                 # One deleted stream must not keep a multi-stream worker from the others (its leases are cleaned up).
                 log.warning("%s; the other streams are consumed", exc)
+        check_layout(self.config.app, self._probe_dynamodb, layout)
         self._check_liveness_mode()
         self._preflight_done = True
 
@@ -449,6 +460,7 @@ class Worker:
             app=self.config.app,
             stream=self.config.stream_selection,
             owner=f"{self.worker_id}:leader",
+            layout=self.config.table_layout,
             dynamodb=self._dynamodb,
             kinesis=self._kinesis,
             clock=self._clock,

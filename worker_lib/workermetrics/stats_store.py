@@ -21,7 +21,7 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CorruptItemError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
-from worker_lib.tables.schema import WorkerMetricsAttr, worker_metrics_table_name
+from worker_lib.tables.schema import TableLayout, WorkerMetricsAttr
 from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
 
 if TYPE_CHECKING:
@@ -47,22 +47,25 @@ class WorkerMetricsStore:
         boto3_session: boto3.Session | None = None,
         client: Any = None,
         clock: Clock = SYSTEM_CLOCK,
+        layout: TableLayout | None = None,
     ) -> None:
-        self.table_name = worker_metrics_table_name(app)
+        # In KCL 3.5's single-table mode the rows live in the lease table, keyed by leaseKey = worker id.
+        self._place = (layout or TableLayout.from_env()).worker_metrics(app)
+        self.table_name = self._place.table_name
         self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
         self._clock = clock
 
     def put(self, stats: WorkerMetricStats) -> None:
         """Write this worker's metrics (``lut``, ``sts``, ``opr``), unconditionally as KCL does; other attributes
         of the item (heartbeat, notices) are kept."""
-        item = to_item(stats)
-        item.pop(A.WORKER_ID)
+        item = self._place.as_stored(to_item(stats), A.WORKER_ID)
+        item.pop(self._place.key_attr)
         names = {f"#a{i}": name for i, name in enumerate(item)}
         values = {f":a{i}": value for i, value in enumerate(item.values())}
         with aws.translated("dynamodb UpdateItem", self.table_name):
             self._client.update_item(
                 TableName=self.table_name,
-                Key={A.WORKER_ID: {"S": stats.worker_id}},
+                Key=self._place.key(stats.worker_id),
                 UpdateExpression="SET " + ", ".join(f"#a{i} = :a{i}" for i in range(len(item))),
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
@@ -116,6 +119,10 @@ class WorkerMetricsStore:
             names["#hbs"] = A.HEARTBEAT_SESSION
             values[":hbs"] = {"S": session}
             expression = expression.replace("SET ", "SET #hbs = :hbs, ", 1)
+        if self._place.entity_type is not None:  # the beat may create the item: it must never look like a lease
+            names["#et"] = A.ENTITY_TYPE
+            values[":et"] = {"S": self._place.entity_type}
+            expression = expression.replace("SET ", "SET #et = :et, ", 1)
         if done_requests:
             names["#hrq"] = A.HANDOFF_REQUESTS
             values[":done"] = {"SS": sorted(set(done_requests))}
@@ -123,7 +130,7 @@ class WorkerMetricsStore:
         with aws.translated("dynamodb UpdateItem", self.table_name):
             response = self._client.update_item(
                 TableName=self.table_name,
-                Key={A.WORKER_ID: {"S": worker_id}},
+                Key=self._place.key(worker_id),
                 UpdateExpression=expression,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
@@ -141,11 +148,13 @@ class WorkerMetricsStore:
         try:
             self._client.update_item(
                 TableName=self.table_name,
-                Key={A.WORKER_ID: {"S": worker_id}},
+                Key=self._place.key(worker_id),
                 UpdateExpression="ADD #hrq :reqs",
-                ConditionExpression="attribute_exists(#wid)",
-                ExpressionAttributeNames={"#hrq": A.HANDOFF_REQUESTS, "#wid": A.WORKER_ID},
-                ExpressionAttributeValues={":reqs": {"SS": sorted(set(elements))}},
+                **self._ours(
+                    "attribute_exists(#wid)",
+                    names={"#hrq": A.HANDOFF_REQUESTS, "#wid": self._place.key_attr},
+                    values={":reqs": {"SS": sorted(set(elements))}},
+                ),
             )
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
@@ -163,14 +172,13 @@ class WorkerMetricsStore:
         try:
             self._client.update_item(
                 TableName=self.table_name,
-                Key={A.WORKER_ID: {"S": worker_id}},
+                Key=self._place.key(worker_id),
                 UpdateExpression="SET #asl = :keys ADD #asv :one",
-                ConditionExpression="attribute_exists(#wid)",
-                ExpressionAttributeNames={"#asl": A.ASSIGNED_KEYS, "#asv": A.ASSIGNMENT_VERSION, "#wid": A.WORKER_ID},
-                ExpressionAttributeValues={
-                    ":keys": {"L": [{"S": key} for key in keys]},
-                    ":one": number(1),
-                },
+                **self._ours(
+                    "attribute_exists(#wid)",
+                    names={"#asl": A.ASSIGNED_KEYS, "#asv": A.ASSIGNMENT_VERSION, "#wid": self._place.key_attr},
+                    values={":keys": {"L": [{"S": key} for key in keys]}, ":one": number(1)},
+                ),
             )
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
@@ -178,8 +186,24 @@ class WorkerMetricsStore:
             aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
         return True
 
+    def _ours(self, condition: str, *, names: dict[str, str], values: dict[str, Any]) -> dict[str, Any]:
+        """Condition arguments; in single-table mode also "the item is a worker-metrics item", so that a worker id
+        equal to some lease key can never touch that lease."""
+        if self._place.entity_type is not None:
+            condition = f"({condition}) AND #et = :et"
+            names = {**names, "#et": A.ENTITY_TYPE}
+            values = {**values, ":et": {"S": self._place.entity_type}}
+        return {
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+
     def _parse(self, item: Any, worker_id: str) -> WorkerMetricStats | None:
-        if not item or is_foreign(item):
+        if not item:
+            return None
+        item = self._place.as_read(item, A.WORKER_ID)
+        if is_foreign(item):
             return None
         try:
             return from_item(item)
@@ -193,7 +217,7 @@ class WorkerMetricsStore:
         """One worker's entry (strongly consistent), or ``None`` if absent, foreign or corrupt."""
         with aws.translated("dynamodb GetItem", self.table_name):
             response = self._client.get_item(
-                TableName=self.table_name, Key={A.WORKER_ID: {"S": worker_id}}, ConsistentRead=True
+                TableName=self.table_name, Key=self._place.key(worker_id), ConsistentRead=True
             )
         return self._parse(response.get("Item"), worker_id)
 
@@ -204,11 +228,15 @@ class WorkerMetricsStore:
         kwargs: dict[str, Any] = {"TableName": self.table_name}
         if consistent:
             kwargs["ConsistentRead"] = True
+        if self._place.entity_type is not None:  # single-table mode: the lease table, worker rows only
+            kwargs["FilterExpression"] = "#et = :et"
+            kwargs["ExpressionAttributeNames"] = {"#et": A.ENTITY_TYPE}
+            kwargs["ExpressionAttributeValues"] = {":et": {"S": self._place.entity_type}}
         while True:
             with aws.translated("dynamodb Scan", self.table_name):
                 response = self._client.scan(**kwargs)
             for item in response.get("Items", []):
-                stats = self._parse(item, key_of(item))
+                stats = self._parse(item, key_of(self._place.as_read(item, A.WORKER_ID)))
                 if stats is not None:
                     out.append(stats)
             last = response.get("LastEvaluatedKey")
@@ -222,10 +250,12 @@ class WorkerMetricsStore:
         try:
             self._client.delete_item(
                 TableName=self.table_name,
-                Key={A.WORKER_ID: {"S": worker_id}},
-                ConditionExpression="#hbc = :seen",
-                ExpressionAttributeNames={"#hbc": A.HEARTBEAT_COUNTER},
-                ExpressionAttributeValues={":seen": number(heartbeat_counter)},
+                Key=self._place.key(worker_id),
+                **self._ours(
+                    "#hbc = :seen",
+                    names={"#hbc": A.HEARTBEAT_COUNTER},
+                    values={":seen": number(heartbeat_counter)},
+                ),
             )
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
@@ -238,10 +268,12 @@ class WorkerMetricsStore:
         try:
             self._client.delete_item(
                 TableName=self.table_name,
-                Key={A.WORKER_ID: {"S": worker_id}},
-                ConditionExpression="#lut = :seen",
-                ExpressionAttributeNames={"#lut": A.LAST_UPDATE},
-                ExpressionAttributeValues={":seen": number(int(last_update_epoch_s))},
+                Key=self._place.key(worker_id),
+                **self._ours(
+                    "#lut = :seen",
+                    names={"#lut": A.LAST_UPDATE},
+                    values={":seen": number(int(last_update_epoch_s))},
+                ),
             )
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
