@@ -43,6 +43,7 @@ from worker_lib.tables.schema import (
     LEASE_OWNER_INDEX,
     BillingMode,
     TableKind,
+    TableLayout,
     coordinator_state_table_name,
     lease_table_name,
     worker_metrics_table_name,
@@ -132,6 +133,9 @@ class ShardleaseCoordination(Construct):
       Keep it a few seconds above the schedule's period.
     leader_timeout: the Lambda timeout (80 s): at least the term plus the leader's 10 s deadline margin.
     billing_mode: ``worker_lib.tables.schema.BillingMode`` (PAY_PER_REQUEST).
+    table_layout: ``three-tables`` (KCL 3.0–3.4's, the default) or ``single-table`` (KCL 3.5's single-table mode:
+      only the lease table; worker metrics and coordinator state live in it). Workers need
+      ``SHARDLEASE_TABLE_LAYOUT`` set the same way.
     removal_policy: for the tables (RETAIN; the lease table also gets deletion protection under RETAIN).
     encryption_key: a customer managed KMS key for the tables (default: the AWS managed key).
     initial_position: LATEST | TRIM_HORIZON (where leases of newly discovered shards start; LATEST as KCL).
@@ -160,6 +164,7 @@ class ShardleaseCoordination(Construct):
         leader_timeout: cdk.Duration | None = None,
         leader_term: cdk.Duration | None = None,
         billing_mode: BillingMode = BillingMode.PAY_PER_REQUEST,
+        table_layout: str | TableLayout = TableLayout.THREE_TABLES,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         encryption_key: kms.IKey | None = None,
         initial_position: str = "LATEST",
@@ -206,16 +211,19 @@ class ShardleaseCoordination(Construct):
         self.encryption_key = encryption_key
 
         # --- tables ---------------------------------------------------------------------------------------
+        self.table_layout = table_layout if isinstance(table_layout, TableLayout) else TableLayout.parse(table_layout)
         tables = build_tables(
             self,
             app=self.application_name,
             billing=billing_mode,
             removal_policy=removal_policy,
             encryption_key=encryption_key,
+            specs=self.table_layout.specs(),
         )
         self.lease_table: dynamodb.Table = tables[TableKind.LEASES]
-        self.worker_metrics_table: dynamodb.Table = tables[TableKind.WORKER_METRICS]
-        self.coordinator_state_table: dynamodb.Table = tables[TableKind.COORDINATOR_STATE]
+        # In single-table mode the lease table holds worker metrics and coordinator state too.
+        self.worker_metrics_table: dynamodb.Table = tables.get(TableKind.WORKER_METRICS, self.lease_table)
+        self.coordinator_state_table: dynamodb.Table = tables.get(TableKind.COORDINATOR_STATE, self.lease_table)
         self.lease_owner_index_arn = f"{self.lease_table.table_arn}/index/{LEASE_OWNER_INDEX.name}"
 
         # --- leader ---------------------------------------------------------------------------------------
@@ -234,6 +242,7 @@ class ShardleaseCoordination(Construct):
             "SHARDLEASE_APP": self.application_name,
             "SHARDLEASE_STREAM": cdk.Fn.join(",", [s.stream_name for s in self.streams]),
             **({"SHARDLEASE_MULTI_STREAM": "true"} if self.multi_stream else {}),
+            **({"SHARDLEASE_TABLE_LAYOUT": self.table_layout.value} if self.table_layout.single else {}),
             "SHARDLEASE_FAILOVER_TIME_MS": str(int(failover_time.to_milliseconds())),
             "SHARDLEASE_LEADER_TERM_MS": str(int(leader_term.to_milliseconds())),
             "SHARDLEASE_INITIAL_POSITION": initial_position,
@@ -289,7 +298,7 @@ class ShardleaseCoordination(Construct):
             "SparkWorkerPolicy",
             description=(
                 f"shardlease PySpark applications of {self.application_name} (EMR): the worker policy plus the "
-                "Spark batch-end items in CoordinatorState"
+                "Spark batch-end items"
             ),
             statements=[perm.statement() for perm in self.worker_permissions(spark=True)],
         )
@@ -320,7 +329,10 @@ class ShardleaseCoordination(Construct):
     def _acknowledge_nag_findings(self) -> None:
         """The AwsSolutions findings this design accepts, each scoped to the one construct it concerns."""
         for id_, scope, reason in NAG_ACKNOWLEDGEMENTS:
-            target = self.node.find_child(scope[0])
+            found = self.node.try_find_child(scope[0])
+            if found is None:  # single-table mode has no worker-metrics or coordinator table
+                continue
+            target = found
             for part in scope[1:]:
                 target = target.node.find_child(part)
             cdk.Validations.of(target).acknowledge(cdk.Acknowledgment(id=f"AwsSolutions::{id_}", reason=reason))
@@ -329,6 +341,8 @@ class ShardleaseCoordination(Construct):
 
     def _tables_by_name(self) -> dict[str, dynamodb.ITable]:
         app = self.application_name
+        if self.table_layout.single:
+            return {lease_table_name(app): self.lease_table}
         return {
             lease_table_name(app): self.lease_table,
             worker_metrics_table_name(app): self.worker_metrics_table,

@@ -95,10 +95,11 @@ def build_tables(
     billing: BillingMode,
     removal_policy: cdk.RemovalPolicy,
     encryption_key: kms.IKey | None,
+    specs: tuple[TableSpec, ...] | None = None,
 ) -> dict[TableKind, dynamodb.Table]:
     return {
         spec.kind: build_table(
             scope, spec, app=app, billing=billing, removal_policy=removal_policy, encryption_key=encryption_key
         )
-        for spec in all_specs()
+        for spec in (specs or all_specs())
     }

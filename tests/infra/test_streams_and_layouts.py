@@ -1,5 +1,6 @@
-"""The construct for a multi-stream application: every stream reaches the leader's environment and both IAM
-policies, the dashboard graphs each, and cdk-nag AwsSolutions stays clean."""
+"""The construct for a multi-stream application (every stream reaches the leader's environment and both IAM
+policies, the dashboard graphs each) and in KCL 3.5's single-table layout (the lease table alone); cdk-nag
+AwsSolutions stays clean in both."""
 
 from __future__ import annotations
 
@@ -59,3 +60,24 @@ def test_given_both_stream_and_streams_then_the_construct_refuses() -> None:
     stack = cdk.Stack(cdk.App(context={"aws:cdk:bundling-stacks": []}), "Bad")
     with pytest.raises(ValueError, match="either stream or streams"):
         ShardleaseCoordination(stack, "Coordination", application_name=APP, stream=ARNS[0], streams=ARNS)
+
+
+def test_given_the_single_table_layout_then_only_the_lease_table_is_made_and_nag_stays_clean() -> None:
+    # GIVEN KCL 3.5's single-table mode
+    app = cdk.App(context={"aws:cdk:bundling-stacks": []})
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    stack = cdk.Stack(app, "Single", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    ShardleaseCoordination(stack, "Coordination", application_name=APP, stream=ARNS[0], table_layout="single-table")
+    # WHEN synthesized (the AwsSolutions checks run here)
+    app.synth()
+    template = Template.from_stack(stack)
+    # THEN one table, with point-in-time recovery, and the leader told the layout
+    tables = template.find_resources("AWS::DynamoDB::Table")
+    assert [t["Properties"]["TableName"] for t in tables.values()] == [APP]
+    template.has_resource_properties(
+        "AWS::Lambda::Function",
+        {"Environment": {"Variables": Match.object_like({"SHARDLEASE_TABLE_LAYOUT": "single-table"})}},
+    )
+    # AND every table permission names the lease table (or its index) only
+    text = json.dumps(template.to_json())
+    assert "-WorkerMetricStats" not in text and "-CoordinatorState" not in text
