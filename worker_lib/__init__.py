@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "AwsConfig": "worker_lib.core.config",
     "InitialPosition": "worker_lib.core.config",
     "StreamIdentifier": "worker_lib.core.streams",
+    "TableLayout": "worker_lib.tables.schema",
     "split_lease_key": "worker_lib.core.streams",
     "FunctionProcessor": "worker_lib.processing.processor",
     "RecordProcessor": "worker_lib.processing.processor",
@@ -79,6 +80,7 @@ __all__ = [
     "ShutdownRequestedInput",
     "StreamIdentifier",
     "StreamMissingError",
+    "TableLayout",
     "TableMissingError",
     "TableSchemaError",
     "ThrottledError",
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
         ShutdownError,
         ShutdownRequestedInput,
     )
+    from worker_lib.tables.schema import TableLayout
     from worker_lib.worker.worker import Worker, WorkerConfig
 
 
