@@ -144,11 +144,11 @@ class Tracker:
         return list(self.names)
 
 
-def test_a_stream_dropped_from_the_tracker_keeps_its_leases_for_the_grace_period_across_leaders(
+def tracked_application(
     clients: tuple[Any, Any], app_name: str
-) -> None:
+) -> tuple[DynamoDBLeaseStore, list[str], Tracker, StreamSelection, ManualClock]:
+    """Two one-shard streams a tracker answers, synced once on an injected clock."""
     ddb, kinesis = clients
-    store = DynamoDBLeaseStore(app_name, client=ddb)
     names = [f"{app_name}-a", f"{app_name}-b"]
     for name in names:
         create_stream(kinesis, name, 1)
@@ -156,6 +156,14 @@ def test_a_stream_dropped_from_the_tracker_keeps_its_leases_for_the_grace_period
     streams = StreamSelection(tracker=tracker)
     clock = ManualClock()
     sync(app_name, clients, streams, clock)
+    return DynamoDBLeaseStore(app_name, client=ddb), names, tracker, streams, clock
+
+
+def test_a_stream_dropped_from_the_tracker_keeps_its_leases_for_the_grace_period_across_leaders(
+    clients: tuple[Any, Any], app_name: str
+) -> None:
+    ddb, kinesis = clients
+    store, names, tracker, streams, clock = tracked_application(clients, app_name)
     dropped = identifier(kinesis, names[1]).serialize()
     # GIVEN the tracker stops answering stream b
     tracker.names = names[:1]
@@ -183,15 +191,7 @@ def test_a_stream_dropped_from_the_tracker_keeps_its_leases_for_the_grace_period
 def test_a_stream_tracked_again_within_its_grace_period_keeps_everything(
     clients: tuple[Any, Any], app_name: str
 ) -> None:
-    ddb, kinesis = clients
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    names = [f"{app_name}-a", f"{app_name}-b"]
-    for name in names:
-        create_stream(kinesis, name, 1)
-    tracker = Tracker(names)
-    streams = StreamSelection(tracker=tracker)
-    clock = ManualClock()
-    sync(app_name, clients, streams, clock)
+    store, names, tracker, streams, clock = tracked_application(clients, app_name)
     before = {lease.lease_key: lease for lease in store.list_leases()}
     # GIVEN b drops out of the tracker for a while
     tracker.names = names[:1]
@@ -244,6 +244,23 @@ class StreamRecorder:
         input.checkpointer.checkpoint()
 
 
+def embedded_worker(
+    clients: tuple[Any, Any], seen: list[tuple[str, str | None, str, bytes]], lock: threading.Lock, **settings: Any
+) -> Worker:
+    """A worker ``w1`` leading too (embedded leader), with short timings, recording into ``seen``."""
+    ddb, kinesis = clients
+    config = WorkerConfig(
+        worker_id="w1",
+        leader_mode="embedded",
+        lease=LeaseConfig(failover_time_ms=3_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+        discovery_interval_ms=200,
+        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
+        **settings,
+    )
+    return Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
+
+
 def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_processor_which(
     clients: tuple[Any, Any], app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -260,17 +277,7 @@ def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_proce
     seen: list[tuple[str, str | None, str, bytes]] = []
     lock = threading.Lock()
     # GIVEN one worker of a two-stream application, leading too
-    config = WorkerConfig(
-        app=app_name,
-        streams=names,
-        worker_id="w1",
-        leader_mode="embedded",
-        lease=LeaseConfig(failover_time_ms=3_000),
-        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-        discovery_interval_ms=200,
-        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
-    )
-    worker = Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
+    worker = embedded_worker(clients, seen, lock, app=app_name, streams=names)
     workers.append(worker)
     # WHEN it runs
     worker.start()
@@ -323,17 +330,7 @@ def test_a_stream_deleted_while_workers_read_it_stops_its_consumers_and_not_the_
     monkeypatch.setenv("SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", "500")
     seen: list[tuple[str, str | None, str, bytes]] = []
     lock = threading.Lock()
-    config = WorkerConfig(
-        app=app_name,
-        streams=names,
-        worker_id="w1",
-        leader_mode="embedded",
-        lease=LeaseConfig(failover_time_ms=3_000),
-        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-        discovery_interval_ms=200,
-        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
-    )
-    worker = Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
+    worker = embedded_worker(clients, seen, lock, app=app_name, streams=names)
     workers.append(worker)
     worker.start()
     store = DynamoDBLeaseStore(app_name, client=ddb)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_multi_stream import StreamRecorder
+from tests.integration.test_multi_stream import embedded_worker
 from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
@@ -20,15 +20,12 @@ from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.state_store import CoordinatorStateStore
-from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.coordinator_items import TABLE_MIGRATION_KEY
 from worker_lib.tables.schema import TableLayout, coordinator_state_table_name
 from worker_lib.testing.streams import create_stream
-from worker_lib.worker.worker import Worker, WorkerConfig
-from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.worker.worker import Worker
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 SINGLE = TableLayout.SINGLE_TABLE
@@ -168,18 +165,7 @@ def test_a_worker_with_an_embedded_leader_runs_in_single_table_mode(
         StreamName=stream, Records=[{"Data": f"r{n}".encode(), "PartitionKey": str(n)} for n in range(30)]
     )
     seen: list[tuple[str, str | None, str, bytes]] = []
-    config = WorkerConfig(
-        app=app_name,
-        stream=stream,
-        worker_id="w1",
-        leader_mode="embedded",
-        table_layout=SINGLE,
-        lease=LeaseConfig(failover_time_ms=3_000),
-        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-        discovery_interval_ms=200,
-        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
-    )
-    worker = Worker(config, lambda: StreamRecorder(seen, threading.Lock()), dynamodb=ddb, kinesis=kinesis)
+    worker = embedded_worker((ddb, kinesis), seen, threading.Lock(), app=app_name, stream=stream, table_layout=SINGLE)
     workers.append(worker)
     # WHEN it runs
     worker.preflight()
