@@ -247,11 +247,12 @@ class StreamRecorder:
 def embedded_worker(
     clients: tuple[Any, Any], seen: list[tuple[str, str | None, str, bytes]], lock: threading.Lock, **settings: Any
 ) -> Worker:
-    """A worker ``w1`` leading too (embedded leader), with short timings, recording into ``seen``."""
+    """A worker ``w1`` leading too (embedded leader, unless ``settings`` say otherwise), with short timings,
+    recording into ``seen``."""
     ddb, kinesis = clients
+    settings.setdefault("leader_mode", "embedded")
     config = WorkerConfig(
         worker_id="w1",
-        leader_mode="embedded",
         lease=LeaseConfig(failover_time_ms=3_000),
         retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
         discovery_interval_ms=200,
@@ -345,3 +346,28 @@ def test_a_stream_deleted_while_workers_read_it_stops_its_consumers_and_not_the_
     assert store.get_lease(doomed) is None
     assert wait_until(lambda: any(data == b"after" for *_, data in seen), timeout_s=20)
     assert worker.held_leases == [identifier(kinesis, names[0]).lease_key("shardId-000000000000")]
+
+
+def test_a_bare_shard_key_in_an_application_of_several_streams_is_not_taken(
+    clients: tuple[Any, Any], app_name: str, workers: list[Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    from worker_lib.core.models import Lease
+
+    ddb, kinesis = clients
+    names = (f"{app_name}-a", f"{app_name}-b")
+    for name in names:
+        create_stream(kinesis, name, 1)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    good = identifier(kinesis, names[0]).lease_key("shardId-000000000000")
+    # GIVEN w1 is assigned a multi-stream lease and a bare shard-id lease (which names no stream)
+    for key in (good, "shardId-000000000000"):
+        store.create_lease_if_absent(Lease(lease_key=key, checkpoint=TRIM_HORIZON))
+        lease = store.get_lease(key)
+        assert lease is not None and store.assign_lease(lease, "w1")
+    worker = embedded_worker(clients, [], threading.Lock(), app=app_name, streams=names, leader_mode="none")
+    workers.append(worker)
+    # WHEN it runs
+    worker.start()
+    # THEN it takes the one it can read and leaves the other, with one warning
+    assert wait_until(lambda: worker.held_leases == [good], timeout_s=20), worker.held_leases
+    assert any("names no stream" in r.getMessage() for r in caplog.records)

@@ -276,6 +276,10 @@ class LeaseCoordinator:
         for lease in found:
             if self._stop.is_set():
                 return
+            if not stream_name_of(lease.lease_key, self.config.stream):
+                # A bare shard-id key in an application of several streams: no way to tell which stream it reads.
+                log.warning("lease %s names no stream and this worker has several: not taken", lease.lease_key)
+                continue
             self._throughput.seed(lease.lease_key, lease.throughput_kbps)
             if self._holder.take(lease):
                 self._spawn(lease.lease_key)
