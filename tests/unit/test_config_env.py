@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from worker_lib.core.clock import ManualClock
@@ -151,6 +153,9 @@ def test_a_worker_config_names_one_stream_or_several(monkeypatch: pytest.MonkeyP
     assert WorkerConfig(app="orders", stream="orders").multi_stream is False
     assert WorkerConfig(app="orders", stream="orders", multi_stream=True).stream_selection.multi_stream is True
     assert WorkerConfig.from_env(app="orders", streams=("a",)).streams == ("a",)
+    # AND a copy with another field keeps its streams
+    assert dataclasses.replace(listed, worker_id="w9").streams == ("orders", "clicks")
+    assert dataclasses.replace(WorkerConfig(app="orders", stream="orders"), worker_id="w9").stream == "orders"
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,8 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         validate_app_name(self.app)
-        if self.stream and self.streams:
+        named = tuple(n.strip() for n in self.stream.split(",") if n.strip())
+        if named and self.streams and named != tuple(self.streams):  # equal: a copy made by dataclasses.replace
             raise ConfigError("give either stream or streams, not both")
         if not self.stream and not self.streams and self.stream_tracker is None:  # all left out: the environment's
             e = environ()
