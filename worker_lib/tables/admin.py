@@ -8,7 +8,7 @@ from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
-from worker_lib.core.errors import ConfigError, DependencyError, TableSchemaError
+from worker_lib.core.errors import ConfigError, CredentialsError, DependencyError, TableSchemaError
 from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.tables.coordinator_items import (
     CLIENT_VERSION_3X,
@@ -214,7 +214,12 @@ def check_layout(app: str, ddb: Any, layout: TableLayout) -> None:
       ``Leader``) in the lease table;
     - single table configured while ``<app>-CoordinatorState`` exists without a COMPLETE table migration (a KCL
       3.0–3.4 application, or one in the middle of KCL's migration: its state is still in the other tables)."""
-    legacy = _describe(ddb, TableLayout.THREE_TABLES.coordinator(app).table_name) is not None
+    try:
+        legacy = _describe(ddb, TableLayout.THREE_TABLES.coordinator(app).table_name) is not None
+    except CredentialsError:
+        # A single-table deployment grants nothing on a table that should not exist (AccessDenied): nothing to check.
+        log.debug("cannot describe %s: layout check skipped", TableLayout.THREE_TABLES.coordinator(app).table_name)
+        return
     lease_table = TableLayout.SINGLE_TABLE.coordinator(app)
     if not layout.single:
         if legacy or _describe(ddb, lease_table.table_name) is None:
