@@ -5,6 +5,9 @@ and dynalite; the worker run on moto."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -154,7 +157,7 @@ def test_single_table_is_accepted_once_kcls_table_migration_is_complete(ddb_aws:
 
 
 def test_a_worker_with_an_embedded_leader_runs_in_single_table_mode(
-    moto_aws: AwsConfig, app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
+    moto_aws: AwsConfig, moto_endpoint: str, app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
     ddb, kinesis = aws.client("dynamodb", moto_aws), aws.client("kinesis", moto_aws)
@@ -178,3 +181,10 @@ def test_a_worker_with_an_embedded_leader_runs_in_single_table_mode(
     assert set(kinds.values()) <= KCL_ENTITY_TYPES
     assert kinds["w1"] == "WORKER_METRIC_STATS" and kinds["Leader"] == "LEADER"
     assert sum(kind == "LEASE" for kind in kinds.values()) == 2
+    # AND `shardlease status` in the same layout shows the worker and the leader
+    env = {**os.environ, "SHARDLEASE_TABLE_LAYOUT": "single-table"}
+    cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
+    result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["leader"] == "w1:leader" and [w["worker"] for w in status["workers"]] == ["w1"]

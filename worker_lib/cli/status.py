@@ -27,7 +27,7 @@ from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorde
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode_store import LivenessModeStore
-from worker_lib.tables.schema import all_specs
+from worker_lib.tables.schema import TableLayout
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
@@ -172,7 +172,7 @@ def run_status_cli(
     clock: Clock = SYSTEM_CLOCK,
 ) -> int:
     ddb = aws.client("dynamodb", aws_config)
-    for spec in all_specs():
+    for spec in TableLayout.from_env().specs():  # the lease table alone in KCL 3.5's single-table mode
         with aws.translated("dynamodb DescribeTable", spec.table_name(app)):
             ddb.describe_table(TableName=spec.table_name(app))
     tracker = ExpiryTracker(LeaseConfig.from_env().failover_time_ms / 1000) if watch else None
