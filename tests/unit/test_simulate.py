@@ -208,6 +208,46 @@ def test_plot_of_a_large_fleet_uses_an_envelope(tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _legend_texts(ax: object) -> list[str]:
+    legend = ax.get_legend()  # type: ignore[attr-defined]
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def test_a_small_fleets_plot_names_every_worker_every_reference_line_and_every_event() -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    from worker_lib.tools.simulator.plot import result_figure
+
+    # GIVEN 4 workers, one killed at cycle 3 and a split at cycle 5
+    result = simulate(FleetSpec(workers=4, shards=16, seed=3), cycles=8, events=[Event(3, "kill"), Event(5, "split")])
+    # WHEN its figure is drawn
+    fig = result_figure(result)
+    top, bottom, moves = fig.axes
+    # THEN each worker has a legend entry, and so do the fleet mean, the LPT reference and its +10 % line
+    labels = _legend_texts(top)
+    workers = sorted({w for c in result.cycles for w in c.throughput})
+    assert all(w in labels for w in workers)
+    assert "fleet mean (1.0)" in labels and "scripted event" in labels
+    assert any(label.startswith("LPT reference max/mean") for label in labels)
+    assert any(label.startswith("reference + 10 %") for label in labels)
+    # AND the events are written on the plot, at their cycles
+    notes = {t.get_text() for t in top.texts}
+    assert any(note.startswith("killed w") for note in notes) and any(note.startswith("split") for note in notes)
+    # AND moves are counted in whole leases, cycles in whole cycles
+    assert isinstance(moves.yaxis.get_major_locator(), MaxNLocator)
+    assert all(float(t).is_integer() for t in moves.get_yticks())
+    assert all(float(t).is_integer() for t in bottom.get_xticks())
+    assert "leases moved or reassigned" in _legend_texts(bottom)
+
+
+def test_a_hundred_worker_fleets_plot_is_a_band_with_a_short_legend() -> None:
+    from worker_lib.tools.simulator.plot import result_figure
+
+    result = simulate(FleetSpec(workers=100, shards=400, seed=1), cycles=4)
+    labels = _legend_texts(result_figure(result).axes[0])
+    assert "100 workers: min to max" in labels and "p95 worker" in labels and len(labels) < 12
+
+
 def test_plot_without_matplotlib_is_one_line_naming_the_plot_extra(tmp_path: Path) -> None:
     # GIVEN a Python in which matplotlib cannot be imported (as in an install without the 'plot' extra)
     plot = tmp_path / "x.png"
