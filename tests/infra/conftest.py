@@ -79,7 +79,8 @@ def cdk_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cdk") / "cdk.out"
     npx = shutil.which("npx")
     assert npx, "npx (Node) is needed for the CDK CLI"
-    env = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "CDK_DISABLE_VERSION_CHECK": "1"}
+    env = {**os.environ, "CDK_DISABLE_VERSION_CHECK": "1"}
+    env.pop("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", None)  # the app itself deals with the banner
     env.pop("CDK_DEFAULT_ACCOUNT", None)
     env.pop("CDK_DEFAULT_REGION", None)
     result = subprocess.run(
@@ -92,6 +93,7 @@ def cdk_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     assert result.returncode == 0, f"cdk synth failed:\n{result.stdout}\n{result.stderr}"
+    (out / "synth-output.txt").write_text(result.stdout + result.stderr)
     return out
 
 

@@ -51,6 +51,14 @@ def test_given_the_handler_then_its_closure_holds_the_leader_and_leaves_other_la
     assert set(third_party_imports()) - set(sys.stdlib_module_names) <= LAMBDA_PROVIDED_IMPORTS
 
 
+def test_given_real_cdk_synth_then_its_output_has_no_bytes_literals(cdk_out: Path) -> None:
+    # GIVEN `cdk synth` as a user runs it (the Node of this machine, whatever jsii thinks of it)
+    output = (cdk_out / "synth-output.txt").read_text()
+    # THEN no line is a Python bytes literal (jsii prints its Node banner so), at most one readable note
+    assert not [line for line in output.splitlines() if line.startswith(("b'", 'b"'))], output
+    assert sum(line.startswith("note: Node") for line in output.splitlines()) <= 1
+
+
 def test_given_real_cdk_synth_then_template_and_bundled_asset_exist(cdk_out: Path) -> None:
     # GIVEN `npx cdk synth -q` with the pinned CLI (cdk.json context, cdk-nag plugin on)
     files = files_under(asset_dir(cdk_out))
