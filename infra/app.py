@@ -7,8 +7,9 @@ Context keys: ``shardlease:app`` (application name), ``shardlease:stream-arn`` o
 ``shardlease:alarm-minutes``, ``shardlease:stack-name``. Account and region come from the CLI's environment
 (``CDK_DEFAULT_ACCOUNT`` / ``CDK_DEFAULT_REGION``) when set; otherwise the stack is environment-agnostic.
 
-Run by ``cdk.json`` as ``python -m infra`` (:mod:`infra.__main__`) from the repository root. The stacks are built on the packaged
-construct (``worker_lib.cdk``, extra ``cdk``): this app is the example a pip user's own app follows (docs/deploy.md).
+Run by ``cdk.json`` as ``python -m infra`` (:mod:`infra.__main__`) from the repository root. The stacks are built
+on the packaged construct (``worker_lib.cdk``, extra ``cdk``): this app is the example a pip user's own app follows
+(docs/deploy.md).
 """
 
 from __future__ import annotations
