@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from worker_lib.assignment.snapshot import ExpiryTracker
-from worker_lib.cli.status import collect
+from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -23,13 +23,13 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 def setup_fleet(ddb: Any, app: str, clock: ManualClock) -> None:
     store = DynamoDBLeaseStore(app, client=ddb)
     metrics = WorkerMetricsStore(app, client=ddb)
-    owners = ["a-1", "a-1", "a-2", "b-1", "b-1", "b-1", "gone-1", None]
+    owners = ["a/1", "a/1", "a/2", "b/1", "b/1", "b/1", "gone/1", None]
     for n, owner in enumerate(owners):
         assert store.create_lease_if_absent(
             Lease(lease_key=f"shard-{n}", lease_owner=owner, lease_counter=1, throughput_kbps=10.0 * (n + 1))
         )
     assert store.create_lease_if_absent(Lease(lease_key="done", checkpoint=SHARD_END))
-    for worker, cpu in (("a-1", 40.0), ("a-2", 20.0), ("b-1", 70.0)):
+    for worker, cpu in (("a/1", 40.0), ("a/2", 20.0), ("b/1", 70.0)):
         metrics.put(
             WorkerMetricStats(
                 worker_id=worker,
@@ -51,8 +51,8 @@ def test_status_groups_by_worker_and_cluster_and_flags_problems(moto_aws: AwsCon
     status = collect(app_name, ddb, clock=clock)
     # THEN workers, clusters, leader and problems are reported
     rows = {row.worker: row for row in status.workers}
-    assert (rows["a-1"].leases, rows["a-2"].leases, rows["b-1"].leases) == (2, 1, 3)
-    assert rows["b-1"].cpu == 70.0 and rows["a-1"].throughput_kbps == 30.0
+    assert (rows["a/1"].leases, rows["a/2"].leases, rows["b/1"].leases) == (2, 1, 3)
+    assert rows["b/1"].cpu == 70.0 and rows["a/1"].throughput_kbps == 30.0
     assert status.clusters == {
         "a": {"workers": 2, "leases": 3},
         "b": {"workers": 1, "leases": 3},
@@ -86,3 +86,108 @@ def test_status_cli_prints_json_and_errors_in_one_line(moto_endpoint: str, moto_
         check=False,
     )
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "create-tables" in missing.stderr
+
+
+def test_status_shows_load_against_the_mean_lag_per_shard_worst_first_and_the_leaders_decisions(
+    moto_aws: AwsConfig, app_name: str
+) -> None:
+    from worker_lib.assignment.plan import Decision
+    from worker_lib.leader.state_store import CoordinatorStateStore, DecisionRecorder
+
+    # GIVEN the fleet, with lags reported by the owners (and a stale one by a former owner), and two decisions
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    clock = ManualClock(wall=float(time.time()))
+    setup_fleet(ddb, app_name, clock)
+    metrics = WorkerMetricsStore(app_name, client=ddb)
+    for worker, cpu, lags in (("a/1", 40.0, {"shard-0": 1_500, "shard-1": 90_000}), ("b/1", 70.0, {"shard-3": 12})):
+        metrics.put(
+            WorkerMetricStats(worker_id=worker, last_update_epoch_s=int(clock.wall()), stats={"C": (cpu,)}, lag_ms=lags)
+        )
+    metrics.put(
+        WorkerMetricStats(
+            worker_id="a/2", last_update_epoch_s=int(clock.wall()), stats={"C": (20.0,)}, lag_ms={"shard-3": 99_999}
+        )
+    )
+    DecisionRecorder(CoordinatorStateStore(app_name, client=ddb), clock=clock).record(
+        [
+            Decision(
+                lease_key="shard-7", from_worker=None, to_worker="a/2", kind="assign", reason="unassigned", metric="C"
+            ),
+            Decision(
+                lease_key="shard-4",
+                from_worker="b/1",
+                to_worker="a/2",
+                kind="rebalance",
+                reason="b/1 at 1.6x",
+                metric="C",
+            ),
+        ]
+    )
+    # WHEN status is collected and rendered
+    status = collect(app_name, ddb, clock=clock)
+    text = render(status)
+    # THEN lags are per shard, worst first, and only the owner's count
+    assert [(lag.lease, lag.millis_behind) for lag in status.lags] == [
+        ("shard-1", 90_000),
+        ("shard-0", 1_500),
+        ("shard-3", 12),
+    ]
+    # AND load is CPU against the fleet mean (40, 20, 70 → mean 43.3)
+    rows = {row.worker: row for row in status.workers}
+    assert status.load_metric == "cpu"
+    assert (rows["a/1"].load_vs_mean, rows["a/2"].load_vs_mean, rows["b/1"].load_vs_mean) == (0.92, 0.46, 1.62)
+    # AND the leader's decisions, newest first, with their reasons
+    assert [d["lease"] for d in status.decisions] == ["shard-4", "shard-7"]
+    assert "rebalance" in text and "b/1 -> a/2: b/1 at 1.6x" in text and "90,000 ms" in text
+    # AND JSON floats are rounded
+    assert all(len(str(row.cpu).split(".")[-1]) <= 1 for row in status.workers if row.cpu is not None)
+
+
+def test_watch_reports_a_lease_whose_counter_stood_still_for_half_the_duration_as_expiring(
+    moto_aws: AwsConfig, app_name: str
+) -> None:
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    clock = ManualClock(wall=float(time.time()))
+    setup_fleet(ddb, app_name, clock)
+    tracker = ExpiryTracker(10.0)
+    collect(app_name, ddb, clock=clock, tracker=tracker)
+    clock.advance(6)
+    status = collect(app_name, ddb, clock=clock, tracker=tracker)
+    assert "shard-0" in status.expiring and status.expired == []
+
+
+def test_watch_piped_as_json_is_one_object_per_line_and_a_closed_pipe_ends_it_quietly(
+    moto_endpoint: str, moto_aws: AwsConfig, app_name: str
+) -> None:
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    setup_fleet(ddb, app_name, ManualClock(wall=float(time.time())))
+    cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
+    # WHEN `status --watch --json | head -2` runs
+    proc = subprocess.Popen(
+        [*cmd, "--watch", "--json", "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]
+    proc.stdout.close()  # the reader goes away
+    code = proc.wait(timeout=30)
+    # THEN each line is one JSON frame, and the closed pipe ends it with 0 and nothing on stderr
+    frames = [json.loads(line) for line in lines]
+    assert all(frame["leader"] == "leader-x" and frame["time"] for frame in frames)
+    assert code == 0 and proc.stderr.read() == b""
+
+
+def test_watch_ends_quietly_on_ctrl_c(moto_endpoint: str, moto_aws: AwsConfig, app_name: str) -> None:
+    import signal
+
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
+    proc = subprocess.Popen([*cmd, "--watch", "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"--- ")  # piped text frames are headed by their time
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert b"Traceback" not in proc.stderr.read()

@@ -1,34 +1,46 @@
-"""``shardlease status``: what the fleet looks like now, from the three tables (read-only).
+"""``shardlease status``: what the fleet looks like now, from the tables (read-only).
 
-Per worker: leases, CPU (latest ``sts.C``), throughput (sum of its leases' ``throughputKBps``), last report age;
-per cluster (the worker-id prefix before the first ``-``, so ``a-1`` and ``a-2`` form cluster ``a``): workers
-and leases; the current leader; unassigned leases; leases whose owner no longer reports (orphaned); and, with
-``--watch``, expired leases (counter unchanged for the lease duration across refreshes, judged exactly as the
-leader does with :class:`~worker_lib.assignment.snapshot.ExpiryTracker`; in ``worker`` liveness mode only for
-leases of owners that do not heartbeat — the others are not renewed and are judged by their heartbeat). It shows
-the liveness mode and, in ``worker`` mode, *foreign owners*: lease owners without a heartbeat (a KCL worker, or
-heartbeats off), which cannot judge ``worker``-mode leases (docs/liveness-modes.md).
+Per worker: leases, CPU (latest ``sts.C``), throughput (sum of its leases' ``throughputKBps``), its load against the
+fleet mean (CPU where reported, else throughput: what the leader acts on), last report age; per cluster (the
+worker-id prefix before the first ``/``, so ``eu-a/host:1`` and ``eu-a/host:2`` form cluster ``eu-a``; ids without
+one are in cluster ``-``): workers and leases; the current leader; per shard, how far behind the tip its last batch
+was (``MillisBehindLatest`` from each worker's report), worst first; the leader's latest decisions with their
+reasons; unassigned leases; leases whose owner no longer reports (orphaned); and, with ``--watch``, leases whose
+counter has stood still for half the lease duration (expiring) and expired leases (counter unchanged for the lease
+duration across refreshes, judged exactly as the leader does with
+:class:`~worker_lib.assignment.snapshot.ExpiryTracker`; in ``worker`` liveness mode only for leases of owners that
+do not heartbeat — the others are not renewed and are judged by their heartbeat). It shows the liveness mode and, in
+``worker`` mode, *foreign owners*: lease owners without a heartbeat (a KCL worker, or heartbeats off), which cannot
+judge ``worker``-mode leases (docs/liveness-modes.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, TextIO
 
 from worker_lib.assignment.snapshot import ExpiryTracker, is_active_worker
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
-from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorder
+from worker_lib.leader.state_store import CoordinatorStateStore, DecisionRecorder, LeaseCapRecorder
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.schema import TableLayout
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
+
+CLUSTER_SEPARATOR = "/"
+"""A worker id ``<cluster>/<rest>`` belongs to ``<cluster>`` (``SHARDLEASE_WORKER_ID=eu-a/$HOSTNAME``)."""
+
+NO_CLUSTER = "-"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +53,14 @@ class WorkerRow:
     report_age_s: float | None
     active: bool
     liveness: str | None = None  # what its heartbeat says it runs in; None: no heartbeat
+    load_vs_mean: float | None = None  # CPU (else throughput) ÷ the fleet mean of the same
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardLag:
+    lease: str
+    owner: str
+    millis_behind: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,13 +78,20 @@ class FleetStatus:
     foreign_owners: list[str] = field(default_factory=list)
     workers: list[WorkerRow] = field(default_factory=list)
     clusters: dict[str, dict[str, int]] = field(default_factory=dict)
+    load_metric: str = "throughput"  # what load_vs_mean compares: "cpu" when every active worker reports CPU
+    lags: list[ShardLag] = field(default_factory=list)  # worst first
+    expiring: list[str] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # the leader's latest, newest first
+    time: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def cluster_of(worker_id: str, separator: str = "-") -> str:
-    return worker_id.split(separator, 1)[0] if separator else worker_id
+def cluster_of(worker_id: str, separator: str = CLUSTER_SEPARATOR) -> str:
+    """The cluster a worker id names (its prefix before ``separator``), or ``-`` when it names none."""
+    prefix, found, _ = worker_id.partition(separator)
+    return prefix if found and prefix else NO_CLUSTER
 
 
 def collect(
@@ -72,7 +99,7 @@ def collect(
     ddb: Any,
     *,
     clock: Clock = SYSTEM_CLOCK,
-    separator: str = "-",
+    separator: str = CLUSTER_SEPARATOR,
     report_interval_s: float = 30.0,
     tracker: ExpiryTracker | None = None,
 ) -> FleetStatus:
@@ -103,12 +130,13 @@ def collect(
                 cluster=cluster_of(worker, separator),
                 leases=len(per_worker.get(worker, [])),
                 throughput_kbps=round(sum(x.throughput_kbps or 0.0 for x in per_worker.get(worker, [])), 3),
-                cpu=cpu_values[-1] if cpu_values else None,
+                cpu=round(cpu_values[-1], 1) if cpu_values else None,
                 report_age_s=round(now - stats.last_update_epoch_s, 1) if stats else None,
                 active=stats is not None and is_active_worker(stats, now, report_interval_s),
                 liveness=(stats.heartbeat.liveness or "lease") if stats and stats.heartbeat else None,
             )
         )
+    rows, load_metric = _with_loads(rows)
     active = {row.worker for row in rows if row.active}
     clusters: dict[str, dict[str, int]] = {}
     workers_per_cluster = Counter(row.cluster for row in rows)
@@ -116,6 +144,25 @@ def collect(
         entry = clusters.setdefault(row.cluster, {"workers": workers_per_cluster[row.cluster], "leases": 0})
         entry["leases"] += row.leases
     cap = cap_item.get("cap") if cap_item else None
+    owner_of = {lease.lease_key: lease.actual_owner for lease in live}
+    lags = sorted(
+        (
+            ShardLag(lease=key, owner=worker, millis_behind=ms)
+            for worker, m in metrics.items()
+            for key, ms in m.lag_ms.items()
+            if owner_of.get(key) == worker  # a lag reported by a former owner is stale
+        ),
+        key=lambda lag: (-lag.millis_behind, lag.lease),
+    )
+    expiring: list[str] = []
+    if tracker is not None:
+        half = tracker.failover_s / 2
+        now_mono = clock.monotonic()
+        expiring = sorted(
+            key
+            for key, last in tracker.last_increments().items()
+            if key not in expired and owner_of.get(key) and now_mono - last > half
+        )
     return FleetStatus(
         app=app,
         leader=leader,
@@ -130,28 +177,77 @@ def collect(
         foreign_owners=sorted(owner for owner in per_worker if owner not in beating) if per_owner else [],
         workers=rows,
         clusters=clusters,
+        load_metric=load_metric,
+        lags=lags,
+        expiring=expiring,
+        decisions=DecisionRecorder.read(state_store),
+        time=datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
     )
 
 
-def render(status: FleetStatus, *, watch: bool = False) -> str:
+def _with_loads(rows: list[WorkerRow]) -> tuple[list[WorkerRow], str]:
+    """Each row with its load against the fleet mean: CPU when every active worker reports one (what the
+    leader balances on), else throughput."""
+    active = [row for row in rows if row.active]
+    use_cpu = bool(active) and all(row.cpu is not None for row in active)
+    values = {row.worker: (row.cpu if use_cpu else row.throughput_kbps) for row in active}
+    present = [v for v in values.values() if v is not None]
+    mean = sum(present) / len(present) if present else 0.0
+    out = []
+    for row in rows:
+        value = values.get(row.worker)
+        ratio = round(value / mean, 2) if value is not None and mean > 0 else None
+        out.append(replace(row, load_vs_mean=ratio))
+    return out, "cpu" if use_cpu else "throughput"
+
+
+BAR_WIDTH = 20
+"""A load bar is this many cells; the fleet mean fills half of it."""
+
+
+def load_bar(ratio: float | None) -> str:
+    """``████████░░░░ 1.12×``-style: the mean fills half the bar, twice the mean or more fills it all."""
+    if ratio is None:
+        return " " * BAR_WIDTH + "   -  "
+    filled = max(0, min(BAR_WIDTH, round(ratio * BAR_WIDTH / 2)))
+    return "█" * filled + "░" * (BAR_WIDTH - filled) + f" {ratio:4.2f}×"
+
+
+def _age(at_ms: Any, now: datetime) -> str:
+    if not isinstance(at_ms, int | float):
+        return "?"
+    seconds = max(0.0, now.timestamp() - at_ms / 1000)
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def render(status: FleetStatus, *, watch: bool = False, lag_rows: int = 10, decision_rows: int = 5) -> str:
+    now = datetime.fromisoformat(status.time) if status.time else datetime.now(timezone.utc)
     lines = [
-        f"app {status.app}: leader {status.leader or '(none)'}; {status.leases} leases "
+        f"app {status.app} at {status.time or '-'}: leader {status.leader or '(none)'}; {status.leases} leases "
         f"({status.finished} finished awaiting cleanup); cap {status.cap if status.cap is not None else 'none'}; "
         f"liveness mode {status.liveness_mode}",
-        f"{'worker':<28} {'cluster':<12} {'leases':>6} {'KB/s':>10} {'CPU %':>6} {'report':>8}",
+        f"{'worker':<28} {'cluster':<10} {'leases':>6} {'KB/s':>9} {'CPU %':>6} "
+        f"{'load vs mean (' + status.load_metric + ')':<27} {'report':>8}",
     ]
     for row in status.workers:
         cpu = f"{row.cpu:.1f}" if row.cpu is not None else "-"
         age = f"{row.report_age_s:.0f}s ago" if row.report_age_s is not None else "never"
         flag = "" if row.active else "  (not reporting)"
         lines.append(
-            f"{row.worker:<28} {row.cluster:<12} {row.leases:>6} {row.throughput_kbps:>10.1f} {cpu:>6} {age:>8}{flag}"
+            f"{row.worker:<28} {row.cluster:<10} {row.leases:>6} {row.throughput_kbps:>9.1f} {cpu:>6} "
+            f"{load_bar(row.load_vs_mean):<27} {age:>8}{flag}"
         )
     for cluster, entry in sorted(status.clusters.items()):
         lines.append(f"cluster {cluster}: {entry['workers']} workers, {entry['leases']} leases")
+    if status.lags:
+        lines.append(f"lag (MillisBehindLatest, worst {min(lag_rows, len(status.lags))} of {len(status.lags)}):")
+        lines += [f"  {lag.lease:<44} {lag.millis_behind:>10,} ms  {lag.owner}" for lag in status.lags[:lag_rows]]
+    else:
+        lines.append("lag: none reported yet")
     lines.append(f"unassigned: {', '.join(status.unassigned) or 'none'}")
     lines.append(f"owner not reporting: {', '.join(status.orphaned) or 'none'}")
     if watch:
+        lines.append(f"expiring (counter still for half the lease duration): {', '.join(status.expiring) or 'none'}")
         lines.append(f"expired: {', '.join(status.expired) or 'none'}")
     if status.foreign_owners:
         lines.append(
@@ -159,7 +255,40 @@ def render(status: FleetStatus, *, watch: bool = False) -> str:
         )
     if status.handoffs:
         lines.append(f"graceful handoffs in progress: {', '.join(status.handoffs)}")
+    if status.decisions:
+        lines.append("leader's latest decisions:")
+        for d in status.decisions[:decision_rows]:
+            lines.append(
+                f"  {_age(d.get('at'), now):>8}  {d.get('kind', '?'):<16} {d.get('lease', '?')}  "
+                f"{d.get('from') or '-'} -> {d.get('to', '?')}: {d.get('reason', '')}"
+            )
     return "\n".join(lines)
+
+
+class Screen:
+    """Where frames go. On a terminal each frame is drawn over the last one in place (cursor home, every line
+    cleared to its end, the rest of the screen cleared), so nothing flickers or scrolls; piped, frames follow each
+    other, each text frame under a ``--- time ---`` line and each JSON frame as one line (JSON Lines)."""
+
+    def __init__(self, out: TextIO, *, as_json: bool, interactive: bool) -> None:
+        self._out = out
+        self._json = as_json
+        self._interactive = interactive and not as_json
+        self._frames = 0
+
+    def show(self, status: FleetStatus, *, watch: bool) -> None:
+        if self._json:
+            self._out.write(json.dumps(status.to_dict(), sort_keys=True) + "\n")
+        elif self._interactive and watch:
+            text = render(status, watch=True)
+            prefix = "\x1b[2J\x1b[H" if self._frames == 0 else "\x1b[H"
+            self._out.write(prefix + "".join(f"{line}\x1b[K\n" for line in text.splitlines()) + "\x1b[J")
+        else:
+            if watch:
+                self._out.write(f"--- {status.time} ---\n")
+            self._out.write(render(status, watch=watch) + "\n")
+        self._out.flush()
+        self._frames += 1
 
 
 def run_status_cli(
@@ -170,18 +299,30 @@ def run_status_cli(
     as_json: bool,
     interval_s: float = 5.0,
     clock: Clock = SYSTEM_CLOCK,
+    out: TextIO | None = None,
+    frames: int | None = None,
 ) -> int:
+    """``shardlease status``: one frame, or with ``watch`` a frame every ``interval_s`` until Ctrl-C or a closed
+    pipe (both end it quietly with 0); ``frames`` bounds the number of frames (tests)."""
+    out = out or sys.stdout
     ddb = aws.client("dynamodb", aws_config)
     for spec in TableLayout.from_env().specs():  # the lease table alone in KCL 3.5's single-table mode
         with aws.translated("dynamodb DescribeTable", spec.table_name(app)):
             ddb.describe_table(TableName=spec.table_name(app))
     tracker = ExpiryTracker(LeaseConfig.from_env().failover_time_ms / 1000) if watch else None
-    while True:
-        status = collect(app, ddb, clock=clock, tracker=tracker)
-        text = json.dumps(status.to_dict(), sort_keys=True) if as_json else render(status, watch=watch)
-        if watch and not as_json and sys.stdout.isatty():
-            print("\x1b[2J\x1b[H", end="")
-        print(text, flush=True)
-        if not watch:
-            return 0
-        clock.sleep(interval_s)
+    screen = Screen(out, as_json=as_json, interactive=out.isatty())
+    shown = 0
+    try:
+        while True:
+            screen.show(collect(app, ddb, clock=clock, tracker=tracker), watch=watch)
+            shown += 1
+            if not watch or (frames is not None and shown >= frames):
+                return 0
+            clock.sleep(interval_s)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining when it flushes stdout.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        return 0

@@ -168,6 +168,10 @@ class WorkerHeartbeat:
         return self.liveness != "worker"
 
 
+MAX_REPORTED_LAGS = 100
+"""A worker reports the lag of at most this many leases (its worst): the item stays small."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerMetricStats:
     """One item of ``<app>-WorkerMetricStats`` (docs/kcl-compatibility.md, "Worker-metrics table").
@@ -183,6 +187,8 @@ class WorkerMetricStats:
     capacity: what the worker can spend on its leases, in CPUs (a worker's available cores, a Spark application's
       executor slots; ours, ``cap``; ``None`` when not reported). A lightly loaded fleet is evened by lease count
       in proportion to it (docs/assignment.md).
+    lag_ms: per lease this worker reads, how far behind the tip its last batch was (``MillisBehindLatest``; ours,
+      ``lag``; at most :data:`MAX_REPORTED_LAGS` leases, the worst): what ``shardlease status`` shows per shard.
     """
 
     worker_id: str
@@ -195,6 +201,7 @@ class WorkerMetricStats:
     assigned_keys: tuple[str, ...] = ()
     handoff_requests: tuple[str, ...] = ()
     capacity: float | None = None
+    lag_ms: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def state(self) -> WorkerState:

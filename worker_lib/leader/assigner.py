@@ -101,6 +101,12 @@ class CapRecorder(Protocol):
     def record(self, cap: int | None, *, shards: int, workers: int) -> None: ...
 
 
+class DecisionSink(Protocol):
+    """Where the decisions of a run are kept for operators (``shardlease status``)."""
+
+    def record(self, decisions: Sequence[Decision]) -> None: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class AssignmentReport:
     """One assignment run, as metrics: counts, per-worker load, balance, timings."""
@@ -158,6 +164,7 @@ class LeaseAssigner:
         lease_config: LeaseConfig | None = None,
         decider: Decider | None = None,
         cap_recorder: CapRecorder | None = None,
+        decision_recorder: DecisionSink | None = None,
         liveness: LivenessJudge | None = None,
         notifier: AssignmentNotifier | None = None,
         observations: ObservationKeeper | None = None,
@@ -172,6 +179,7 @@ class LeaseAssigner:
         self._lease_config = lease_config or LeaseConfig(failover_time_ms=self._config.failover_ms)
         self._decider = decider or make_decider(self._config)
         self._cap_recorder = cap_recorder
+        self._decision_recorder = decision_recorder
         self._liveness = liveness
         self._notifier = notifier
         self._observations = observations
@@ -246,6 +254,11 @@ class LeaseAssigner:
         decide_ms = (self._clock.monotonic() - decide_started) * 1000
         self._remember_suspects(snapshot, workers)
         conflicts, received, handoffs = self._write(plan, {lease.lease_key: lease for lease in live})
+        if self._decision_recorder is not None and plan.decisions:
+            try:
+                self._decision_recorder.record(plan.decisions)
+            except DependencyError as exc:
+                log.warning("could not record the decisions for status: %s", exc)
         self._started_handoffs(handoffs, requested_from=view.heartbeating if per_owner else None)
         for lease in forced:
             if lease.lease_owner is not None:

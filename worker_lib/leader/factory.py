@@ -30,7 +30,12 @@ from worker_lib.leader.leader import Leader
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
-from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore, LeaseCapRecorder
+from worker_lib.leader.state_store import (
+    CoordinatorStateStore,
+    DecisionRecorder,
+    ExpiryObservationStore,
+    LeaseCapRecorder,
+)
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import check_start
@@ -168,6 +173,7 @@ def build_leader(
             store,
             worker_rows,
             cap_recorder=LeaseCapRecorder(state_store),
+            decision_recorder=DecisionRecorder(state_store, clock=clock),
             config=assignment,
             lease_config=lease_config,
             liveness=watch,

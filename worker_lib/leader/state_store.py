@@ -10,11 +10,12 @@ Values are plain Python (str, int, float, bool, None, lists/tuples, dicts, sets)
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import zlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import botocore.exceptions
 
@@ -25,6 +26,7 @@ from worker_lib.tables.coordinator_items import (
     EXPIRY_OBSERVATIONS_KEY,
     KEY,
     LEASE_CAP_KEY,
+    RECENT_DECISIONS_KEY,
     ExpiryObservationsAttr,
     LeaseCapAttr,
     from_item,
@@ -184,6 +186,57 @@ class LeaseCapRecorder:
             )
         if written:
             self._last = current
+
+
+class DecisionRecorder:
+    """The leader's latest assignment decisions with their reasons, newest first, for ``shardlease status``: one
+    item, ``RecentDecisions``, written unconditionally (it is a display, last writer wins) only after a run that
+    decided something, so a quiet fleet costs nothing. A new leader starts a new list."""
+
+    KEY = RECENT_DECISIONS_KEY
+    KEEP = 20
+
+    def __init__(self, store: CoordinatorStateStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._store = store
+        self._clock = clock
+        self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.KEEP)
+
+    def record(self, decisions: Sequence[DecisionLike]) -> None:
+        if not decisions:
+            return
+        at_ms = int(self._clock.wall() * 1000)
+        for decision in decisions:
+            self._recent.appendleft(
+                {
+                    "lease": decision.lease_key,
+                    "from": decision.from_worker,
+                    "to": decision.to_worker,
+                    "kind": decision.kind,
+                    "reason": decision.reason,
+                    "at": at_ms,
+                }
+            )
+        self._store.put(self.KEY, {"decisions": list(self._recent)})
+
+    @staticmethod
+    def read(store: CoordinatorStateStore) -> list[dict[str, Any]]:
+        """The recorded decisions, newest first (empty when none or unreadable)."""
+        item = store.get(DecisionRecorder.KEY) or {}
+        decisions = item.get("decisions")
+        return [d for d in decisions if isinstance(d, dict)] if isinstance(decisions, list) else []
+
+
+class DecisionLike(Protocol):
+    @property
+    def lease_key(self) -> str: ...
+    @property
+    def from_worker(self) -> str | None: ...
+    @property
+    def to_worker(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
 
 
 class ExpiryObservationStore:

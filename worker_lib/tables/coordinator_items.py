@@ -39,6 +39,7 @@ LOCK_ENTITY_TYPE = LEADER_ENTITY_TYPE
 LEASE_CAP_KEY = "MaxLeasesPerWorker"
 EXPIRY_OBSERVATIONS_KEY = "LeaseExpiryObservations"
 LIVENESS_MODE_KEY = "LivenessMode"
+RECENT_DECISIONS_KEY = "RecentDecisions"  # the leader's last assignment decisions, for `shardlease status`
 
 
 def key_of(item_key: str) -> Item:

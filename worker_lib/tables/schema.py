@@ -68,6 +68,7 @@ class WorkerMetricsAttr:
     ASSIGNED_KEYS = "asl"
     HANDOFF_REQUESTS = "hrq"
     CAPACITY = "cap"  # CPUs the worker can spend on its leases (docs/assignment.md, light-fleet evening)
+    LAG = "lag"  # per lease: MillisBehindLatest of its last batch (docs/operations.md, shardlease status)
 
 
 WORKER_METRICS_ENTITY_TYPE = "WORKER_METRIC_STATS"

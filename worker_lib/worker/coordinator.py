@@ -116,6 +116,7 @@ class LeaseCoordinator:
         self._discoverer = LeaseDiscoverer(store, self.worker_id)
         self._detectors: dict[str, KinesisShardDetector] = {}  # per stream: a multi-stream worker reads several
         self._running: dict[str, _Running] = {}
+        self._lags: dict[str, int] = {}  # MillisBehindLatest of each running lease's last batch (status view)
         self._guard = threading.Lock()
         self._coordinator_stop = threading.Event()  # set after the consumers finished: renewals go on until then
         self._thread: threading.Thread | None = None
@@ -126,6 +127,10 @@ class LeaseCoordinator:
     @property
     def held_leases(self) -> list[str]:
         return self._holder.held_keys()
+
+    def lags(self) -> dict[str, int]:
+        """MillisBehindLatest of each lease's last batch, for the worker-metrics report (``shardlease status``)."""
+        return dict(self._lags)
 
     @property
     def started(self) -> bool:
@@ -325,6 +330,7 @@ class LeaseCoordinator:
             outcome = entry.outcome or ConsumerOutcome.LOST
             self.outcomes[key] = outcome
             self._throughput.forget(key)
+            self._lags.pop(key, None)
             if outcome is ConsumerOutcome.LOST:
                 self._holder.drop(key)
                 if not self._holder.renewing and not self._holder.fenced:
@@ -338,6 +344,7 @@ class LeaseCoordinator:
         self._metrics.add(MetricName.RECORDS_PROCESSED, len(records))
         self._metrics.add("BytesProcessed", sum(len(r.data) for r in records), unit="Bytes")
         if millis_behind is not None:
+            self._lags[lease_key] = millis_behind
             self._metrics.add(MetricName.MILLIS_BEHIND_LATEST, millis_behind, unit="Milliseconds", aggregation="max")
         if self._user_on_records is not None:
             self._user_on_records(lease_key, records, millis_behind)

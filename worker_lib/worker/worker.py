@@ -292,6 +292,7 @@ class Worker:
                 config=config.worker_metrics,
                 clock=clock,
                 capacity=functools.partial(available_cpus, cpu),
+                lags=self._current_lags,  # the coordinator is made below; read at each report
             )
         self._metrics = metrics_publisher or make_publisher(
             config.metrics, app=config.app, worker_id=config.worker_id, aws_config=aws_config, clock=clock
@@ -318,6 +319,9 @@ class Worker:
             modes=self._modes,
         )
         self._leader_thread: threading.Thread | None = None
+
+    def _current_lags(self) -> dict[str, int]:
+        return self._coordinator.lags()
 
     # --- public ---------------------------------------------------------------------------------------------
 

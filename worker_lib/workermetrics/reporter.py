@@ -21,11 +21,11 @@ import collections
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.models import WorkerMetricStats
+from worker_lib.core.models import MAX_REPORTED_LAGS, WorkerMetricStats
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.cpu import WorkerMetric
 
@@ -54,9 +54,11 @@ class WorkerMetricsReporter:
         config: WorkerMetricsConfig | None = None,
         clock: Clock = SYSTEM_CLOCK,
         capacity: Callable[[], float | None] | None = None,
+        lags: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """``capacity``: read at each report, the CPUs the worker can spend on its leases (written as ``cap``;
-        ``None`` or a failing callable writes nothing)."""
+        ``None`` or a failing callable writes nothing). ``lags``: read at each report, MillisBehindLatest per lease
+        (written as ``lag``, the :data:`MAX_REPORTED_LAGS` worst)."""
         if not worker_id:
             raise ValueError("worker_id must not be empty")
         codes = [m.code for m in metrics]
@@ -65,6 +67,7 @@ class WorkerMetricsReporter:
         self.worker_id = worker_id
         self._metrics = tuple(metrics)
         self._capacity = capacity
+        self._lags = lags
         self._sink = sink
         self._config = config or WorkerMetricsConfig()
         self._clock = clock
@@ -156,7 +159,18 @@ class WorkerMetricsReporter:
             stats={code: tuple(values) for code, values in self._stats.items()},
             operating_range={m.code: (float(m.operating_range_max),) for m in self._metrics},
             capacity=self._current_capacity(),
+            lag_ms=self._current_lags(),
         )
+
+    def _current_lags(self) -> dict[str, int]:
+        if self._lags is None:
+            return {}
+        try:
+            lags = dict(self._lags())
+        except Exception:  # lags that cannot be read are simply not reported
+            return {}
+        worst = sorted(lags.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_REPORTED_LAGS]
+        return {key: int(ms) for key, ms in worst}
 
     def _current_capacity(self) -> float | None:
         if self._capacity is None:

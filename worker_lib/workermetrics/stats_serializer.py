@@ -54,6 +54,8 @@ def to_item(stats: WorkerMetricStats) -> Item:
         item[A.ENTITY_TYPE] = {"S": stats.entity_type}
     if stats.capacity is not None:
         item[A.CAPACITY] = number(stats.capacity)
+    if stats.lag_ms:
+        item[A.LAG] = {"M": {key: number(int(ms)) for key, ms in stats.lag_ms.items()}}
     return item
 
 
@@ -127,7 +129,21 @@ def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
         assigned_keys=_strings(item.get(A.ASSIGNED_KEYS)),
         handoff_requests=_strings(item.get(A.HANDOFF_REQUESTS)),
         capacity=_capacity(item.get(A.CAPACITY)),
+        lag_ms=_lags(item.get(A.LAG)),
     )
+
+
+def _lags(raw: Any) -> dict[str, int]:
+    """Lenient: a lag that is not a number is left out (it only feeds ``shardlease status``)."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("M"), Mapping):
+        return {}
+    out: dict[str, int] = {}
+    for key, value in raw["M"].items():
+        try:
+            out[str(key)] = int(_finite(value))
+        except ValueError:
+            continue
+    return out
 
 
 def _capacity(raw: Any) -> float | None:

@@ -62,11 +62,15 @@ class WorkerMetricsStore:
         item.pop(self._place.key_attr)
         names = {f"#a{i}": name for i, name in enumerate(item)}
         values = {f":a{i}": value for i, value in enumerate(item.values())}
+        expression = "SET " + ", ".join(f"#a{i} = :a{i}" for i in range(len(item)))
+        if A.LAG not in item:  # no lease read any more: drop the last report's lags
+            names["#lag"] = A.LAG
+            expression += " REMOVE #lag"
         with aws.translated("dynamodb UpdateItem", self.table_name):
             self._client.update_item(
                 TableName=self.table_name,
                 Key=self._place.key(stats.worker_id),
-                UpdateExpression="SET " + ", ".join(f"#a{i} = :a{i}" for i in range(len(item))),
+                UpdateExpression=expression,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
             )
