@@ -96,6 +96,26 @@ def test_given_the_foreign_owner_alarm_then_it_fires_when_a_non_heartbeating_own
     assert props["TreatMissingData"] == "notBreaching"
 
 
+def test_given_the_operator_alarms_then_lag_unrenewed_leases_and_a_foreign_lock_holder_each_have_one(
+    synth: Synth,
+) -> None:
+    alarms = _alarms(synth)
+    # a shard more than 5 minutes behind the tip, for 5 minutes (the lag the workers report, max over shards)
+    (lag,) = [p for k, p in alarms.items() if "ConsumerLag" in k]
+    assert lag["MetricName"] == LeaderMetric.MILLIS_BEHIND_MAX and lag["Statistic"] == "Maximum"
+    assert lag["Threshold"] == 300_000 and lag["ComparisonOperator"] == "GreaterThanThreshold"
+    # leases renewed by nobody for 5 minutes
+    (expired,) = [p for k, p in alarms.items() if "LeasesNotRenewed" in k]
+    assert expired["MetricName"] == LeaderMetric.EXPIRED_LEASES and expired["Statistic"] == "Minimum"
+    # the leader lock held in the lock client's own format (a KCL worker leads) for 5 minutes
+    (foreign,) = [p for k, p in alarms.items() if "ForeignLeaderLock" in k]
+    assert foreign["MetricName"] == LeaderMetric.FOREIGN_LOCK_HOLDER and foreign["Threshold"] == 1
+    for props in (lag, expired, foreign):
+        assert props["EvaluationPeriods"] == props["DatapointsToAlarm"] == 5
+        assert props["Dimensions"] == [{"Name": "Application", "Value": APP}]
+        assert "docs/operations.md" in props["AlarmDescription"]
+
+
 def test_given_alarm_actions_then_every_alarm_notifies_them(synth: Synth) -> None:
     # GIVEN the default stack (no topic): no actions
     assert all("AlarmActions" not in p for p in _alarms(synth).values())

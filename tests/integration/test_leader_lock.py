@@ -421,6 +421,20 @@ def test_a_lock_item_written_by_kcl_is_respected_until_its_version_stands_still(
     assert raw_item(ddb, app_name)["ownerName"] == {"S": "py"}
 
 
+def test_a_lock_held_by_kcl_is_reported_foreign_and_one_held_by_us_is_not(ddb: Any, app_name: str) -> None:
+    # GIVEN a KCL worker holding the lock (the lock client's format: no expiry of ours)
+    kcl_put(ddb, app_name)
+    contender = lock(ddb, app_name, "py", ManualClock())
+    # WHEN we try to take it THEN we do not, and the holder is foreign (metric LeaderLockForeignHolder, its alarm)
+    assert not contender.try_acquire() and contender.last_seen_holder() == "java-worker"
+    assert contender.holder_is_foreign()
+    # AND a lock held by one of ours is not foreign
+    ddb.delete_item(TableName=coordinator_state_table_name(app_name), Key={"key": {"S": LOCK_KEY}})
+    assert lock(ddb, app_name, "ours").try_acquire()
+    other = lock(ddb, app_name, "py-2", ManualClock())
+    assert not other.try_acquire() and other.last_seen_holder() == "ours" and not other.holder_is_foreign()
+
+
 def test_a_kcl_item_is_not_stolen_when_its_version_changes_just_before_expiry(ddb: Any, app_name: str) -> None:
     # GIVEN a contender that has watched a KCL item for 19.9 s
     kcl_put(ddb, app_name)

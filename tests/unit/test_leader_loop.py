@@ -62,6 +62,9 @@ class MemoryLock:
     def plan_release(self, wall_ms: int | None) -> None:
         self.planned_release_ms = wall_ms
 
+    def holder_is_foreign(self) -> bool:
+        return False
+
     def last_seen_holder(self) -> str | None:
         return self.holder
 

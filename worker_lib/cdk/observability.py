@@ -31,9 +31,22 @@ class AlarmSettings:
     unassigned_minutes: int = 5
     leader_error_minutes: int = 5
     foreign_owner_minutes: int = 5
+    lag_threshold_minutes: int = 5  # how far behind the tip (MillisBehindLatest) counts as lagging
+    lag_minutes: int = 5  # for how long
+    expired_minutes: int = 5
+    foreign_lock_minutes: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("no_leader_minutes", "unassigned_minutes", "leader_error_minutes", "foreign_owner_minutes"):
+        for name in (
+            "no_leader_minutes",
+            "unassigned_minutes",
+            "leader_error_minutes",
+            "foreign_owner_minutes",
+            "lag_threshold_minutes",
+            "lag_minutes",
+            "expired_minutes",
+            "foreign_lock_minutes",
+        ):
             if not 1 <= getattr(self, name) <= 60:
                 raise ValueError(f"{name} must be between 1 and 60 minutes")
 
@@ -124,11 +137,57 @@ class ShardleaseObservability(Construct):
             datapoints_to_alarm=alarms.foreign_owner_minutes,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # lease mode publishes 0; no leader: other alarm
         )
+        self.lag_alarm = cw.Alarm(
+            self,
+            "ConsumerLagAlarm",
+            alarm_description=(
+                f"shardlease {app}: a shard's records were more than {alarms.lag_threshold_minutes} minute(s) "
+                f"behind the tip of the stream for {alarms.lag_minutes} minute(s) (MillisBehindLatest the workers "
+                "report): processing is slower than the stream (docs/operations.md, runbook)"
+            ),
+            metric=self.leader_metric(LeaderMetric.MILLIS_BEHIND_MAX, "Maximum"),
+            threshold=alarms.lag_threshold_minutes * 60_000,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=alarms.lag_minutes,
+            datapoints_to_alarm=alarms.lag_minutes,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # no report: the no-leader alarm's job
+        )
+        self.expired_alarm = cw.Alarm(
+            self,
+            "LeasesNotRenewedAlarm",
+            alarm_description=(
+                f"shardlease {app}: leases renewed by nobody for {alarms.expired_minutes} minute(s) (their owner "
+                "stopped renewing and no live worker took them over) (docs/operations.md, runbook)"
+            ),
+            metric=self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Minimum"),
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=alarms.expired_minutes,
+            datapoints_to_alarm=alarms.expired_minutes,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        self.foreign_lock_alarm = cw.Alarm(
+            self,
+            "ForeignLeaderLockAlarm",
+            alarm_description=(
+                f"shardlease {app}: the leader lock has been held for {alarms.foreign_lock_minutes} minute(s) in the "
+                "lock client's own format (a KCL worker leads this application) (docs/operations.md, runbook)"
+            ),
+            metric=self.leader_metric(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=alarms.foreign_lock_minutes,
+            datapoints_to_alarm=alarms.foreign_lock_minutes,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
         self.alarms: tuple[cw.Alarm, ...] = (
             self.no_leader_alarm,
             self.unassigned_alarm,
             self.leader_errors_alarm,
             self.foreign_owner_alarm,
+            self.lag_alarm,
+            self.expired_alarm,
+            self.foreign_lock_alarm,
         )
         for alarm in self.alarms:
             for action in alarm_actions:
@@ -140,6 +199,11 @@ class ShardleaseObservability(Construct):
             self._per_worker_graph("Leases per worker", WorkerMetric.LEASES, "Maximum"),
             self._per_worker_graph("CPU per worker (%)", WorkerMetric.CPU_UTILIZATION, "Average"),
             self._per_worker_graph("Assigned throughput per worker (KB/s)", WorkerMetric.THROUGHPUT_KBPS, "Average"),
+        )
+        self.dashboard.add_widgets(
+            self._per_worker_graph("Records processed per worker (per minute)", WorkerMetric.RECORDS_PROCESSED, "Sum"),
+            self._per_worker_graph("Bytes processed per worker (per minute)", WorkerMetric.BYTES_PROCESSED, "Sum"),
+            self._per_worker_graph("Leases held per worker (the worker's count)", WorkerMetric.LEASES_HELD, "Maximum"),
         )
         self.dashboard.add_widgets(
             cw.GraphWidget(
@@ -157,7 +221,10 @@ class ShardleaseObservability(Construct):
             cw.GraphWidget(
                 title="Iterator age (ms)",
                 left=[stream.metric_get_records_iterator_age_milliseconds(statistic="Maximum") for stream in streams],
-                right=[self._per_worker_search(WorkerMetric.MILLIS_BEHIND_LATEST, "Maximum")],
+                right=[
+                    self._per_worker_search(WorkerMetric.MILLIS_BEHIND_LATEST, "Maximum"),
+                    self.leader_metric(LeaderMetric.MILLIS_BEHIND_MAX, "Maximum"),
+                ],
                 width=8,
             ),
             cw.GraphWidget(
@@ -182,6 +249,8 @@ class ShardleaseObservability(Construct):
                 right=[
                     self.leader_metric(LeaderMetric.CYCLES, "Sum"),
                     self.leader_metric(LeaderMetric.CYCLE_FAILURES, "Sum"),
+                    self.leader_metric(LeaderMetric.NOT_LEADER, "Sum"),
+                    self.leader_metric(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
                 ],
                 width=8,
             ),
@@ -190,6 +259,8 @@ class ShardleaseObservability(Construct):
                 left=[
                     self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Maximum"),
                     self.leader_metric(LeaderMetric.UNASSIGNED_LEASES, "Maximum"),
+                    self.leader_metric(LeaderMetric.LEASES_CREATED, "Sum"),
+                    self.leader_metric(LeaderMetric.LEASES_DELETED, "Sum"),
                 ],
                 right=[
                     self.leader_metric(LeaderMetric.LEASES, "Maximum"),

@@ -16,7 +16,9 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.streams import StreamSelection
 from worker_lib.leader.factory import build_leader_from_env, preflight
 from worker_lib.leader.leader import CycleReport
+from worker_lib.leader.metrics_publisher import LeaderMetricsPublisher
 from worker_lib.shardsync.config import ShardSyncConfig
+from worker_lib.telemetry.publisher import MetricsConfig
 
 
 def summarize(report: CycleReport) -> str:
@@ -54,7 +56,11 @@ def run_leader_cli(
     parts = build_leader_from_env(app=app, stream=stream, aws_config=aws_config, shard_sync=shard_sync, owner=owner)
     preflight(parts, app=app, stream=stream)
 
+    # The leader's metrics as the Lambda publishes them, where SHARDLEASE_METRICS says (cloudwatch, emf, off).
+    metrics = LeaderMetricsPublisher(MetricsConfig.from_env(), app=app, aws_config=aws_config)
+
     def emit(report: CycleReport) -> None:
+        metrics.cycle(report)
         line = json.dumps(report.to_dict(), default=str, sort_keys=True) if as_json else summarize(report)
         print(line, flush=True)
 

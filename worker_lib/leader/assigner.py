@@ -101,6 +101,13 @@ class CapRecorder(Protocol):
     def record(self, cap: int | None, *, shards: int, workers: int) -> None: ...
 
 
+def max_reported_lag(live: Sequence[Lease], workers: Sequence[WorkerMetricStats]) -> int | None:
+    """The worst MillisBehindLatest reported for a live lease by its actual owner (a former owner's is stale)."""
+    owner_of = {lease.lease_key: lease.actual_owner for lease in live}
+    lags = [ms for w in workers for key, ms in w.lag_ms.items() if owner_of.get(key) == w.worker_id]
+    return max(lags) if lags else None
+
+
 class DecisionSink(Protocol):
     """Where the decisions of a run are kept for operators (``shardlease status``)."""
 
@@ -138,6 +145,8 @@ class AssignmentReport:
     workers_departing: tuple[str, ...] = ()
     notices: int = 0
     liveness_mode: str = "lease"
+    max_millis_behind: int | None = None
+    """The worst MillisBehindLatest the owners of live leases reported (``lag`` in their rows); None if none did."""
     foreign_owners: tuple[str, ...] = ()
     """In ``worker`` liveness mode: owners of leases that do not heartbeat (a KCL worker, or one of ours with the
     heartbeat off) — judged by lease counter, and unable to judge ``worker``-mode leases themselves."""
@@ -599,5 +608,6 @@ class LeaseAssigner:
             workers_departing=tuple(sorted(view.departing)),
             notices=notices,
             liveness_mode=liveness,
+            max_millis_behind=max_reported_lag(live, workers),
             foreign_owners=foreign,
         )

@@ -37,7 +37,10 @@ def cycle_metrics(report: CycleReport) -> list[MetricValue]:
     A host that did not hold the lock reports only that; a failed cycle reports the failure and its time.
     """
     if not report.leader:
-        return [MetricValue(LeaderMetric.NOT_LEADER, COUNT, 1.0)]
+        return [
+            MetricValue(LeaderMetric.NOT_LEADER, COUNT, 1.0),
+            MetricValue(LeaderMetric.FOREIGN_LOCK_HOLDER, COUNT, 1.0 if report.foreign_leader else 0.0),
+        ]
     failed = bool(report.error)
     out = [
         MetricValue(LeaderMetric.CYCLES, COUNT, 0.0 if failed else 1.0),
@@ -66,6 +69,8 @@ def cycle_metrics(report: CycleReport) -> list[MetricValue]:
         ):
             out.append(MetricValue(name, COUNT, float(count)))
         out.append(MetricValue(LeaderMetric.LOAD_MAX_OVER_MEAN, NO_UNIT, float(run.max_over_mean)))
+        if run.max_millis_behind is not None:
+            out.append(MetricValue(LeaderMetric.MILLIS_BEHIND_MAX, MILLISECONDS, float(run.max_millis_behind)))
     return out
 
 

@@ -72,6 +72,7 @@ class CycleReport:
     owner: str
     leader: bool
     current_leader: str | None = None
+    foreign_leader: bool = False  # the lock is held in the lock client's own format: a KCL worker leads
     shard_sync: ShardSyncResult | None = None
     assignment: AssignmentReport | None = None
     error: str | None = None
@@ -85,6 +86,7 @@ class CycleReport:
             "owner": self.owner,
             "leader": self.leader,
             "current_leader": self.current_leader,
+            "foreign_leader": self.foreign_leader,
             "shard_sync": None if self.shard_sync is None else asdict(self.shard_sync),
             "assignment": None if self.assignment is None else asdict(self.assignment),
             "error": self.error,
@@ -168,7 +170,8 @@ class Leader:
                 # The holder as the acquire attempt just read it: no second read per poll (one read only when that
                 # attempt saw no holder and lost a race for the free lock).
                 holder = self._lock.last_seen_holder() or self._lock.current_leader()
-                return self._report(started, leader=False, current_leader=holder)
+                foreign = holder is not None and self._lock.holder_is_foreign()
+                return self._report(started, leader=False, current_leader=holder, foreign_leader=foreign)
             shard_sync_result = None
             if self._shard_sync is not None and self._sync_due():
                 shard_sync_result = self._shard_sync.sync_once()

@@ -77,6 +77,9 @@ class LeaderLock(Protocol):
     def last_seen_holder(self) -> str | None:
         """The holder of an unexpired lock as the last read saw it (no I/O); None if free or never read."""
 
+    def holder_is_foreign(self) -> bool:
+        """Whether that holder wrote the lock in the lock client's own format (a KCL worker), not ours (no I/O)."""
+
     def plan_release(self, wall_ms: int | None) -> None:
         """Announce (with the next acquire or heartbeat) when this holder will release the lock; None: unknown."""
 
@@ -113,6 +116,7 @@ class DynamoDBLeaderLock:
         self._skew_warned = False
         self._release_at_ms: int | None = None
         self._last_holder: str | None = None
+        self._last_holder_foreign = False
 
     # --- reading --------------------------------------------------------------------------------------------
 
@@ -185,6 +189,9 @@ class DynamoDBLeaderLock:
     def last_seen_holder(self) -> str | None:
         return self._last_holder
 
+    def holder_is_foreign(self) -> bool:
+        return self._last_holder_foreign
+
     def takeover_eta_s(self) -> float | None:
         item = self._read()
         if item is None or item.released:
@@ -241,6 +248,8 @@ class DynamoDBLeaderLock:
             return self.heartbeat()
         item = self._read()
         self._last_holder = None if item is None or self._expired_by_record(item) else item.owner
+        # Our items carry the expiry we write; the lock client's (a KCL worker's) do not.
+        self._last_holder_foreign = self._last_holder is not None and item is not None and item.expires_ms is None
         if item is None:
             self._lost("lock item deleted")
         else:

@@ -49,6 +49,8 @@ class LeaderMetric:
     WORKERS: Final = "Workers"  # Count: workers able to take leases
     LOAD_MAX_OVER_MEAN: Final = "LoadMaxOverMean"  # None: balance of the acted-on metric after the plan
     FOREIGN_OWNERS: Final = "ForeignLeaseOwners"  # Count: worker liveness mode, lease owners without a heartbeat
+    FOREIGN_LOCK_HOLDER: Final = "LeaderLockForeignHolder"  # Count: 1 when the lock is held in another client's format
+    MILLIS_BEHIND_MAX: Final = "MillisBehindLatestMax"  # Milliseconds: the worst lease's lag the workers reported
 
 
 class WorkerMetric:
@@ -68,3 +70,17 @@ class WorkerMetric:
 
 ALL_LEADER_METRICS: Final = tuple(v for k, v in vars(LeaderMetric).items() if k.isupper())
 ALL_WORKER_METRICS: Final = tuple(v for k, v in vars(WorkerMetric).items() if k.isupper())
+
+
+UNITS: Final[dict[str, str]] = {
+    **{name: "Count" for name in ALL_LEADER_METRICS},
+    LeaderMetric.CYCLE_TIME: "Milliseconds",
+    LeaderMetric.LOAD_MAX_OVER_MEAN: "None",
+    LeaderMetric.MILLIS_BEHIND_MAX: "Milliseconds",
+    **{name: "Count" for name in ALL_WORKER_METRICS},
+    WorkerMetric.THROUGHPUT_KBPS: "Kilobytes/Second",
+    WorkerMetric.CPU_UTILIZATION: "Percent",
+    WorkerMetric.BYTES_PROCESSED: "Bytes",
+    WorkerMetric.MILLIS_BEHIND_LATEST: "Milliseconds",
+}
+"""The CloudWatch unit of every metric: what the publishers send and what the metrics contract test checks."""

@@ -88,8 +88,10 @@ class LeaseCoordinator:
         stop: threading.Event,
         clock: Clock,
         modes: LivenessModeSource | None = None,
+        cpu_percent: Callable[[], float | None] | None = None,
     ) -> None:
         self.config = config
+        self._cpu_percent = cpu_percent
         self.worker_id = config.worker_id
         self._store = store
         self._kinesis = kinesis
@@ -234,7 +236,7 @@ class LeaseCoordinator:
                     if self._holder.renewing:
                         self._renew()
                     else:
-                        self._metrics.add("LeasesHeld", len(self._holder.held_keys()), aggregation="last")
+                        self._metrics.add(MetricName.LEASES_HELD, len(self._holder.held_keys()), aggregation="last")
                 if now >= next_throughput:
                     next_throughput = now + throughput_s
                     if not self._holder.renewing:
@@ -251,6 +253,9 @@ class LeaseCoordinator:
                     self._discover()
                 if now >= next_flush:
                     next_flush = now + self.config.metrics.flush_interval_ms / 1000
+                    cpu = self._cpu_percent() if self._cpu_percent is not None else None
+                    if cpu is not None:
+                        self._metrics.add(MetricName.CPU_UTILIZATION, cpu, unit="Percent", aggregation="last")
                     self._metrics.flush()
             except DependencyError as exc:
                 log.warning("worker %s coordination step failed: %s", self.worker_id, exc)
@@ -267,11 +272,11 @@ class LeaseCoordinator:
     def _renew(self) -> None:
         report = self._holder.renew_all()
         self.renewal_failures += len(report.failed)
-        self._metrics.add("LeasesHeld", len(self._holder.held_keys()), aggregation="last")
+        self._metrics.add(MetricName.LEASES_HELD, len(self._holder.held_keys()), aggregation="last")
         if report.failed:
-            self._metrics.add("RenewalFailures", len(report.failed))
+            self._metrics.add(MetricName.RENEWAL_FAILURES, len(report.failed))
         if report.lost:
-            self._metrics.add("LeasesLost", len(report.lost))
+            self._metrics.add(MetricName.LEASES_LOST, len(report.lost))
 
     def _discover(self, keys: Sequence[str] | None = None) -> None:
         with self._guard:
@@ -342,7 +347,7 @@ class LeaseCoordinator:
 
     def _on_records(self, lease_key: str, records: Sequence[KinesisRecord], millis_behind: int | None) -> None:
         self._metrics.add(MetricName.RECORDS_PROCESSED, len(records))
-        self._metrics.add("BytesProcessed", sum(len(r.data) for r in records), unit="Bytes")
+        self._metrics.add(MetricName.BYTES_PROCESSED, sum(len(r.data) for r in records), unit="Bytes")
         if millis_behind is not None:
             self._lags[lease_key] = millis_behind
             self._metrics.add(MetricName.MILLIS_BEHIND_LATEST, millis_behind, unit="Milliseconds", aggregation="max")

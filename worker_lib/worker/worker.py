@@ -265,6 +265,7 @@ class Worker:
         self.config = config
         self.worker_id = config.worker_id
         aws_config = aws_config or config.aws  # an explicit aws_config wins (tests, the CLI's --endpoint-url)
+        self._aws_config = aws_config
         self._dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
         self._kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
         # The start check probes with one attempt and short timeouts, so that a wrong endpoint fails within
@@ -317,11 +318,19 @@ class Worker:
             stop=self._stop,
             clock=clock,
             modes=self._modes,
+            cpu_percent=self._latest_cpu,
         )
         self._leader_thread: threading.Thread | None = None
 
     def _current_lags(self) -> dict[str, int]:
         return self._coordinator.lags()
+
+    def _latest_cpu(self) -> float | None:
+        """The CPU the last worker-metrics window measured (published as WorkerCpuUtilization), if any."""
+        if self._reporter is None or not hasattr(self._reporter, "snapshot"):
+            return None
+        values = [v for v in self._reporter.snapshot().stats.get("C", ()) if v >= 0]
+        return values[-1] if values else None
 
     # --- public ---------------------------------------------------------------------------------------------
 
@@ -459,7 +468,10 @@ class Worker:
         """The same Leader the Lambda runs, in a thread of this worker: every worker may contend, the lock picks
         one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md)."""
         from worker_lib.leader.factory import build_leader_from_env
+        from worker_lib.leader.metrics_publisher import LeaderMetricsPublisher
 
+        # The leader's metrics go where this worker's go (SHARDLEASE_METRICS), as the Lambda's would.
+        publisher = LeaderMetricsPublisher(self.config.metrics, app=self.config.app, aws_config=self._aws_config)
         parts = build_leader_from_env(
             os.environ,
             app=self.config.app,
@@ -473,7 +485,7 @@ class Worker:
 
         def lead() -> None:
             try:
-                parts.leader.run(stop=self._stop)
+                parts.leader.run(stop=self._stop, on_cycle=publisher.cycle)
             except Exception:
                 log.exception("embedded leader stopped with an error")
 
