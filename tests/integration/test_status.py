@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from worker_lib.assignment.snapshot import ExpiryTracker
 from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
@@ -39,6 +41,16 @@ def setup_fleet(ddb: Any, app: str, clock: ManualClock) -> None:
             )
         )
     assert DynamoDBLeaderLock(app, "leader-x", client=ddb, clock=clock).try_acquire()
+
+
+@pytest.fixture
+def fleet(moto_aws: AwsConfig, app_name: str) -> tuple[Any, ManualClock]:
+    """The tables holding :func:`setup_fleet`'s fleet, on a clock at the real time."""
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    clock = ManualClock(wall=float(time.time()))
+    setup_fleet(ddb, app_name, clock)
+    return ddb, clock
 
 
 def test_status_groups_by_worker_and_cluster_and_flags_problems(moto_aws: AwsConfig, app_name: str) -> None:
@@ -89,16 +101,13 @@ def test_status_cli_prints_json_and_errors_in_one_line(moto_endpoint: str, moto_
 
 
 def test_status_shows_load_against_the_mean_lag_per_shard_worst_first_and_the_leaders_decisions(
-    moto_aws: AwsConfig, app_name: str
+    fleet: tuple[Any, ManualClock], app_name: str
 ) -> None:
     from worker_lib.assignment.plan import Decision
     from worker_lib.leader.state_store import CoordinatorStateStore, DecisionRecorder
 
     # GIVEN the fleet, with lags reported by the owners (and a stale one by a former owner), and two decisions
-    ddb = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, ddb)
-    clock = ManualClock(wall=float(time.time()))
-    setup_fleet(ddb, app_name, clock)
+    ddb, clock = fleet
     metrics = WorkerMetricsStore(app_name, client=ddb)
     for worker, cpu, lags in (("a/1", 40.0, {"shard-0": 1_500, "shard-1": 90_000}), ("b/1", 70.0, {"shard-3": 12})):
         metrics.put(
@@ -145,12 +154,9 @@ def test_status_shows_load_against_the_mean_lag_per_shard_worst_first_and_the_le
 
 
 def test_watch_reports_a_lease_whose_counter_stood_still_for_half_the_duration_as_expiring(
-    moto_aws: AwsConfig, app_name: str
+    fleet: tuple[Any, ManualClock], app_name: str
 ) -> None:
-    ddb = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, ddb)
-    clock = ManualClock(wall=float(time.time()))
-    setup_fleet(ddb, app_name, clock)
+    ddb, clock = fleet
     tracker = ExpiryTracker(10.0)
     collect(app_name, ddb, clock=clock, tracker=tracker)
     clock.advance(6)

@@ -122,63 +122,37 @@ class ShardleaseObservability(Construct):
             evaluation_periods=1,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
         )
-        self.foreign_owner_alarm = cw.Alarm(
-            self,
+        self.foreign_owner_alarm = self._sustained(
             "ForeignLeaseOwnerAlarm",
-            alarm_description=(
-                f"shardlease {app}: in worker liveness mode, leases held for {alarms.foreign_owner_minutes} "
-                "minute(s) by an owner that does not heartbeat (a KCL worker, or one with SHARDLEASE_HEARTBEAT_"
-                "INTERVAL_MS=0): it cannot judge worker-mode leases; run it in lease mode or move it off the table"
-            ),
-            metric=self.leader_metric(LeaderMetric.FOREIGN_OWNERS, "Minimum"),
-            threshold=1,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=alarms.foreign_owner_minutes,
-            datapoints_to_alarm=alarms.foreign_owner_minutes,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # lease mode publishes 0; no leader: other alarm
+            f"shardlease {app}: in worker liveness mode, leases held for {alarms.foreign_owner_minutes} "
+            "minute(s) by an owner that does not heartbeat (a KCL worker, or one with SHARDLEASE_HEARTBEAT_"
+            "INTERVAL_MS=0): it cannot judge worker-mode leases; run it in lease mode or move it off the table",
+            self.leader_metric(LeaderMetric.FOREIGN_OWNERS, "Minimum"),  # lease mode publishes 0
+            minutes=alarms.foreign_owner_minutes,
         )
-        self.lag_alarm = cw.Alarm(
-            self,
+        self.lag_alarm = self._sustained(
             "ConsumerLagAlarm",
-            alarm_description=(
-                f"shardlease {app}: a shard's records were more than {alarms.lag_threshold_minutes} minute(s) "
-                f"behind the tip of the stream for {alarms.lag_minutes} minute(s) (MillisBehindLatest the workers "
-                "report): processing is slower than the stream (docs/operations.md, runbook)"
-            ),
-            metric=self.leader_metric(LeaderMetric.MILLIS_BEHIND_MAX, "Maximum"),
+            f"shardlease {app}: a shard's records were more than {alarms.lag_threshold_minutes} minute(s) "
+            f"behind the tip of the stream for {alarms.lag_minutes} minute(s) (MillisBehindLatest the workers "
+            "report): processing is slower than the stream (docs/operations.md, runbook)",
+            self.leader_metric(LeaderMetric.MILLIS_BEHIND_MAX, "Maximum"),
+            minutes=alarms.lag_minutes,
             threshold=alarms.lag_threshold_minutes * 60_000,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=alarms.lag_minutes,
-            datapoints_to_alarm=alarms.lag_minutes,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # no report: the no-leader alarm's job
+            operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
         )
-        self.expired_alarm = cw.Alarm(
-            self,
+        self.expired_alarm = self._sustained(
             "LeasesNotRenewedAlarm",
-            alarm_description=(
-                f"shardlease {app}: leases renewed by nobody for {alarms.expired_minutes} minute(s) (their owner "
-                "stopped renewing and no live worker took them over) (docs/operations.md, runbook)"
-            ),
-            metric=self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Minimum"),
-            threshold=1,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=alarms.expired_minutes,
-            datapoints_to_alarm=alarms.expired_minutes,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            f"shardlease {app}: leases renewed by nobody for {alarms.expired_minutes} minute(s) (their owner "
+            "stopped renewing and no live worker took them over) (docs/operations.md, runbook)",
+            self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Minimum"),
+            minutes=alarms.expired_minutes,
         )
-        self.foreign_lock_alarm = cw.Alarm(
-            self,
+        self.foreign_lock_alarm = self._sustained(
             "ForeignLeaderLockAlarm",
-            alarm_description=(
-                f"shardlease {app}: the leader lock has been held for {alarms.foreign_lock_minutes} minute(s) in the "
-                "lock client's own format (a KCL worker leads this application) (docs/operations.md, runbook)"
-            ),
-            metric=self.leader_metric(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
-            threshold=1,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=alarms.foreign_lock_minutes,
-            datapoints_to_alarm=alarms.foreign_lock_minutes,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            f"shardlease {app}: the leader lock has been held for {alarms.foreign_lock_minutes} minute(s) in the "
+            "lock client's own format (a KCL worker leads this application) (docs/operations.md, runbook)",
+            self.leader_metric(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
+            minutes=alarms.foreign_lock_minutes,
         )
         self.alarms: tuple[cw.Alarm, ...] = (
             self.no_leader_alarm,
@@ -287,6 +261,30 @@ class ShardleaseObservability(Construct):
                 left=[t.metric_consumed_write_capacity_units(statistic="Sum", label=n) for n, t in tables.items()],
                 width=12,
             ),
+        )
+
+    def _sustained(
+        self,
+        construct_id: str,
+        description: str,
+        metric: cw.IMetric,
+        *,
+        minutes: int,
+        threshold: float = 1,
+        operator: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+    ) -> cw.Alarm:
+        """An alarm on a condition that held for ``minutes`` one-minute periods in a row; missing data (no leader
+        published anything) is the no-leader alarm's business, not this one's."""
+        return cw.Alarm(
+            self,
+            construct_id,
+            alarm_description=description,
+            metric=metric,
+            threshold=threshold,
+            comparison_operator=operator,
+            evaluation_periods=minutes,
+            datapoints_to_alarm=minutes,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
         )
 
     def leader_metric(self, name: str, statistic: str) -> cw.Metric:
