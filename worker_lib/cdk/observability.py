@@ -18,7 +18,8 @@ from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from worker_lib.telemetry.names import APPLICATION_DIMENSION, WORKER_DIMENSION, LeaderMetric, WorkerMetric
+from worker_lib.telemetry.dashboard import ROWS, Series
+from worker_lib.telemetry.names import APPLICATION_DIMENSION, WORKER_DIMENSION, LeaderMetric
 
 ONE_MINUTE = cdk.Duration.minutes(1)
 
@@ -169,99 +170,44 @@ class ShardleaseObservability(Construct):
 
         self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=dashboard_name(app))
         self.dashboard.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=3))
-        self.dashboard.add_widgets(
-            self._per_worker_graph("Leases per worker", WorkerMetric.LEASES, "Maximum"),
-            self._per_worker_graph("CPU per worker (%)", WorkerMetric.CPU_UTILIZATION, "Average"),
-            self._per_worker_graph("Assigned throughput per worker (KB/s)", WorkerMetric.THROUGHPUT_KBPS, "Average"),
-        )
-        self.dashboard.add_widgets(
-            self._per_worker_graph("Records processed per worker (per minute)", WorkerMetric.RECORDS_PROCESSED, "Sum"),
-            self._per_worker_graph("Bytes processed per worker (per minute)", WorkerMetric.BYTES_PROCESSED, "Sum"),
-            self._per_worker_graph("Leases held per worker (the worker's count)", WorkerMetric.LEASES_HELD, "Maximum"),
-        )
-        self.dashboard.add_widgets(
-            cw.GraphWidget(
-                title="Stream throughput (bytes/min)",
-                left=[
-                    metric
-                    for stream in streams
-                    for metric in (
-                        stream.metric_incoming_bytes(statistic="Sum"),
-                        stream.metric_get_records_bytes(statistic="Sum"),
+        aws_series: dict[str, list[cw.IMetric]] = {
+            "stream-bytes": [
+                metric
+                for stream in streams
+                for metric in (
+                    stream.metric_incoming_bytes(statistic="Sum"),
+                    stream.metric_get_records_bytes(statistic="Sum"),
+                )
+            ],
+            "iterator-age": [
+                stream.metric_get_records_iterator_age_milliseconds(statistic="Maximum") for stream in streams
+            ],
+            "lambda": [function.metric_errors(statistic="Sum"), function.metric_throttles(statistic="Sum")],
+            "table-reads": [t.metric_consumed_read_capacity_units(statistic="Sum", label=n) for n, t in tables.items()],
+            "table-writes": [
+                t.metric_consumed_write_capacity_units(statistic="Sum", label=n) for n, t in tables.items()
+            ],
+        }
+        aws_right: dict[str, list[cw.IMetric]] = {
+            "lambda": [function.metric_duration(statistic="Average"), function.metric_duration(statistic="Maximum")],
+        }
+        for row in ROWS:  # worker_lib/telemetry/dashboard.py: the same graphs the demo's picture draws
+            self.dashboard.add_widgets(
+                *(
+                    cw.GraphWidget(
+                        title=graph.title,
+                        left=aws_series.get(graph.aws_left or "", []) + [self._series(s) for s in graph.left],
+                        right=aws_right.get(graph.aws_left or "", []) + [self._series(s) for s in graph.right],
+                        width=graph.width,
                     )
-                ],
-                width=8,
-            ),
-            cw.GraphWidget(
-                title="Iterator age (ms)",
-                left=[stream.metric_get_records_iterator_age_milliseconds(statistic="Maximum") for stream in streams],
-                right=[
-                    self._per_worker_search(WorkerMetric.MILLIS_BEHIND_LATEST, "Maximum"),
-                    self.leader_metric(LeaderMetric.MILLIS_BEHIND_MAX, "Maximum"),
-                ],
-                width=8,
-            ),
-            cw.GraphWidget(
-                title="Assignment moves",
-                left=[
-                    self.leader_metric(LeaderMetric.LEASE_MOVES, "Sum"),
-                    self.leader_metric(LeaderMetric.LEASES_ASSIGNED, "Sum"),
-                    self.leader_metric(LeaderMetric.HANDOFFS_FORCED, "Sum"),
-                    self.leader_metric(LeaderMetric.WRITE_CONFLICTS, "Sum"),
-                ],
-                right=[self.leader_metric(LeaderMetric.LOAD_MAX_OVER_MEAN, "Average")],
-                width=8,
-            ),
-        )
-        self.dashboard.add_widgets(
-            cw.GraphWidget(
-                title="Leader cycle time (ms)",
-                left=[
-                    self.leader_metric(LeaderMetric.CYCLE_TIME, "Average"),
-                    self.leader_metric(LeaderMetric.CYCLE_TIME, "Maximum"),
-                ],
-                right=[
-                    self.leader_metric(LeaderMetric.CYCLES, "Sum"),
-                    self.leader_metric(LeaderMetric.CYCLE_FAILURES, "Sum"),
-                    self.leader_metric(LeaderMetric.NOT_LEADER, "Sum"),
-                    self.leader_metric(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
-                ],
-                width=8,
-            ),
-            cw.GraphWidget(
-                title="Leases: total, expired, unassigned",
-                left=[
-                    self.leader_metric(LeaderMetric.EXPIRED_LEASES, "Maximum"),
-                    self.leader_metric(LeaderMetric.UNASSIGNED_LEASES, "Maximum"),
-                    self.leader_metric(LeaderMetric.LEASES_CREATED, "Sum"),
-                    self.leader_metric(LeaderMetric.LEASES_DELETED, "Sum"),
-                ],
-                right=[
-                    self.leader_metric(LeaderMetric.LEASES, "Maximum"),
-                    self.leader_metric(LeaderMetric.SHARDS, "Maximum"),
-                    self.leader_metric(LeaderMetric.WORKERS, "Maximum"),
-                ],
-                width=8,
-            ),
-            cw.GraphWidget(
-                title="Leader Lambda",
-                left=[function.metric_errors(statistic="Sum"), function.metric_throttles(statistic="Sum")],
-                right=[function.metric_duration(statistic="Average"), function.metric_duration(statistic="Maximum")],
-                width=8,
-            ),
-        )
-        self.dashboard.add_widgets(
-            cw.GraphWidget(
-                title="DynamoDB consumed read capacity",
-                left=[t.metric_consumed_read_capacity_units(statistic="Sum", label=n) for n, t in tables.items()],
-                width=12,
-            ),
-            cw.GraphWidget(
-                title="DynamoDB consumed write capacity",
-                left=[t.metric_consumed_write_capacity_units(statistic="Sum", label=n) for n, t in tables.items()],
-                width=12,
-            ),
-        )
+                    for graph in row
+                )
+            )
+
+    def _series(self, series: Series) -> cw.IMetric:
+        if series.per_worker:
+            return self._per_worker_search(series.metric, series.statistic)
+        return self.leader_metric(series.metric, series.statistic)
 
     def _sustained(
         self,
@@ -304,6 +250,3 @@ class ShardleaseObservability(Construct):
         return cw.MathExpression(
             expression=f"SEARCH('{query}', '{statistic}', 60)", label="", period=ONE_MINUTE, using_metrics={}
         )
-
-    def _per_worker_graph(self, title: str, name: str, statistic: str) -> cw.GraphWidget:
-        return cw.GraphWidget(title=title, left=[self._per_worker_search(name, statistic)], width=8)
