@@ -75,6 +75,14 @@ def test_the_demo_runs_the_fleet_and_loses_nothing() -> None:
     assert handover is not None, out[-3000:]
     assert float(handover.group(1)) < 10.0
     assert "Traceback" not in out + result.stderr
+    # AND the report drew the dashboard's graphs from the run's metrics, and says where
+    picture = re.search(r"dashboard picture \(the dashboard's graphs, from this run's metrics\): (\S+\.png)", out)
+    assert picture is not None, out[-2000:]
+    path = Path(picture.group(1))
+    try:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 50_000
+    finally:
+        path.unlink(missing_ok=True)
 
 
 @pytest.mark.slow

@@ -29,7 +29,10 @@ from worker_lib.core.clock import SYSTEM_CLOCK
 from worker_lib.core.config import AwsConfig
 from worker_lib.leader.cycle_metrics import run_outcome
 from worker_lib.leader.factory import ClientCache, app_and_stream, build_leader_from_env
+from worker_lib.leader.leader import CycleReport
+from worker_lib.leader.metrics_publisher import LeaderMetricsPublisher
 from worker_lib.leader.observers import make_observer
+from worker_lib.telemetry.publisher import MetricsConfig
 
 
 class LambdaContext(Protocol):
@@ -67,8 +70,18 @@ def invoke(
         kinesis=warm.kinesis,
     )
     term_end = started + (parts.config.term_ms + parts.config.deadline_margin_ms) / 1000
+    # In Lambda, Powertools publishes the metrics (EMF); SHARDLEASE_METRICS is for the handler run elsewhere (the
+    # demo publishes to its local CloudWatch so that it can draw the dashboard).
+    extra = MetricsConfig.from_env(env)
+    published = LeaderMetricsPublisher(extra, app=app, aws_config=warm.aws_config) if extra.mode != "off" else None
+
+    def on_cycle(cycle: CycleReport) -> None:
+        report.cycle(cycle)
+        if published is not None:
+            published.cycle(cycle)
+
     reports = parts.leader.run(
-        deadline_monotonic=min(deadline, term_end), on_cycle=report.cycle, exit_when_held=True, stop=stop
+        deadline_monotonic=min(deadline, term_end), on_cycle=on_cycle, exit_when_held=True, stop=stop
     )
     outcome = run_outcome(reports, owner=owner)
     report.end(outcome)

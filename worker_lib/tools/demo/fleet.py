@@ -35,6 +35,10 @@ DEMO_ENV = {
     "SHARDLEASE_CPU_METRIC": "process",  # several workers on one host: each reports its own share
     "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",  # the producer starts before the leases exist
     "SHARDLEASE_AWS_MAX_ATTEMPTS": "3",
+    # Metrics to the local CloudWatch (moto) every 5 s: the report draws the dashboard from them.
+    "SHARDLEASE_METRICS": "cloudwatch",
+    "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS": "5000",
+    "SHARDLEASE_METRICS_NAMESPACE": "shardlease-demo",
 }
 
 
@@ -218,7 +222,7 @@ class LeaderSchedule:
         os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "shardlease-demo")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the live view shows the leader's decisions
-        os.environ.setdefault("SHARDLEASE_PER_WORKER_METRICS", "false")
+        os.environ.setdefault("SHARDLEASE_PER_WORKER_METRICS", "true")
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:

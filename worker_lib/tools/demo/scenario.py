@@ -17,18 +17,19 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.errors import ShardleaseError
+from worker_lib.core.errors import MissingExtraError, ShardleaseError
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.local import LocalEmulators
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.tools.demo.fleet import DecisionCapture, DemoState, Fleet, LeaderSchedule
+from worker_lib.tools.demo.fleet import DEMO_ENV, DecisionCapture, DemoState, Fleet, LeaderSchedule
 from worker_lib.tools.demo.output import DemoOutput
 from worker_lib.tools.demo.producer import Producer
 from worker_lib.tools.demo.report import build_report, read_journals
@@ -58,6 +59,7 @@ def run_fleet_demo(
     decisions.addHandler(capture)
     decisions.setLevel(logging.INFO)
     decisions.propagate = False  # shown in the live view, not as raw log lines
+    started = datetime.fromtimestamp(clock.wall(), timezone.utc)
     with _workdir() as workdir:
         local = LocalEmulators(log_dir=workdir).start()
         assert local.moto is not None and local.kinesalite is not None
@@ -100,6 +102,7 @@ def run_fleet_demo(
             say(f"leader ran as: {schedule.mode}, {schedule.invocations} invocations")
             for line in report.lines():
                 say(line)
+            say(_dashboard_picture(app, moto.endpoint_url, started=started, clock=clock))
             return 0 if report.ok else 1
         finally:
             # Also the way out of a signal (worker_lib/cli/demo.py turns SIGTERM and SIGHUP into an exception):
@@ -115,6 +118,24 @@ def run_fleet_demo(
             decisions.propagate = True
             local.stop()
             say(f"stopped emulators (pids {moto.pid}, {kinesalite.pid}) and every worker process")
+
+
+def _dashboard_picture(app: str, endpoint_url: str, *, started: datetime, clock: Clock) -> str:
+    """Draw the dashboard from the metrics the run put into moto's CloudWatch; the report line saying where."""
+    from worker_lib.tools.dashboard_png import render_dashboard
+
+    target = Path(tempfile.gettempdir()) / f"{app}-dashboard.png"
+    cloudwatch = aws.client("cloudwatch", AwsConfig(endpoint_url=endpoint_url))
+    end = datetime.fromtimestamp(clock.wall(), timezone.utc)
+    try:
+        path = render_dashboard(
+            cloudwatch, target, namespace=DEMO_ENV["SHARDLEASE_METRICS_NAMESPACE"], app=app, start=started, end=end
+        )
+    except MissingExtraError as exc:
+        return f"dashboard picture: not drawn ({exc})"
+    except ShardleaseError as exc:
+        return f"dashboard picture: not drawn: {exc}"
+    return f"dashboard picture (the dashboard's graphs, from this run's metrics): {path}"
 
 
 def _drain(fleet: Fleet, state: DemoState, say: Callable[[str], None], clock: Clock) -> None:
