@@ -197,11 +197,16 @@ def ensure_tables(
     runs in single-table mode: a new ``<app>-CoordinatorState`` would make that application believe its table
     migration had never started."""
     layout = layout or TableLayout.from_env()
-    check_layout(app, ddb, layout)
+    lease_spec, *others = layout.specs()
+    # The lease table first: its schema is checked before the layout check reads items from it.
     created = {
-        spec.table_name(app): ensure_table(spec, app, ddb, billing=billing, clock=clock, timeout_s=timeout_s)
-        for spec in layout.specs()
+        lease_spec.table_name(app): ensure_table(
+            lease_spec, app, ddb, billing=billing, clock=clock, timeout_s=timeout_s
+        )
     }
+    check_layout(app, ddb, layout)
+    for spec in others:
+        created[spec.table_name(app)] = ensure_table(spec, app, ddb, billing=billing, clock=clock, timeout_s=timeout_s)
     ensure_migration_state(app, ddb, modified_by="shardlease", clock=clock, layout=layout)
     return created
 
