@@ -26,11 +26,12 @@ def series_lines(
     application = {"Name": APPLICATION_DIMENSION, "Value": app}
     if series.per_worker:
         found = cloudwatch.list_metrics(Namespace=namespace, MetricName=series.metric, Dimensions=[application])
-        targets = [
-            (next(d["Value"] for d in m["Dimensions"] if d["Name"] == WORKER_DIMENSION), m["Dimensions"])
+        per_worker = {  # one series per worker (a listing may name a series more than once)
+            next(d["Value"] for d in m["Dimensions"] if d["Name"] == WORKER_DIMENSION): m["Dimensions"]
             for m in found["Metrics"]
             if any(d["Name"] == WORKER_DIMENSION for d in m["Dimensions"])
-        ]
+        }
+        targets = list(per_worker.items())
     else:
         targets = [(f"{series.metric} ({series.statistic})", [application])]
     lines: list[Line] = []
@@ -90,7 +91,7 @@ def render_dashboard(
     aws_only = [graph.title for row in ROWS for graph in row if not (graph.left or graph.right)]
     cols = 3
     rows = math.ceil(len(graphs) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(16, 3.3 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(16, 3.4 * rows + 0.6), squeeze=False, layout="constrained")
     for i, graph in enumerate(graphs):
         lines = {
             side: [
@@ -107,11 +108,10 @@ def render_dashboard(
         axes[j // cols][j % cols].set_visible(False)
     stamp = f"{start.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}–{end.astimezone(timezone.utc):%H:%M:%S} UTC"
     fig.suptitle(
-        f"dashboard shardlease-{app} (namespace {namespace}), drawn from the run's metrics, {stamp}; "
+        f"dashboard shardlease-{app} (namespace {namespace}), drawn from the run's metrics, {stamp}\n"
         f"needing AWS, not drawn: {', '.join(aws_only)}",
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(target, dpi=90)
     plt.close(fig)
     return target

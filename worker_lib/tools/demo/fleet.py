@@ -222,7 +222,7 @@ class LeaderSchedule:
         os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "shardlease-demo")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the live view shows the leader's decisions
-        os.environ.setdefault("SHARDLEASE_PER_WORKER_METRICS", "true")
+        os.environ.setdefault("SHARDLEASE_PER_WORKER_METRICS", "false")  # Powertools (off here) only
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
