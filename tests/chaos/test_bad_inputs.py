@@ -293,8 +293,8 @@ def test_status_watch_piped_into_head_exits_1_without_a_traceback(
         check=False,
     )
     *shown, status_code = result.stdout.strip().splitlines()
-    # THEN head shows four lines, and status exits 1 quietly once it notices
-    assert len(shown) == 4 and shown[0].startswith(f"app {app_name}")
+    # THEN head shows four lines (a piped frame starts with its time), and status exits 1 quietly once it notices
+    assert len(shown) == 4 and shown[0].startswith("--- ") and shown[1].startswith(f"app {app_name}")
     assert status_code == "1"
     err = (tmp_path / "status.err").read_text()
     assert len(err.strip().splitlines()) <= 1 and "Traceback" not in err

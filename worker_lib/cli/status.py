@@ -16,9 +16,7 @@ judge ``worker``-mode leases (docs/liveness-modes.md).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -303,7 +301,7 @@ def run_status_cli(
     frames: int | None = None,
 ) -> int:
     """``shardlease status``: one frame, or with ``watch`` a frame every ``interval_s`` until Ctrl-C or a closed
-    pipe (both end it quietly with 0); ``frames`` bounds the number of frames (tests)."""
+    pipe; ``frames`` bounds the number of frames (tests)."""
     out = out or sys.stdout
     ddb = aws.client("dynamodb", aws_config)
     for spec in TableLayout.from_env().specs():  # the lease table alone in KCL 3.5's single-table mode
@@ -312,17 +310,11 @@ def run_status_cli(
     tracker = ExpiryTracker(LeaseConfig.from_env().failover_time_ms / 1000) if watch else None
     screen = Screen(out, as_json=as_json, interactive=out.isatty())
     shown = 0
-    try:
-        while True:
-            screen.show(collect(app, ddb, clock=clock, tracker=tracker), watch=watch)
-            shown += 1
-            if not watch or (frames is not None and shown >= frames):
-                return 0
-            clock.sleep(interval_s)
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, and keep Python from complaining when it flushes stdout.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-        return 0
+    # Ctrl-C and a closed pipe end the loop in the CLI's one way (worker_lib/cli/main.py): one line and 130, or
+    # quietly and 1.
+    while True:
+        screen.show(collect(app, ddb, clock=clock, tracker=tracker), watch=watch)
+        shown += 1
+        if not watch or (frames is not None and shown >= frames):
+            return 0
+        clock.sleep(interval_s)
