@@ -235,8 +235,11 @@ def test_given_typed_cycle_reports_then_metrics_come_from_their_fields() -> None
         LeaderMetric.CYCLE_TIME: 7.0,
     }
     assert worker_metrics(failed) == []
-    # AND a host without the lock reports only that
-    assert [m.name for m in cycle_metrics(not_leader)] == [LeaderMetric.NOT_LEADER]
+    # AND a host without the lock reports only that, and whether the holder is foreign (a KCL worker): here not
+    assert {m.name: m.value for m in cycle_metrics(not_leader)} == {
+        LeaderMetric.NOT_LEADER: 1.0,
+        LeaderMetric.FOREIGN_LOCK_HOLDER: 0.0,
+    }
     # AND the run's outcome sums the led cycles and names the last holder seen
     outcome = run_outcome([full, failed, not_leader], owner="o")
     assert outcome.headline() == {
