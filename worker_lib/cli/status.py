@@ -297,24 +297,19 @@ def run_status_cli(
     as_json: bool,
     interval_s: float = 5.0,
     clock: Clock = SYSTEM_CLOCK,
-    out: TextIO | None = None,
-    frames: int | None = None,
 ) -> int:
     """``shardlease status``: one frame, or with ``watch`` a frame every ``interval_s`` until Ctrl-C or a closed
-    pipe; ``frames`` bounds the number of frames (tests)."""
-    out = out or sys.stdout
+    pipe."""
     ddb = aws.client("dynamodb", aws_config)
     for spec in TableLayout.from_env().specs():  # the lease table alone in KCL 3.5's single-table mode
         with aws.translated("dynamodb DescribeTable", spec.table_name(app)):
             ddb.describe_table(TableName=spec.table_name(app))
     tracker = ExpiryTracker(LeaseConfig.from_env().failover_time_ms / 1000) if watch else None
-    screen = Screen(out, as_json=as_json, interactive=out.isatty())
-    shown = 0
+    screen = Screen(sys.stdout, as_json=as_json, interactive=sys.stdout.isatty())
     # Ctrl-C and a closed pipe end the loop in the CLI's one way (worker_lib/cli/main.py): one line and 130, or
     # quietly and 1.
     while True:
         screen.show(collect(app, ddb, clock=clock, tracker=tracker), watch=watch)
-        shown += 1
-        if not watch or (frames is not None and shown >= frames):
+        if not watch:
             return 0
         clock.sleep(interval_s)
