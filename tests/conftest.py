@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -35,6 +36,11 @@ os.environ.pop("SHARDLEASE_ENDPOINT_URL", None)
 # jsii (aws-cdk-lib) prints a multi-line banner about Node 20's end of life on every start; the version is pinned
 # by the machine image, the banner is noise in test output.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# A run started in the background by a shell without job control (`cmd &`, as some CI runners do) has SIGINT
+# ignored, and child processes inherit an ignored signal: the tests that stop `shardlease leader` or `status --watch`
+# with Ctrl-C would wait in vain. A handled SIGINT is reset to its default in a child at exec, so handle it here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _counter = itertools.count()
 

@@ -67,6 +67,19 @@ def snippet_env(moto_endpoint: str, kinesalite_endpoint: str) -> dict[str, str]:
     }
 
 
+def printed(text: str) -> set[str]:
+    """The "<partition key> <size>" pairs the snippet printed. Its handler runs on one thread per shard and ``print``
+    writes key, separator, size and newline separately, so two threads' lines can interleave
+    ("readme-001readme-000 10" then " 11"): a pair is taken as whole lines where they are intact, and otherwise as
+    the keys and the sizes printed, which must then match one to one."""
+    lines = set(text.splitlines())
+    keys = re.findall(r"readme-\d{3}", text)
+    sizes = sorted(int(size) for size in re.findall(r"(?<![-\d])(\d{2})(?!\d)", text))
+    if sorted(int(key[-3:]) + 10 for key in keys) == sizes:  # every key printed once, with its own size somewhere
+        lines |= {f"{key} {int(key[-3:]) + 10}" for key in keys}
+    return lines
+
+
 @pytest.fixture
 def orders(moto_endpoint: str, kinesalite_endpoint: str) -> Iterator[tuple[Any, Any]]:
     """The tables of app "orders" in eu-west-1 on moto and stream "orders-stream" on kinesalite, removed after."""
@@ -114,7 +127,7 @@ def test_the_readme_snippet_runs_as_written_with_only_environment_variables(
         seen: set[str] = set()
         while time.monotonic() < deadline and not expected <= seen and process.poll() is None:
             time.sleep(0.2)
-            seen = set(output.read_text(encoding="utf-8", errors="replace").splitlines())
+            seen = printed(output.read_text(encoding="utf-8", errors="replace"))
         text = output.read_text(encoding="utf-8", errors="replace")
         assert expected <= seen, f"missing {sorted(expected - seen)[:5]}; output:\n{text[-3000:]}"
         # AND the snippet's embedded leader made the two leases in eu-west-1's lease table

@@ -41,7 +41,9 @@ def kcl_items() -> dict[str, dict[str, Any]]:
 
 
 def table_names(ddb: Any, app: str) -> set[str]:
-    return {name for name in ddb.list_tables()["TableNames"] if name.startswith(app)}
+    """The application's tables (every page: a test run creates hundreds of tables on the same emulator)."""
+    pages = ddb.get_paginator("list_tables").paginate()
+    return {name for page in pages for name in page["TableNames"] if name.startswith(app)}
 
 
 def test_create_tables_in_single_table_layout_makes_the_lease_table_alone_with_kcls_migration_item(

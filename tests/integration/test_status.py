@@ -191,7 +191,11 @@ def test_watch_ends_on_ctrl_c_with_one_line(moto_endpoint: str, moto_aws: AwsCon
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
-    proc = subprocess.Popen([*cmd, "--watch", "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*cmd, "--watch", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"--- ")  # piped text frames are headed by their time
     proc.send_signal(signal.SIGINT)

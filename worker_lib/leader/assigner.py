@@ -263,16 +263,16 @@ class LeaseAssigner:
         decide_ms = (self._clock.monotonic() - decide_started) * 1000
         self._remember_suspects(snapshot, workers)
         conflicts, received, handoffs = self._write(plan, {lease.lease_key: lease for lease in live})
-        if self._decision_recorder is not None and plan.decisions:
-            try:
-                self._decision_recorder.record(plan.decisions)
-            except DependencyError as exc:
-                log.warning("could not record the decisions for status: %s", exc)
         self._started_handoffs(handoffs, requested_from=view.heartbeating if per_owner else None)
         for lease in forced:
             if lease.lease_owner is not None:
                 received.setdefault(lease.lease_owner, []).append(lease.lease_key)
         notices = self._notify({w: keys for w, keys in received.items() if w in view.heartbeating})
+        if self._decision_recorder is not None and plan.decisions:  # after the notices: hand-over waits for nothing
+            try:
+                self._decision_recorder.record(plan.decisions)
+            except DependencyError as exc:
+                log.warning("could not record the decisions for status: %s", exc)
         if not fast:
             if self._cap_recorder is not None:
                 assignable = len(snapshot.assignable_workers(self._config.worker_report_interval_s))
