@@ -23,7 +23,8 @@ from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
-from worker_lib.leader.assigner import AssignmentReport, LeaseAssigner
+from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leader.assignment_report import AssignmentReport
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.factory import build_leader
 from worker_lib.leader.leader import CycleReport, Leader

@@ -26,7 +26,8 @@ from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ThrottledError
 from worker_lib.core.models import Lease
-from worker_lib.leader.assigner import AssignmentReport, LeaseAssigner
+from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leader.assignment_report import AssignmentReport
 from worker_lib.leader.factory import build_leader, preflight
 from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.mode_keeper import LeaderModeKeeper

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker_lib.leader.assigner import AssignmentReport
+from worker_lib.leader.assignment_report import AssignmentReport
 
 
 def assignment_report(run_number: int = 1, **overrides: Any) -> AssignmentReport:

@@ -14,7 +14,7 @@ import pytest
 from tests.support.leader_reports import assignment_report
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError
-from worker_lib.leader.assigner import AssignmentReport
+from worker_lib.leader.assignment_report import AssignmentReport
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.leader import Leader
 from worker_lib.shardsync.syncer import ShardSyncResult

@@ -78,6 +78,13 @@ def is_assignable_worker(
     )
 
 
+def owners_lags(live: Iterable[Lease], workers: Iterable[WorkerMetricStats]) -> list[tuple[str, str, int]]:
+    """``(lease key, owner, MillisBehindLatest)`` for every live lease whose actual owner reported a lag for it in
+    its worker-metrics row (``lag``): a lag a former owner still reports is stale and left out."""
+    owner_of = {lease.lease_key: lease.actual_owner for lease in live}
+    return [(key, w.worker_id, ms) for w in workers for key, ms in w.lag_ms.items() if owner_of.get(key) == w.worker_id]
+
+
 def ema(values: Iterable[float], alpha: float) -> float:
     """KCL's exponential moving average over a metric list (oldest first), skipping −1; 0 when nothing is left."""
     average: float | None = None

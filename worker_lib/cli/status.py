@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from worker_lib.assignment.snapshot import ExpiryTracker, is_active_worker
+from worker_lib.assignment.snapshot import ExpiryTracker, is_active_worker, owners_lags
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
@@ -144,12 +144,7 @@ def collect(
     cap = cap_item.get("cap") if cap_item else None
     owner_of = {lease.lease_key: lease.actual_owner for lease in live}
     lags = sorted(
-        (
-            ShardLag(lease=key, owner=worker, millis_behind=ms)
-            for worker, m in metrics.items()
-            for key, ms in m.lag_ms.items()
-            if owner_of.get(key) == worker  # a lag reported by a former owner is stale
-        ),
+        (ShardLag(lease=key, owner=owner, millis_behind=ms) for key, owner, ms in owners_lags(live, metrics.values())),
         key=lambda lag: (-lag.millis_behind, lag.lease),
     )
     expiring: list[str] = []

@@ -35,18 +35,18 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.assignment.deciders import make_decider
 from worker_lib.assignment.liveness import LivenessView
 from worker_lib.assignment.plan import AssignmentPlan, Decider, Decision
-from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
+from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker, owners_lags
 from worker_lib.assignment.state import suspect_workers
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.leader.assignment_report import AssignmentReport  # the report it returns
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import handoff_request
@@ -101,64 +101,10 @@ class CapRecorder(Protocol):
     def record(self, cap: int | None, *, shards: int, workers: int) -> None: ...
 
 
-def max_reported_lag(live: Sequence[Lease], workers: Sequence[WorkerMetricStats]) -> int | None:
-    """The worst MillisBehindLatest reported for a live lease by its actual owner (a former owner's is stale)."""
-    owner_of = {lease.lease_key: lease.actual_owner for lease in live}
-    lags = [ms for w in workers for key, ms in w.lag_ms.items() if owner_of.get(key) == w.worker_id]
-    return max(lags) if lags else None
-
-
 class DecisionSink(Protocol):
     """Where the decisions of a run are kept for operators (``shardlease status``)."""
 
     def record(self, decisions: Sequence[Decision]) -> None: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class AssignmentReport:
-    """One assignment run, as metrics: counts, per-worker load, balance, timings."""
-
-    run_number: int
-    strategy: str
-    leases: int
-    finished_leases: int
-    workers_total: int
-    workers_assignable: int
-    expired: int
-    assigned: int
-    reassigned_expired: int
-    moved: int
-    handoffs_forced: int
-    unassigned: int
-    write_conflicts: int
-    balancing_ran: bool
-    effective_cap: int | None
-    metric: str | None
-    max_over_mean: float
-    leases_per_worker: Mapping[str, int] = field(default_factory=dict)
-    load_per_worker: Mapping[str, float] = field(default_factory=dict)
-    throughput_per_worker_kbps: Mapping[str, float] = field(default_factory=dict)
-    decide_ms: float = 0.0
-    duration_ms: float = 0.0
-    fast: bool = False
-    workers_gone: tuple[str, ...] = ()
-    workers_departing: tuple[str, ...] = ()
-    notices: int = 0
-    liveness_mode: str = "lease"
-    max_millis_behind: int | None = None
-    """The worst MillisBehindLatest the owners of live leases reported (``lag`` in their rows); None if none did."""
-    foreign_owners: tuple[str, ...] = ()
-    """In ``worker`` liveness mode: owners of leases that do not heartbeat (a KCL worker, or one of ours with the
-    heartbeat off) — judged by lease counter, and unable to judge ``worker``-mode leases themselves."""
-
-    def summary(self) -> str:
-        kind = "fast pass" if self.fast else f"assignment run {self.run_number}"
-        return (
-            f"{kind} ({self.strategy}): {self.leases} leases, "
-            f"{self.workers_assignable}/{self.workers_total} workers, assigned {self.assigned}, "
-            f"reassigned {self.reassigned_expired} expired, moved {self.moved}, forced {self.handoffs_forced} "
-            f"handoffs, {self.unassigned} unassigned, max/mean {self.max_over_mean:.2f}"
-        )
 
 
 class LeaseAssigner:
@@ -608,6 +554,6 @@ class LeaseAssigner:
             workers_departing=tuple(sorted(view.departing)),
             notices=notices,
             liveness_mode=liveness,
-            max_millis_behind=max_reported_lag(live, workers),
+            max_millis_behind=max((ms for _, _, ms in owners_lags(live, workers)), default=None),
             foreign_owners=foreign,
         )

@@ -28,7 +28,7 @@ from worker_lib.core.errors import DependencyError
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 
 if TYPE_CHECKING:
-    from worker_lib.leader.assigner import AssignmentReport
+    from worker_lib.leader.assignment_report import AssignmentReport
     from worker_lib.leader.lock import LeaderLock
     from worker_lib.shardsync.syncer import ShardSyncResult
 

@@ -24,7 +24,7 @@ from worker_lib.assignment.liveness import HeartbeatTracker, LivenessView
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import WorkerMetricStats
-from worker_lib.leader.assigner import AssignmentReport
+from worker_lib.leader.assignment_report import AssignmentReport
 
 log = logging.getLogger("shardlease.leader.fastpath")
 
