@@ -40,6 +40,7 @@ from tests.support.chaos import (
     fenced_after_stop,
     read_lines,
     record_figures,
+    unserved_s,
     wait_for,
     worker_liveness,
 )
@@ -60,6 +61,10 @@ from worker_lib.testing.streams import create_stream, list_all_shards, merge_sha
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 LEASE_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
+# The longest a shard may go unserved after a kill or a freeze: the failover time, the lock's takeover when the
+# victim led (3 s lock + 0.5 s skew bound + a poll), then one leader pass and one beat (measured: at most 7.1 s in
+# a 20-round run, docs/reliability.md).
+MAX_UNSERVED_S = 12.0
 ROUNDS = chaos_rounds()
 SEED = chaos_seed()
 
@@ -81,6 +86,7 @@ class Fleet:
         self.group, self.args, self.env, self.journal = group, args, env, journal
         self.live: dict[str, int] = {}  # worker id -> pid
         self.abnormal: set[int] = set()
+        self.cut_at: dict[int, list[float]] = {}  # pid -> when the test killed or froze it (it served nothing after)
         self._starts = 0
 
     def start(self, worker_id: str) -> int:
@@ -120,6 +126,7 @@ class Fleet:
         killed_at = time.monotonic()
         self.group.signal(self.process_name_for_pid(pid), signal.SIGKILL)
         self.abnormal.add(pid)
+        self.cut_at.setdefault(pid, []).append(killed_at)
         time.sleep(rng.uniform(0.0, 2.0))  # a real process restarting: nothing to inject a clock into
         self.start(victim if rng.random() < 0.5 else f"{victim}-r{self._starts}")
         assert wait_for(lambda: failover_s(self.lines(), pid, killed_at) is not None, timeout_s=40), (
@@ -139,6 +146,7 @@ class Fleet:
         stopped_at = time.monotonic()
         self.group.signal(name, signal.SIGSTOP)
         self.abnormal.add(pid)
+        self.cut_at.setdefault(pid, []).append(stopped_at)
         try:
             taken = wait_for(lambda: failover_s(self.lines(), pid, stopped_at) is not None, timeout_s=40)
             time.sleep(rng.uniform(0.0, 1.0))
@@ -147,15 +155,33 @@ class Fleet:
             self.group.signal(name, signal.SIGCONT)
         assert taken, f"seed={SEED}: shards of the stopped {victim} were not taken over"
         failover = failover_s(self.lines(), pid, stopped_at)
-        # the resumed worker notices at its next check; give it a few renewal intervals to do anything wrong
-        time.sleep(LEASE_S)
+        # The resumed worker notices at its next beat; the leader may give it leases again (assigned, or handed
+        # over by a rebalancing move). Watch for two lease durations: a former lease that the table says the resumed
+        # worker processes (its actual owner: checkpointOwner during a hand-off, else leaseOwner) must get a new
+        # session of it, or move on, within the failover time — never stay owned by a worker that does not serve it.
+        stranded_since: dict[str, float] = {}
+        stranded_for: dict[str, float] = {}
+        watch_until = time.monotonic() + 2 * LEASE_S
+        while time.monotonic() < watch_until:
+            now = time.monotonic()
+            reinit = {x.shard for x in self.lines() if x.pid == pid and x.kind == "INIT" and x.t > stopped_at}
+            for key in before:
+                current = store.get_lease(key)
+                if current is not None and current.actual_owner == victim and key not in reinit:
+                    since = stranded_since.setdefault(key, now)
+                    stranded_for[key] = max(stranded_for.get(key, 0.0), now - since)
+                else:
+                    stranded_since.pop(key, None)
+            time.sleep(0.2)
         problems = fenced_after_stop(self.lines(), pid, stopped_at)
-        reinit = {x.shard for x in self.lines() if x.pid == pid and x.kind == "INIT" and x.t > stopped_at}
+        problems += [
+            f"{key}: owned by the resumed {victim} without a new session for {s:.1f} s"
+            for key, s in sorted(stranded_for.items())
+            if s > LEASE_S
+        ]
         for key, old in before.items():
             new = store.get_lease(key)
             assert new is not None
-            if new.lease_owner == victim and key not in reinit:
-                problems.append(f"{key}: owned by the resumed {victim} without a new session")
             if _rewound(old, new):
                 problems.append(f"{key}: checkpoint moved back from {old.checkpoint} to {new.checkpoint}")
         return failover, problems
@@ -258,11 +284,14 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
             f"seed={SEED}: records still missing"
         )
         # AND a graceful stop of every live worker exits 0
+        served_until = time.monotonic()
         codes = fleet.shutdown_all()
     lines = read_lines(journal)
     verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, lease_bound_s=LEASE_S)
     problems += verdict.violations
     problems += _final_checkpoints_match(store, lines)
+    unserved = unserved_s(lines, cut_at=fleet.cut_at, until=served_until)
+    problems += [f"{shard}: unserved for {s:.1f} s" for shard, s in sorted(unserved.items()) if s > MAX_UNSERVED_S]
     record_figures(
         "processes-moto",
         {
@@ -273,6 +302,7 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
             "sigstop": len(stops),
             "failover_kill_s": kills,
             "failover_stop_s": stops,
+            "max_unserved_s": max(unserved.values(), default=0.0),
             "runtime_s": round(time.monotonic() - started, 1),
             "producer_errors": producer.errors,
             **verdict.figures(),
@@ -342,6 +372,7 @@ def test_split_and_merge_while_producing_with_worker_processes(  # noqa: PLR0917
         assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=90), (
             f"seed={SEED}: records still missing"
         )
+        served_until = time.monotonic()
         codes = fleet.shutdown_all()
     parents = {
         s["ShardId"]: [p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p]
@@ -350,6 +381,8 @@ def test_split_and_merge_while_producing_with_worker_processes(  # noqa: PLR0917
     lines = read_lines(journal)
     verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, parents=parents, lease_bound_s=LEASE_S)
     problems = verdict.violations + _final_checkpoints_match(store, lines)
+    unserved = unserved_s(lines, cut_at=fleet.cut_at, until=served_until)
+    problems += [f"{shard}: unserved for {s:.1f} s" for shard, s in sorted(unserved.items()) if s > MAX_UNSERVED_S]
     record_figures(
         "reshard-kinesalite",
         {
@@ -360,6 +393,7 @@ def test_split_and_merge_while_producing_with_worker_processes(  # noqa: PLR0917
             "merges": ROUNDS,
             "sigkill": len(kills),
             "failover_kill_s": kills,
+            "max_unserved_s": max(unserved.values(), default=0.0),
             "runtime_s": round(time.monotonic() - started, 1),
             "producer_errors": producer.errors,
             **verdict.figures(),

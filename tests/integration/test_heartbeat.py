@@ -9,6 +9,7 @@ sleep on the system clock), bounded by polling loops.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerSta
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.schema import worker_metrics_table_name
@@ -391,6 +393,114 @@ def test_a_process_after_a_stopped_or_silent_one_takes_leases_at_its_first_beat(
     # WHEN it beats THEN it does not wait either (the silent one's fence has run out: it can take nothing before a
     # beat of its own would show it the newer session)
     assert after_silence.beat() and after_silence.established.is_set()
+
+
+# ------------------------------------------- orphaned hand-offs (issue 26: after a freeze, then a kill)
+
+
+def handed_over_from_w1(rig: Rig, key: str, to: str) -> None:
+    """The leader's rebalancing move of ``key`` from w1 to ``to`` in worker mode: leaseOwner = ``to``,
+    checkpointOwner = w1, and the request on w1's item."""
+    lease = rig.leases.get_lease(key)
+    assert lease is not None and rig.leases.initiate_graceful_handoff(lease, to) is not None
+    assert rig.rows.request_handoff("w1", [handoff_request(key, 30_000)])
+
+
+def handoff_requests_of(rows: WorkerMetricsStore, worker_id: str) -> tuple[str, ...]:
+    row = rows.get(worker_id)
+    assert row is not None
+    return row.handoff_requests
+
+
+def restarted_w1(rig: Rig, *, in_use: Callable[[str], bool] | None = None) -> tuple[HeartbeatLoop, list[str]]:
+    """A new process under the worker id w1 that holds nothing, with what it told new owners."""
+    told: list[str] = []
+    holder = LeaseHolder(
+        rig.leases,
+        "w1",
+        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
+        clock=rig.clock,
+        on_release=lambda key, new_owner: told.append(f"{key}->{new_owner}"),
+        in_use=in_use,
+    )
+    loop = HeartbeatLoop(rig.rows, "w1", interval_ms=1_000, fence=holder, on_notice=lambda _: None, clock=rig.clock)
+    return loop, told
+
+
+def test_a_handoff_from_a_killed_process_is_completed_by_the_next_process_under_its_id_at_its_first_beat(
+    rig: Rig,
+) -> None:
+    # GIVEN w1 processing shard-a, and the leader moving shard-a to w3 (a worker that just came back from a freeze)
+    rig.take("shard-a")
+    assert rig.loop.beat()
+    handed_over_from_w1(rig, "shard-a", "w3")
+    # AND w1 is killed before it saw the request, and restarted under the same id 4 s later: the id beats again,
+    # so the leader never judges w1 gone and would force the hand-off only after its 30 s timeout
+    rig.clock.advance(4.0)
+    restarted, told = restarted_w1(rig)
+    # WHEN the new process beats
+    assert restarted.beat() and restarted.established.is_set()
+    # THEN the hand-off is complete in that beat: w3 owns shard-a outright, and the release callback (which the
+    # worker turns into a notice to w3) names it
+    after = rig.leases.get_lease("shard-a")
+    assert after is not None and (after.lease_owner, after.checkpoint_owner) == ("w3", None)
+    assert told == ["shard-a->w3"]
+    # AND the next beat removes the request from w1's item
+    rig.clock.advance(1.0)
+    assert restarted.beat()
+    assert handoff_requests_of(rig.rows, "w1") == ()
+
+
+def test_an_orphaned_handoff_waits_for_our_consumer_to_wind_down_and_for_a_predecessor_to_stand_down(
+    rig: Rig,
+) -> None:
+    # GIVEN w1 beating and holding shard-a, which the leader hands over to w2
+    rig.take("shard-a")
+    assert rig.loop.beat()
+    handed_over_from_w1(rig, "shard-a", "w2")
+    # WHEN a newer process under w1 beats while the older one beat lately
+    rig.clock.advance(0.5)
+    busy = {"shard-a"}
+    newer, told = restarted_w1(rig, in_use=lambda key: key in busy)
+    assert newer.beat() and not newer.established.is_set()
+    # THEN it completes nothing: the older process may still be processing shard-a
+    lease = rig.leases.get_lease("shard-a")
+    assert lease is not None and lease.checkpoint_owner == "w1" and told == []
+    # WHEN the older one stood down and the newer one is established, but its consumer of shard-a still runs
+    rig.clock.advance(0.5)
+    assert rig.loop.beat() is False and rig.loop.superseded.is_set()
+    rig.clock.advance(2.1)
+    assert newer.beat() and newer.established.is_set()
+    # THEN the hand-off still waits, and the request stays on the item
+    lease = rig.leases.get_lease("shard-a")
+    assert lease is not None and lease.checkpoint_owner == "w1" and told == []
+    assert handoff_requests_of(rig.rows, "w1") != ()
+    # WHEN the consumer has ended THEN the next beat completes it
+    busy.clear()
+    rig.clock.advance(1.0)
+    assert newer.beat()
+    lease = rig.leases.get_lease("shard-a")
+    assert lease is not None and (lease.lease_owner, lease.checkpoint_owner) == ("w2", None)
+    assert told == ["shard-a->w2"]
+
+
+def test_a_request_for_a_lease_no_longer_in_handoff_from_us_is_only_removed(rig: Rig) -> None:
+    # GIVEN a hand-off of shard-a from w1 to w2 that the leader forced meanwhile (w2 owns it outright)
+    rig.take("shard-a")
+    assert rig.loop.beat()
+    handed_over_from_w1(rig, "shard-a", "w2")
+    forced = rig.leases.get_lease("shard-a")
+    assert forced is not None and rig.leases.complete_handoff(forced, "w1") is not None
+    counter = rig.leases.get_lease("shard-a")
+    # WHEN a new process under w1 sees the request
+    rig.clock.advance(4.0)
+    restarted, told = restarted_w1(rig)
+    assert restarted.beat()
+    rig.clock.advance(1.0)
+    assert restarted.beat()
+    # THEN it writes nothing to the lease and tells nobody; the request is gone from its item
+    assert rig.leases.get_lease("shard-a") == counter and told == []
+    assert handoff_requests_of(rig.rows, "w1") == ()
 
 
 # ----------------------------------------------------------------------------------------------- the Worker

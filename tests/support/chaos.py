@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,6 +330,50 @@ def fenced_after_stop(lines: list[Line], stopped_pid: int, stopped_at: float) ->
         elif line.kind == "REC" and line.pid == stopped_pid and line.shard in taken:
             violations.append(f"stopped pid {stopped_pid} journaled {line.c} on {line.shard} after it was taken")
     return violations
+
+
+def unserved_s(lines: list[Line], *, cut_at: Mapping[int, Sequence[float]], until: float) -> dict[str, float]:
+    """The longest time each shard went without a session of any process, from its first INIT until its END (or
+    ``until``, when the test stopped watching).
+
+    A session of ``pid`` on a shard runs from its INIT until its LOST, END or SHUTDOWN line, the same pid's next
+    INIT there, or the first moment in ``cut_at[pid]`` after it started (the test killed or froze that process:
+    it serves nothing from then on, whatever it journals on waking)."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    ended: dict[str, float] = {}
+    open_at: dict[tuple[int, str], float] = {}
+
+    def close(key: tuple[int, str], at: float) -> None:
+        start = open_at.pop(key, None)
+        if start is None:
+            return
+        cuts = [c for c in cut_at.get(key[0], ()) if c >= start]
+        spans.setdefault(key[1], []).append((start, min([at, *cuts])))
+
+    for line in lines:
+        key = (line.pid, line.shard)
+        if line.kind == "INIT":
+            close(key, line.t)
+            open_at[key] = line.t
+        elif line.kind in ("LOST", "END", "SHUTDOWN"):
+            close(key, line.t)
+            if line.kind == "END":
+                ended.setdefault(line.shard, line.t)
+    for key in list(open_at):
+        close(key, until)
+    worst: dict[str, float] = {}
+    for shard, items in spans.items():
+        items.sort()
+        horizon = ended.get(shard, until)
+        covered_to = items[0][0]
+        gap = 0.0
+        for start, end in items:
+            if start > horizon:
+                break
+            gap = max(gap, start - covered_to)
+            covered_to = max(covered_to, end)
+        worst[shard] = round(max(gap, horizon - covered_to), 2)
+    return worst
 
 
 def failover_s(lines: list[Line], pid: int, at: float) -> float | None:

@@ -192,7 +192,9 @@ class HeartbeatLoop:
                 self._notice(row)
                 # The reply is the item *before* this beat: what we removed in it is still listed there.
                 requests = [element for element in row.handoff_requests if element not in done]
-                if requests:
+                # Not yet established (a predecessor under our id may still hold leases): the requests stay on the
+                # item and the next beat brings them back.
+                if requests and self.established.is_set():
                     self._requests(requests, sent)
             elif self._seen_version is None:
                 self._seen_version = 0  # the item did not exist before this beat: no notice yet

@@ -73,6 +73,7 @@ class LeaseHolder:
         throughput: ThroughputSource | None = None,
         on_lost: LostCallback | None = None,
         on_release: ReleaseCallback | None = None,
+        in_use: Callable[[str], bool] | None = None,
         max_parallel_renewals: int = 16,
     ) -> None:
         self._store = store
@@ -82,6 +83,9 @@ class LeaseHolder:
         self._throughput = throughput
         self._on_lost = on_lost
         self.on_release = on_release
+        # Whether something of ours still works on a lease we no longer hold (a consumer winding down): an orphaned
+        # hand-off of that lease waits for it (handoff_requests).
+        self._in_use = in_use
         self._held: dict[str, HeldLease] = {}
         self._heartbeat_until: float | None = None  # None: no heartbeat fence (heartbeats off or not yet sent)
         self._renewing = True  # False in worker liveness mode: the heartbeat fence alone bounds every lease
@@ -164,7 +168,16 @@ class LeaseHolder:
         ``sent_at``. For each lease we hold that is now being handed over (``checkpointOwner`` = us), the consumer
         is told as a renewal would tell it, and the lease stays valid at most until ``sent_at`` + the request's
         timeout: the leader forces the hand-off only after the timeout *plus* the failover time from its request
-        (docs/liveness-modes.md). Returns the elements we are done with (not held, stale or foreign)."""
+        (docs/liveness-modes.md).
+
+        A request for a lease that names us as ``checkpointOwner`` but that this process does not hold — dropped
+        after a lapse of the fence, or held by an earlier process under our worker id that was killed — is an
+        *orphaned* hand-off: nobody would ever complete it, and the leader would force it only after the hand-off
+        timeout (30 s) because our worker id keeps beating. It is completed at once, from the last checkpoint, as
+        soon as nothing of ours works on that lease any more (``in_use``). The caller asks only once this process
+        may act for the worker id (its heartbeat is established: a predecessor has stood down).
+
+        Returns the elements we are done with (handed over, stale or foreign)."""
         done: set[str] = set()
         for element in elements:
             parsed = parse_handoff_request(element)
@@ -174,7 +187,8 @@ class LeaseHolder:
             lease_key, timeout_ms = parsed
             entry = self._entry(lease_key)
             if entry is None or entry.lost:
-                done.add(element)
+                if self._complete_orphaned_handoff(lease_key):
+                    done.add(element)
                 continue
             if element in self._requests_seen:
                 continue
@@ -192,6 +206,33 @@ class LeaseHolder:
                 self._requests_seen.add(element)
         self._requests_seen &= set(elements)
         return done
+
+    def _complete_orphaned_handoff(self, lease_key: str) -> bool:
+        """Complete the hand-off of a lease we do not hold but are named ``checkpointOwner`` of (see
+        :meth:`handoff_requests`); True when the request needs nothing more from us."""
+        if self._in_use is not None and self._in_use(lease_key):
+            return False  # our consumer is still winding down: the request stays, the next beat asks again
+        try:
+            current = self._store.get_lease(lease_key)
+            if current is None or current.checkpoint_owner != self.worker_id or current.lease_owner is None:
+                return True  # handed over, forced or cancelled meanwhile: nothing of ours
+            with self._guard:
+                if lease_key in self._held:
+                    return False  # taken again meanwhile (a race with discovery): the held path answers next beat
+            after = self._store.complete_handoff(current, self.worker_id)
+        except DependencyError as exc:
+            log.warning("could not complete the orphaned hand-off of lease=%s: %s", lease_key, exc)
+            return False
+        log.info(
+            "graceful handoff completed lease=%s from=%s to=%s ok=%s (not held by this process: nothing to finish)",
+            lease_key,
+            self.worker_id,
+            current.lease_owner,
+            after is not None,
+        )
+        if after is not None:
+            self._released(lease_key, current.lease_owner)
+        return True
 
     def _apply_request(self, entry: HeldLease, current: Lease | None, *, until: float) -> str:
         me = self.worker_id

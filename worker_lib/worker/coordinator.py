@@ -110,6 +110,7 @@ class LeaseCoordinator:
             clock=clock,
             throughput=throughput.renewal_value,
             on_release=self._on_release,
+            in_use=self._consumer_running,
         )
         self._heartbeat = heartbeat_loop(
             config.lease, worker_metrics, self.worker_id, holder=self._holder, on_notice=self._notices.put, clock=clock
@@ -326,6 +327,11 @@ class LeaseCoordinator:
         with self._guard:
             self._running[lease_key] = entry
         entry.thread.start()
+
+    def _consumer_running(self, lease_key: str) -> bool:
+        with self._guard:
+            entry = self._running.get(lease_key)
+        return entry is not None and entry.thread.is_alive()
 
     def _reap(self) -> None:
         with self._guard:
