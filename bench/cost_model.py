@@ -21,7 +21,7 @@ budget, 50 s term). Configurations:
   written only when it changed by more than a fifth (and 1 KBps), at most once a minute; hand-off requests go on the
   old owner's row; the leader judges heartbeating owners per owner. Everything else as ``lease``.
 * ``kcl`` (not in the default run) — KCL timings in ``lease`` mode: the same code with
-  :data:`kcl_baseline.KCL_ENV` (shared with bench/failover.py) for every worker and the leader (no heartbeat, no fast
+  :data:`kcl3_timings.KCL_ENV` (shared with bench/failover.py) for every worker and the leader (no heartbeat, no fast
   tick, GSI discovery every 9 975 ms per worker, lock 30 s / 10 s, no takeover wait; the 60 s Lambda timeout less the
   10 s margin makes a 50 s term): KCL 3.x's read pattern (leader scans every 20 s, per-worker GSI discovery), not
   KCL's Java code.
@@ -85,12 +85,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kcl_baseline import KCL_ENV
+from kcl3_timings import KCL_ENV
 
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Checkpoint, Lease
-from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases import serializer
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import LivenessMode
@@ -105,6 +104,7 @@ from worker_lib.tables.schema import (
     coordinator_state_table_name,
     worker_metrics_table_name,
 )
+from worker_lib.tables.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.testing.emulators import start_moto
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig

@@ -67,7 +67,7 @@ from failover_support.report import (
     plot_cdf,
     table,
 )
-from kcl_baseline import KCL_ENV  # KCL's timings and behaviour, for every process of the `kcl` configuration
+from kcl3_timings import KCL_ENV  # KCL's timings and behaviour, for every process of the `kcl` configuration
 
 CONFIG_ENV: dict[str, dict[str, str]] = {"ours": {}, "kcl": KCL_ENV}
 LIVENESS_MODES = ("lease", "worker")

@@ -18,10 +18,10 @@ from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.commands import leader_command, shardlease_command, worker_command
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards

@@ -29,11 +29,11 @@ from tests.support.handover import HandoverFleet
 from tests.support.processes import process_group, shardlease_liveness
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import LivenessMode, StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream, list_all_shards
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 

@@ -19,7 +19,7 @@ from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
-from worker_lib.leader.assigner import LeaseAssigner
+from worker_lib.leader.assigner import DECISION_LOGGER, LeaseAssigner
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
@@ -177,9 +177,9 @@ def test_every_decision_is_one_structured_log_line(store: DynamoDBLeaseStore, ca
     assigner = LeaseAssigner(
         store, MemoryMetrics([cpu_worker("a", 10, clock), cpu_worker("b", 10, clock)]), clock=clock, seed=1
     )
-    with caplog.at_level(logging.INFO, logger="shardlease.leader.decisions"):
+    with caplog.at_level(logging.INFO, logger=DECISION_LOGGER):
         assigner.run(run_number=1)
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "shardlease.leader.decisions"]
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == DECISION_LOGGER]
     assert len(lines) == 3
     assert all(
         {"lease", "from", "to", "kind", "reason", "load_before", "load_after", "written"} <= set(x) for x in lines

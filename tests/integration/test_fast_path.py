@@ -27,12 +27,12 @@ from worker_lib.leader.assigner import LeaseAssigner
 from worker_lib.leader.assignment_report import AssignmentReport
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.factory import build_leader
+from worker_lib.leader.fast_path import FastPath, LivenessWatch
 from worker_lib.leader.leader import CycleReport, Leader
-from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
-from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.shardsync.config import ShardSyncConfig
+from worker_lib.tables.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.testing.streams import create_stream
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 

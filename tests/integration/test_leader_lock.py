@@ -33,7 +33,7 @@ CONFIG = LeaderLockConfig(lease_duration_ms=30_000, heartbeat_interval_ms=10_000
 DURATION_S = CONFIG.lease_duration_ms / 1000
 SKEW_S = CONFIG.max_clock_skew_ms / 1000
 POLL_S = CONFIG.poll_interval_ms / 1000
-LOG = "shardlease.leader.lock"
+LOG = "worker_lib.leader.lock"
 
 
 @pytest.fixture

@@ -29,13 +29,13 @@ from worker_lib.core.models import Lease
 from worker_lib.leader.assigner import LeaseAssigner
 from worker_lib.leader.assignment_report import AssignmentReport
 from worker_lib.leader.factory import build_leader, preflight
-from worker_lib.leader.liveness import FastPath, LivenessWatch
+from worker_lib.leader.fast_path import FastPath, LivenessWatch
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
-from worker_lib.leader.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
+from worker_lib.tables.state_store import CoordinatorStateStore, ExpiryObservationStore
 from worker_lib.testing.streams import create_stream
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 

@@ -19,7 +19,6 @@ from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.models import TRIM_HORIZON
 from worker_lib.core.streams import StreamIdentifier, StreamSelection, split_lease_key
 from worker_lib.leader.factory import build_leader
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import RetrievalConfig
@@ -34,6 +33,7 @@ from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.multistream import FORMER_STREAMS_KEY
 from worker_lib.shardsync.syncer import ShardSyncResult
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig

@@ -446,7 +446,7 @@ def test_each_created_and_deleted_lease_is_logged_with_its_reason(
         )
     )
     syncer = ShardSyncer(store, FixedDetector([parent, *children]), config=sync_config(L))
-    caplog.set_level(logging.INFO, logger="shardlease.shardsync")
+    caplog.set_level(logging.INFO, logger="worker_lib.shardsync")
     # WHEN synced: the missing child lease is repaired
     first = syncer.sync_once()
     assert first.created == (children[1].shard_id,) and first.children_recorded == (parent.shard_id,)

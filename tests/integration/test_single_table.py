@@ -22,11 +22,11 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
 from worker_lib.leader.lock import DynamoDBLeaderLock
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.coordinator_items import TABLE_MIGRATION_KEY
 from worker_lib.tables.schema import TableLayout, coordinator_state_table_name
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore

@@ -86,7 +86,7 @@ def test_a_read_whose_budget_runs_out_while_kinesis_fails_ends_where_it_got(
     clock = ManualClock()
     began = clock.monotonic()
     with (
-        caplog.at_level(logging.WARNING, logger="shardlease.spark.reading"),
+        caplog.at_level(logging.WARNING, logger="worker_lib.spark.reading"),
         fail_calls(kinesis, "GetRecords", "InternalFailure", times=1_000, status=500) as injected,
     ):
         # WHEN a micro-batch reads the shard

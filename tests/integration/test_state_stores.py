@@ -11,9 +11,9 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, TableMissingError
 from worker_lib.core.models import WorkerMetricStats
-from worker_lib.leader.state_store import CoordinatorStateStore, LeaseCapRecorder
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, worker_metrics_table_name
+from worker_lib.tables.state_store import CoordinatorStateStore, LeaseCapRecorder
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 # An item as KCL 3.x writes it (docs/kcl-compatibility.md "Worker-metrics table").
@@ -45,7 +45,7 @@ def test_put_get_list_and_conditional_stale_delete(ddb: Any, app_name: str, capl
     ddb.put_item(TableName=table, Item={"wid": {"S": "x"}, "entityType": {"S": "LEASE"}})
     ddb.put_item(TableName=table, Item={"wid": {"S": "bad"}, "lut": {"S": "secret-payload"}})
     # WHEN the leader lists them
-    with caplog.at_level(logging.WARNING, logger="shardlease.metrics.store"):
+    with caplog.at_level(logging.WARNING, logger="worker_lib.workermetrics.stats_store"):
         workers = sorted(store.list_all(), key=lambda w: w.worker_id)
     # THEN foreign and corrupt items are skipped, the corrupt one logged by key only
     assert [w.worker_id for w in workers] == ["a", "b", "java-worker"]

@@ -104,7 +104,7 @@ def test_status_shows_load_against_the_mean_lag_per_shard_worst_first_and_the_le
     fleet: tuple[Any, ManualClock], app_name: str
 ) -> None:
     from worker_lib.assignment.plan import Decision
-    from worker_lib.leader.state_store import CoordinatorStateStore, DecisionRecorder
+    from worker_lib.tables.state_store import CoordinatorStateStore, DecisionRecorder
 
     # GIVEN the fleet, with lags reported by the owners (and a stale one by a former owner), and two decisions
     ddb, clock = fleet

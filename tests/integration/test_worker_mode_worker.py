@@ -20,7 +20,6 @@ from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError
 from worker_lib.core.models import Lease
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
@@ -28,6 +27,7 @@ from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, Stor
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore

@@ -13,7 +13,7 @@ from worker_lib.spark.load import ExecutorCpu
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
-    HeldLease,
+    LeaseForPlanning,
     ReadSettings,
     ShardOffset,
     SourceOffset,
@@ -85,11 +85,11 @@ def test_next_offset_follows_held_readable_leases() -> None:
         "s3": BatchEnd(lease_key="s3", position=cp(2), records=1),
     }
     held = [
-        HeldLease(lease_key="s1", checkpoint=cp(3), epoch="e1"),
-        HeldLease(lease_key="s2", checkpoint=cp(5), epoch="e1"),  # ended: not read again
+        LeaseForPlanning(lease_key="s1", checkpoint=cp(3), epoch="e1"),
+        LeaseForPlanning(lease_key="s2", checkpoint=cp(5), epoch="e1"),  # ended: not read again
         # s3 lost: dropped
-        HeldLease(lease_key="s4", checkpoint=cp(40), epoch="e2"),  # newly taken: from its checkpoint
-        HeldLease(lease_key="s5", checkpoint=cp(1), epoch="e3", readable=False),  # handoff / parents: not read
+        LeaseForPlanning(lease_key="s4", checkpoint=cp(40), epoch="e2"),  # newly taken: from its checkpoint
+        LeaseForPlanning(lease_key="s5", checkpoint=cp(1), epoch="e3", readable=False),  # handoff / parents: not read
     ]
     nxt = plan_next_offset(start, ends, held, now_epoch_s=100.0)
     assert nxt.batch == 3 and nxt.run == "r1"
@@ -100,7 +100,8 @@ def test_next_offset_follows_held_readable_leases() -> None:
 def test_next_offset_takes_the_lease_checkpoint_when_another_owner_moved_it() -> None:
     start = offset(2, s1=(cp(3), "e1"))
     ends = {"s1": BatchEnd(lease_key="s1", position=cp(9), records=3)}
-    nxt = plan_next_offset(start, ends, [HeldLease(lease_key="s1", checkpoint=cp(50), epoch="e9")], now_epoch_s=1)
+    held = [LeaseForPlanning(lease_key="s1", checkpoint=cp(50), epoch="e9")]
+    nxt = plan_next_offset(start, ends, held, now_epoch_s=1)
     assert nxt.positions() == {"s1": cp(50)}
 
 
@@ -110,20 +111,20 @@ def test_a_shard_taken_again_resumes_after_what_committed_batches_delivered_not_
     start = offset(5, s2=(cp(1), "e2"))
     ends = {"s2": BatchEnd(lease_key="s2", position=cp(2), records=1)}
     held = [
-        HeldLease(lease_key="s1", checkpoint=cp(3), epoch="e3"),
-        HeldLease(lease_key="s2", checkpoint=cp(1), epoch="e2"),
+        LeaseForPlanning(lease_key="s1", checkpoint=cp(3), epoch="e3"),
+        LeaseForPlanning(lease_key="s2", checkpoint=cp(1), epoch="e2"),
     ]
     # WHEN s1's lease is held again THEN it is read after 9, not again from 3
     nxt = plan_next_offset(start, ends, held, now_epoch_s=1, delivered={"s1": cp(9), "s2": cp(1)})
     assert nxt.positions() == {"s1": cp(9), "s2": cp(2)}
     # AND another owner's later checkpoint still wins
-    moved = [HeldLease(lease_key="s1", checkpoint=cp(50), epoch="e4")]
+    moved = [LeaseForPlanning(lease_key="s1", checkpoint=cp(50), epoch="e4")]
     assert plan_next_offset(start, ends, moved, now_epoch_s=1, delivered={"s1": cp(9)}).positions() == {"s1": cp(50)}
 
 
 def test_latest_is_pinned_to_the_time_it_was_first_planned() -> None:
     start = offset(0)
-    held = [HeldLease(lease_key="s1", checkpoint=LATEST, epoch="e1")]
+    held = [LeaseForPlanning(lease_key="s1", checkpoint=LATEST, epoch="e1")]
     first = plan_next_offset(start, {}, held, now_epoch_s=1000.0)
     assert first.shards["s1"].position == AT_TIMESTAMP and first.shards["s1"].timestamp == 1000.0
     idle = {"s1": BatchEnd(lease_key="s1", position=AT_TIMESTAMP, caught_up=True)}
@@ -135,13 +136,13 @@ def test_latest_is_pinned_to_the_time_it_was_first_planned() -> None:
 def test_idleness() -> None:
     start = offset(5, s1=(cp(3), "e1"))
     idle_end = {"s1": BatchEnd(lease_key="s1", position=cp(3), caught_up=True)}
-    held = [HeldLease(lease_key="s1", checkpoint=cp(3), epoch="e1")]
+    held = [LeaseForPlanning(lease_key="s1", checkpoint=cp(3), epoch="e1")]
     assert is_idle(start, idle_end, plan_next_offset(start, idle_end, held, now_epoch_s=0))
     busy_end = {"s1": BatchEnd(lease_key="s1", position=cp(8), records=2, caught_up=True)}
     assert not is_idle(start, busy_end, plan_next_offset(start, busy_end, held, now_epoch_s=0))
     capped = {"s1": BatchEnd(lease_key="s1", position=cp(3), caught_up=False)}  # time budget ran out
     assert not is_idle(start, capped, plan_next_offset(start, capped, held, now_epoch_s=0))
-    more = [*held, HeldLease(lease_key="s2", checkpoint=TRIM_HORIZON, epoch="e2")]
+    more = [*held, LeaseForPlanning(lease_key="s2", checkpoint=TRIM_HORIZON, epoch="e2")]
     assert not is_idle(start, idle_end, plan_next_offset(start, idle_end, more, now_epoch_s=0))
     assert not is_idle(offset(0, s1=(cp(3), "e1")), {}, plan_next_offset(offset(0), {}, held, now_epoch_s=0))
 

@@ -275,8 +275,8 @@ class OwnerLog:
 
 
 def _from_fast_read(frame: FrameType | None) -> bool:
-    """Whether the call stack holds the leader's fast-path read (``LivenessWatch.read`` in leader/liveness.py)."""
-    suffix = os.path.join("leader", "liveness.py")
+    """Whether the call stack holds the leader's fast-path read (``LivenessWatch.read`` in leader/fast_path.py)."""
+    suffix = os.path.join("leader", "fast_path.py")
     while frame is not None:
         if frame.f_code.co_name == "read" and frame.f_code.co_filename.endswith(suffix):
             return True

@@ -31,7 +31,7 @@ from worker_lib.workermetrics.cpu import (
 )
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "cpu"
-LOGGER = "shardlease.metrics.cpu"
+LOGGER = "worker_lib.workermetrics.cpu.base"
 
 
 def _install(src: str, dst: Path) -> None:

@@ -26,7 +26,7 @@ def test_given_no_powertools_then_the_observer_logs_through_logging(
         return "ran"
 
     assert observer.wrap(handler) is handler  # no tracer around the handler
-    caplog.set_level(logging.INFO, logger="shardlease.leader.invocation")
+    caplog.set_level(logging.INFO, logger="worker_lib.leader.observers")
     report = CycleReport(cycle=1, owner="o", leader=False, current_leader="other")
     invocation = observer.begin({}, app="app", stream="s", owner="o")
     invocation.cycle(report)

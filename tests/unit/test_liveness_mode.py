@@ -193,14 +193,14 @@ def test_a_failed_reread_keeps_the_mode_and_a_runtime_mismatch_is_followed_with_
     # WHEN the re-read is throttled THEN the mode is kept
     source.error = ThrottledError("throttled")
     clock.advance(1)
-    with caplog.at_level(logging.WARNING, logger="shardlease.liveness.mode"):
+    with caplog.at_level(logging.WARNING, logger="worker_lib.leases.mode_store"):
         assert follower.poll() is None
     assert follower.current == StoredMode(mode=W)
     # WHEN an operator switches the application back to lease mode
     source.error = None
     source.stored = StoredMode(mode=W, target=L)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="shardlease.liveness.mode"):
+    with caplog.at_level(logging.WARNING, logger="worker_lib.leases.mode_store"):
         clock.advance(1)
         changed = follower.poll()
         clock.advance(1)

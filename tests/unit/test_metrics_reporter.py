@@ -15,7 +15,7 @@ from worker_lib.core.models import WorkerMetricStats
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.reporter import NO_SAMPLES, WorkerMetricsReporter, WorkerMetricsSink
 
-LOGGER = "shardlease.metrics.reporter"
+LOGGER = "worker_lib.workermetrics.reporter"
 
 
 class ScriptedMetric:

@@ -13,9 +13,9 @@ from typing import Any
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig, default_owner
 from worker_lib.core.errors import InvalidStateError
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.mode import LivenessMode, StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 

@@ -20,7 +20,7 @@ from worker_lib.core.errors import ConfigError, ShardleaseError
 from worker_lib.core.streams import StreamSelection
 from worker_lib.tools import demo as demo_bounds
 
-log = logging.getLogger("shardlease")
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -28,11 +28,11 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
-from worker_lib.leader.state_store import CoordinatorStateStore, DecisionRecorder, LeaseCapRecorder
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.tables.schema import TableLayout
+from worker_lib.tables.state_store import CoordinatorStateStore, DecisionRecorder, LeaseCapRecorder
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 CLUSTER_SEPARATOR = "/"

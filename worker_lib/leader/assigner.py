@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.assignment.deciders import make_decider
-from worker_lib.assignment.liveness import LivenessView
+from worker_lib.assignment.heartbeats import LivenessView
 from worker_lib.assignment.plan import AssignmentPlan, Decider, Decision
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker, owners_lags
 from worker_lib.assignment.state import suspect_workers
@@ -52,8 +52,11 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.store import LeaseStore
 
-log = logging.getLogger("shardlease.leader.assignment")
-decision_log = logging.getLogger("shardlease.leader.decisions")
+DECISION_LOGGER = f"{__name__}.decisions"
+"""One JSON line per decision the leader writes (lease, from, to, kind, reason, load before and after)."""
+
+log = logging.getLogger(__name__)
+decision_log = logging.getLogger(DECISION_LOGGER)
 
 STALE_WORKER_METRICS_S = 24 * 3600
 """KCL deletes worker-metrics entries not updated for a day."""
@@ -71,7 +74,7 @@ class WorkerMetricsSource(Protocol):
 
 
 class LivenessJudge(Protocol):
-    """The leader's view of heartbeating workers (:class:`~worker_lib.leader.liveness.LivenessWatch`)."""
+    """The leader's view of heartbeating workers (:class:`~worker_lib.leader.fast_path.LivenessWatch`)."""
 
     def observe(self, workers: Sequence[WorkerMetricStats]) -> LivenessView: ...
 
@@ -86,7 +89,7 @@ class AssignmentNotifier(Protocol):
 
 
 class ObservationKeeper(Protocol):
-    """Where expiry observations outlive a leader (:class:`~worker_lib.leader.state_store.ExpiryObservationStore`)."""
+    """Where expiry observations outlive a leader (:class:`~worker_lib.tables.state_store.ExpiryObservationStore`)."""
 
     skew_s: float
 

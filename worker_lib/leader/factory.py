@@ -26,16 +26,10 @@ from worker_lib.core.errors import ConfigError, StreamMissingError
 from worker_lib.core.streams import StreamSelection, parse_stream_entry
 from worker_lib.leader.assigner import LeaseAssigner
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
+from worker_lib.leader.fast_path import FastPath, LivenessWatch
 from worker_lib.leader.leader import Leader
-from worker_lib.leader.liveness import FastPath, LivenessWatch
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
-from worker_lib.leader.state_store import (
-    CoordinatorStateStore,
-    DecisionRecorder,
-    ExpiryObservationStore,
-    LeaseCapRecorder,
-)
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import check_start
@@ -46,9 +40,15 @@ from worker_lib.shardsync.multistream import MultiStreamShardSyncer
 from worker_lib.shardsync.syncer import ShardSyncer
 from worker_lib.tables.admin import check_layout, check_schema
 from worker_lib.tables.schema import TableLayout
+from worker_lib.tables.state_store import (
+    CoordinatorStateStore,
+    DecisionRecorder,
+    ExpiryObservationStore,
+    LeaseCapRecorder,
+)
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
-log = logging.getLogger("shardlease.leader")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)

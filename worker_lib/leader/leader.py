@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from worker_lib.leader.lock import LeaderLock
     from worker_lib.shardsync.syncer import ShardSyncResult
 
-log = logging.getLogger("shardlease.leader")
+log = logging.getLogger(__name__)
 
 OnCycle = Callable[["CycleReport"], None]
 """What a host does with each cycle's report (print it, log it, publish its metrics)."""

@@ -47,7 +47,7 @@ from worker_lib.tables.schema import TableLayout
 if TYPE_CHECKING:
     import boto3
 
-log = logging.getLogger("shardlease.leader.lock")
+log = logging.getLogger(__name__)
 
 _BOTO_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
 

@@ -25,7 +25,7 @@ from worker_lib.leader.leader import CycleReport
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, WORKER_DIMENSION
 from worker_lib.telemetry.publisher import MetricsConfig
 
-log = logging.getLogger("shardlease.leader.metrics")
+log = logging.getLogger(__name__)
 
 
 def _dimensions(app: str, value: MetricValue) -> list[dict[str, str]]:

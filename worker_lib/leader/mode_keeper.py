@@ -26,7 +26,7 @@ from worker_lib.core.errors import CorruptItemError, DependencyError
 from worker_lib.core.models import WorkerMetricStats
 from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode, initial_mode
 
-log = logging.getLogger("shardlease.leader.liveness_mode")
+log = logging.getLogger(__name__)
 
 UNKNOWN_MODE = StoredMode(mode=LivenessMode.LEASE, target=LivenessMode.WORKER)
 """Judged as during a switch to ``worker``: heartbeating owners per owner (safe in either mode), others by counter."""

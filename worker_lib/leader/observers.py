@@ -21,7 +21,7 @@ from worker_lib.leader.cycle_metrics import RunOutcome, cycle_metrics, report_fi
 from worker_lib.leader.leader import CycleReport
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, LEADER_SERVICE, WORKER_DIMENSION
 
-log = logging.getLogger("shardlease.leader.invocation")
+log = logging.getLogger(__name__)
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 

@@ -35,7 +35,7 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
 
-log = logging.getLogger("shardlease.worker.heartbeat")
+log = logging.getLogger(__name__)
 
 NoticeCallback = Callable[[tuple[str, ...] | None], None]
 """Called with the lease keys the leader announced (``None``: announced without keys — query the index)."""

@@ -18,7 +18,7 @@ from worker_lib.leases.mode_store import LivenessModeSource, ModeFollower
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.leases.store import LeaseStore
 
-log = logging.getLogger("shardlease.worker.leases")
+log = logging.getLogger(__name__)
 
 
 class AssignmentNotices(Protocol):

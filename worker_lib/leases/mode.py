@@ -4,7 +4,7 @@
   expires a lease whose counter stood still for the failover time — plus the worker heartbeat where there is one.
 * ``worker``: one heartbeat per worker carries liveness; lease items are written only on ownership change,
   checkpoint, hand-off and throughput change. The leader expires the leases of a heartbeating worker only when the
-  worker is gone (per owner, :class:`~worker_lib.assignment.liveness.HeartbeatTracker`).
+  worker is gone (per owner, :class:`~worker_lib.assignment.heartbeats.HeartbeatTracker`).
 
 The mode is an application property, stored once in ``<app>-CoordinatorState`` (item ``LivenessMode``). A switch
 is a *target* written beside the current mode and completed by the leader, in an order that never leaves a lease

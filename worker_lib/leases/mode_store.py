@@ -12,11 +12,11 @@ from typing import Any, Protocol
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import CorruptItemError, DependencyError
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.mode import LEASE_MODE, LivenessMode, StoredMode, check_start, refusal
 from worker_lib.tables.coordinator_items import LIVENESS_MODE_KEY, LivenessModeAttr
+from worker_lib.tables.state_store import CoordinatorStateStore
 
-log = logging.getLogger("shardlease.liveness.mode")
+log = logging.getLogger(__name__)
 A = LivenessModeAttr
 
 

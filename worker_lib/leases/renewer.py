@@ -35,7 +35,7 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import parse_handoff_request
 from worker_lib.leases.store import LeaseStore
 
-log = logging.getLogger("shardlease.worker.leases")
+log = logging.getLogger(__name__)
 
 LostCallback = Callable[[str, str], None]  # (lease_key, reason)
 ReleaseCallback = Callable[[str, str | None], None]  # (lease_key, new owner after a handoff; None = given up)

@@ -45,7 +45,7 @@ from worker_lib.processing.processor import (
 from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
 from worker_lib.shardsync.children import ensure_child_leases
 
-log = logging.getLogger("shardlease.worker.consumer")
+log = logging.getLogger(__name__)
 
 ShardLister = Callable[[], Sequence[ShardInfo]]
 BytesSink = Callable[[str, int], None]  # (lease_key, bytes delivered)

@@ -16,7 +16,7 @@ from worker_lib.core.streams import related_lease_key, split_lease_key
 from worker_lib.leases.store import LeaseStore
 from worker_lib.shardsync.hierarchy import new_lease
 
-log = logging.getLogger("shardlease.shardsync.children")
+log = logging.getLogger(__name__)
 
 
 def ensure_child_leases(

@@ -26,7 +26,7 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import DependencyError, ThrottledError
 from worker_lib.core.models import ShardInfo
 
-log = logging.getLogger("shardlease.shardsync.detector")
+log = logging.getLogger(__name__)
 
 _RETRY_CODES = frozenset({"LimitExceededException", "ResourceInUseException"}) | aws.THROTTLING_CODES
 

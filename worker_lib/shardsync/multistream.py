@@ -28,14 +28,14 @@ from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.shardsync.former_streams import plan_former_streams
 from worker_lib.shardsync.syncer import ShardSyncer, ShardSyncResult
 
-log = logging.getLogger("shardlease.shardsync")
+log = logging.getLogger(__name__)
 
 FORMER_STREAMS_KEY = "MultiStreamFormerStreams"
 """The CoordinatorState item holding, per untracked stream, the wall-clock millisecond it was first found so."""
 
 
 class StateStore(Protocol):
-    """The part of :class:`~worker_lib.leader.state_store.CoordinatorStateStore` this module uses."""
+    """The part of :class:`~worker_lib.tables.state_store.CoordinatorStateStore` this module uses."""
 
     def get(self, key: str) -> dict[str, Any] | None: ...
 

@@ -24,7 +24,7 @@ from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import ShardDetector
 from worker_lib.shardsync.hierarchy import plan_sync
 
-log = logging.getLogger("shardlease.shardsync")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)

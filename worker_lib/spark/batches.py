@@ -17,7 +17,7 @@ from worker_lib.spark.planning import BatchEnd
 from worker_lib.tables.coordinator_items import KEY, BatchEndAttr, batch_end_item, parse_batch_end
 from worker_lib.tables.schema import TableLayout
 
-log = logging.getLogger("shardlease.spark.batches")
+log = logging.getLogger(__name__)
 
 
 def _from_item(item: dict[str, Any]) -> BatchEnd:

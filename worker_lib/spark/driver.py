@@ -26,7 +26,6 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo, WorkerState
 from worker_lib.core.streams import related_lease_key, stream_name_of
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeping import (
     NoticeBox,
@@ -48,7 +47,7 @@ from worker_lib.spark.load import ExecutorCpu
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
-    HeldLease,
+    LeaseForPlanning,
     ReadSettings,
     ShardReadTask,
     SourceOffset,
@@ -63,12 +62,13 @@ from worker_lib.spark.planning import (
     without_shards,
 )
 from worker_lib.spark.reading import start_timestamp
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.reporter import WorkerMetricsReporter
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
 
-log = logging.getLogger("shardlease.spark.driver")
+log = logging.getLogger(__name__)
 
 
 class SparkLeaseCoordinator:
@@ -343,9 +343,9 @@ class SparkLeaseCoordinator:
             self._finished_parents.add(related_lease_key(lease.lease_key, parent))
         return True
 
-    def held_leases(self) -> list[HeldLease]:
+    def held_leases(self) -> list[LeaseForPlanning]:
         epochs = self._held_epochs()
-        views: list[HeldLease] = []
+        views: list[LeaseForPlanning] = []
         for key in self._holder.held_keys():
             lease = self._holder.lease(key)
             epoch = epochs.get(key)
@@ -358,7 +358,7 @@ class SparkLeaseCoordinator:
                 and key not in self._pending_shard_ends
                 and self._parents_ended(lease)
             )
-            views.append(HeldLease(lease_key=key, checkpoint=lease.checkpoint, epoch=epoch, readable=readable))
+            views.append(LeaseForPlanning(lease_key=key, checkpoint=lease.checkpoint, epoch=epoch, readable=readable))
         return views
 
     def initial_offset(self) -> SourceOffset:

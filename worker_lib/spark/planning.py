@@ -157,7 +157,7 @@ class BatchEnd:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeldLease:
+class LeaseForPlanning:
     """The driver's view of one lease it holds, at planning time.
 
     readable: valid (renewed and heartbeat in time), no handoff requested, not finished, and every parent shard
@@ -187,7 +187,7 @@ def positions_after(start: SourceOffset, ends: Mapping[str, BatchEnd]) -> dict[s
 def plan_next_offset(
     start: SourceOffset,
     ends: Mapping[str, BatchEnd],
-    held: Iterable[HeldLease],
+    held: Iterable[LeaseForPlanning],
     *,
     now_epoch_s: float,
     initial_timestamp_epoch_s: float | None = None,

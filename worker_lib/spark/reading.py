@@ -36,7 +36,7 @@ from worker_lib.spark.batches import BatchEndStore
 from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask
 from worker_lib.tables.schema import TableLayout
 
-log = logging.getLogger("shardlease.spark.reading")
+log = logging.getLogger(__name__)
 
 GET_RECORDS_LIMIT = 10_000
 RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6)

@@ -9,7 +9,6 @@ from typing import Any
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.errors import ConfigError, CredentialsError, DependencyError, TableSchemaError
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.tables.coordinator_items import (
     CLIENT_VERSION_3X,
     CLIENT_VERSIONS_2X_MODE,
@@ -22,6 +21,7 @@ from worker_lib.tables.coordinator_items import (
     migration_version,
 )
 from worker_lib.tables.schema import BillingMode, TableLayout, TableSpec
+from worker_lib.tables.state_store import CoordinatorStateStore
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ Three writers share the table, each with its own items, all keyed by ``key`` (S)
   uses (``ownerName``, ``leaseDuration`` (S, ms), ``recordVersionNumber`` (S), and ``isReleased`` (S ``"1"``) only
   once released) plus, as the lock client's "additional attributes", our ``expiresAtMillis``, ``lastUpdatedMillis``
   and ``releaseAtMillis`` (docs/leader-lock.md);
-* the leader's state store (:mod:`worker_lib.leader.state_store`): items of plain values — ``MaxLeasesPerWorker``
+* the leader's state store (:mod:`worker_lib.tables.state_store`): items of plain values — ``MaxLeasesPerWorker``
   (the published lease cap) and ``LeaseExpiryObservations`` (docs/failover.md);
 * the liveness mode (:mod:`worker_lib.leases.mode_store`): ``LivenessMode`` with ``mode`` and, during a switch,
   ``target`` (docs/liveness-modes.md), recorded by the first leader and changed by ``shardlease liveness``;

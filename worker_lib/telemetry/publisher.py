@@ -29,7 +29,7 @@ from worker_lib.core.env import env_int, env_str, environ
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
 
-log = logging.getLogger("shardlease.metrics")
+log = logging.getLogger(__name__)
 
 AGGREGATIONS = ("sum", "max", "last")
 

@@ -44,7 +44,7 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 if TYPE_CHECKING:
     from worker_lib.worker.worker import WorkerConfig
 
-log = logging.getLogger("shardlease.worker")
+log = logging.getLogger(__name__)
 
 
 class ThroughputTracker(Protocol):

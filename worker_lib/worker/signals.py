@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-log = logging.getLogger("shardlease.worker")
+log = logging.getLogger(__name__)
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

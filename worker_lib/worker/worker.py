@@ -38,7 +38,6 @@ from worker_lib.core.errors import (
     ThrottledError,
 )
 from worker_lib.core.streams import StreamSelection, StreamTracker, load_stream_tracker, parse_stream_entry
-from worker_lib.leader.state_store import CoordinatorStateStore
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import LivenessMode, check_start
@@ -54,6 +53,7 @@ from worker_lib.tables.schema import (
     lease_table_name,
     worker_metrics_table_name,
 )
+from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make_publisher
 from worker_lib.worker.coordinator import LeaseCoordinator, ThroughputTracker
 from worker_lib.worker.signals import install_shutdown_handlers
@@ -63,7 +63,7 @@ from worker_lib.workermetrics.reporter import WorkerMetricsReporter
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
 
-log = logging.getLogger("shardlease.worker")
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 

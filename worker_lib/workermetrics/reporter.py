@@ -29,7 +29,7 @@ from worker_lib.core.models import MAX_REPORTED_LAGS, WorkerMetricStats
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.cpu import WorkerMetric
 
-log = logging.getLogger("shardlease.metrics.reporter")
+log = logging.getLogger(__name__)
 
 NO_SAMPLES = -1.0
 """``sts`` value of a window in which a metric produced no sample (KCL)."""

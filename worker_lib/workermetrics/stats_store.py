@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerMetricsStore", "from_item", "is_foreign", "to_item"]
 
-log = logging.getLogger("shardlease.metrics.store")
+log = logging.getLogger(__name__)
 A = WorkerMetricsAttr
 
 MAX_NOTICE_KEYS = 100

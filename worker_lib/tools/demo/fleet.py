@@ -25,7 +25,7 @@ from worker_lib.testing.emulators import Emulator
 from worker_lib.testing.timings import FAST_TIMINGS
 from worker_lib.tools.demo.processor import JOURNAL_ENV, WORK_ENV
 
-log = logging.getLogger("shardlease.demo")
+log = logging.getLogger(__name__)
 
 HASH_SPACE = 2**128
 

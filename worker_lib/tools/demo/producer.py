@@ -9,7 +9,7 @@ from typing import Any
 
 from worker_lib.tools.demo.fleet import DemoState
 
-log = logging.getLogger("shardlease.demo")
+log = logging.getLogger(__name__)
 
 HASH_SPACE = 2**128
 

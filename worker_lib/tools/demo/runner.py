@@ -38,7 +38,7 @@ from worker_lib.tools.demo import (
 )
 from worker_lib.tools.demo.output import DemoOutput
 
-log = logging.getLogger("shardlease.demo")
+log = logging.getLogger(__name__)
 
 Printer = Callable[[str], None]
 

@@ -25,6 +25,7 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import MissingExtraError, ShardleaseError
+from worker_lib.leader.assigner import DECISION_LOGGER
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.local import LocalEmulators
@@ -35,7 +36,7 @@ from worker_lib.tools.demo.producer import Producer
 from worker_lib.tools.demo.report import build_report, read_journals
 from worker_lib.tools.demo.view import fleet_rows, read_worker_cpu, render_plain, render_rich
 
-log = logging.getLogger("shardlease.demo")
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -55,7 +56,7 @@ def run_fleet_demo(
     stream = f"{app}-stream"
     state = DemoState()
     capture = DecisionCapture(state)
-    decisions = logging.getLogger("shardlease.leader.decisions")
+    decisions = logging.getLogger(DECISION_LOGGER)
     decisions.addHandler(capture)
     decisions.setLevel(logging.INFO)
     decisions.propagate = False  # shown in the live view, not as raw log lines

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from worker_lib.core.clock import Clock
 
-log = logging.getLogger("shardlease.metrics.cpu")
+log = logging.getLogger(__name__)
 
 CPU_METRIC_CODE = "C"
 """Short name of the CPU metric in ``sts`` / ``opr`` (KCL)."""

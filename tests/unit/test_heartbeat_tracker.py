@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from worker_lib.assignment.config import AssignmentConfig
-from worker_lib.assignment.liveness import HeartbeatTracker, LivenessView
+from worker_lib.assignment.heartbeats import HeartbeatTracker, LivenessView
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
 from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.clock import ManualClock

@@ -1,7 +1,7 @@
 """The leader's fast path (docs/failover.md): between full cycles, one cheap read a tick, and an assignment pass
 at once when a worker left, went silent or changed something.
 
-* :class:`LivenessWatch` — the leader's :class:`~worker_lib.assignment.liveness.HeartbeatTracker` fed from the
+* :class:`LivenessWatch` — the leader's :class:`~worker_lib.assignment.heartbeats.HeartbeatTracker` fed from the
   worker-metrics table, with the consistent confirmation read the assigner takes before moving a gone worker's
   leases (the :class:`~worker_lib.leader.assigner.LivenessJudge` the assigner uses in every run).
 * :class:`FastPath` — one tick: scan the worker-metrics table (eventually consistent: one item per worker, about
@@ -20,13 +20,13 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker_lib.assignment.liveness import HeartbeatTracker, LivenessView
+from worker_lib.assignment.heartbeats import HeartbeatTracker, LivenessView
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import WorkerMetricStats
 from worker_lib.leader.assignment_report import AssignmentReport
 
-log = logging.getLogger("shardlease.leader.fastpath")
+log = logging.getLogger(__name__)
 
 
 class WorkerRows(Protocol):

@@ -38,7 +38,7 @@ from worker_lib.tables.schema import TableLayout
 if TYPE_CHECKING:
     import boto3
 
-log = logging.getLogger("shardlease.leader.state")
+log = logging.getLogger(__name__)
 
 
 class CoordinatorStateStore:
