@@ -4,13 +4,20 @@ One run (KCL's LeaseAssignmentManager, docs/kcl-compatibility.md):
 
 1. scan leases (parallel segments once the table is large) and worker metrics;
 2. expiry by counter observation on the leader's monotonic clock (:class:`ExpiryTracker`, reset when a new
-   leadership term starts, so a new leader gives every owner a full lease duration before judging it);
-3. force graceful handoffs that outlived their deadline (handoff timeout + failover time);
+   leadership term starts, so a new leader gives every owner a full lease duration before judging it — except for
+   the observations the previous leader kept, :class:`~worker_lib.leader.housekeeping.KeptObservations`);
+3. force graceful handoffs that outlived their deadline (handoff timeout + failover time;
+   :class:`~worker_lib.leader.handoffs.HandoffTracker`, which also dates the hand-offs step 5 starts);
 4. run the decider on a snapshot of the unfinished leases (finished SHARD_END leases have nothing to read);
 5. write: ``assignLease`` conditioned on the observed owner *and counter* for unassigned and expired leases (an
    owner that renewed meanwhile wins), ``initiateGracefulHandoff`` for rebalancing moves; a lost condition is
    counted, never retried in the same run (the next run sees the new state);
-6. delete worker-metrics entries not updated for a day (conditional on the ``lut`` seen).
+6. delete worker-metrics entries not updated for a day (conditional on the ``lut`` seen) and those of stopped workers
+   that own nothing (:class:`~worker_lib.leader.housekeeping.WorkerRowSweeper`).
+
+Workers that let all their leases expire are left out of the fleet until they report again
+(:class:`~worker_lib.leader.housekeeping.Suspects`). This module keeps the order of the steps and their decisions;
+the state each of those helpers keeps between runs lives in its own module, so each rule can be read on its own.
 
 With worker heartbeats (docs/failover.md) every run also asks the :class:`LivenessJudge`: departing and gone workers
 get nothing, and the leases of a gone worker — confirmed by a consistent read of its heartbeat taken after the
@@ -21,8 +28,9 @@ leases gets a notice (``asv``/``asl``) that its next heartbeat brings back, so i
 In ``worker`` liveness mode (docs/liveness-modes.md; :class:`~worker_lib.leader.mode_keeper.LeaderModeKeeper` reads
 the mode at every full run) a heartbeating worker's leases are never expired by their counters — they are not
 renewed — only when the worker is gone; graceful hand-offs away from a heartbeating owner are requested on its own
-item (``hrq``), and forced only the hand-off timeout plus the failover time after that request landed. A lease whose
-owner does not heartbeat is judged by its counter as before, and reported as a *foreign owner*.
+item (``hrq``, :mod:`worker_lib.leader.handoffs`), and forced only the hand-off timeout plus the failover time after
+that request landed. A lease whose owner does not heartbeat is judged by its counter as before, and reported as a
+*foreign owner*.
 
 Every decision is logged as one structured line with its reason and the load before/after; the run returns an
 :class:`AssignmentReport` whose fields are the leader's per-cycle metrics.
@@ -42,14 +50,20 @@ from worker_lib.assignment.deciders import make_decider
 from worker_lib.assignment.heartbeats import LivenessView
 from worker_lib.assignment.plan import AssignmentPlan, Decider, Decision
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker, owners_lags
-from worker_lib.assignment.state import suspect_workers
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
-from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.leader.assignment_report import AssignmentReport  # the report it returns
+from worker_lib.leader.handoffs import HandoffRequester, HandoffTracker, StartedHandoff
+from worker_lib.leader.housekeeping import (
+    KeptObservations,
+    ObservationKeeper,
+    Suspects,
+    WorkerRowCleaner,
+    WorkerRowSweeper,
+)
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.store import LeaseStore
 
 DECISION_LOGGER = f"{__name__}.decisions"
@@ -58,19 +72,14 @@ DECISION_LOGGER = f"{__name__}.decisions"
 log = logging.getLogger(__name__)
 decision_log = logging.getLogger(DECISION_LOGGER)
 
-STALE_WORKER_METRICS_S = 24 * 3600
-"""KCL deletes worker-metrics entries not updated for a day."""
-
 PARALLEL_SCAN_THRESHOLD = 1_000
 """Above this many leases the leader scans in parallel segments."""
 
 
-class WorkerMetricsSource(Protocol):
+class WorkerMetricsSource(WorkerRowCleaner, Protocol):
+    """The worker-metrics items: read at every run, stale and stopped ones deleted after full runs."""
+
     def list_all(self) -> list[WorkerMetricStats]: ...
-
-    def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool: ...
-
-    def delete_if_heartbeat_unchanged(self, worker_id: str, heartbeat_counter: int) -> bool: ...
 
 
 class LivenessJudge(Protocol):
@@ -82,20 +91,10 @@ class LivenessJudge(Protocol):
         """A consistent read of the worker's heartbeat, taken now: is it still gone?"""
 
 
-class AssignmentNotifier(Protocol):
+class AssignmentNotifier(HandoffRequester, Protocol):
+    """The workers' own items: assignment notices (``asv``/``asl``) and, in ``worker`` mode, hand-off requests."""
+
     def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool: ...
-
-    def request_handoff(self, worker_id: str, elements: Sequence[str]) -> bool: ...
-
-
-class ObservationKeeper(Protocol):
-    """Where expiry observations outlive a leader (:class:`~worker_lib.tables.state_store.ExpiryObservationStore`)."""
-
-    skew_s: float
-
-    def save(self, entries: list[tuple[str, int, float]]) -> bool: ...
-
-    def load(self) -> list[tuple[str, int, float]]: ...
 
 
 class CapRecorder(Protocol):
@@ -140,20 +139,17 @@ class LeaseAssigner:
         self._decision_recorder = decision_recorder
         self._liveness = liveness
         self._notifier = notifier
-        self._observations = observations
         self._modes = modes or LeaderModeKeeper(None, setting="lease")
         self._warned_foreign: set[str] = set()
         self._clock = clock
         self._rng = random.Random(seed)
         self._expiry = ExpiryTracker(self._config.failover_s)
-        self._handoff_seen: dict[str, tuple[str | None, str | None, float]] = {}
+        self._kept = KeptObservations(self._expiry, observations, clock=clock)
+        self._handoffs = HandoffTracker(lease_store, notifier, config=self._config, clock=clock, decisions=decision_log)
+        self._sweeper = WorkerRowSweeper(worker_metrics)
+        self._suspects = Suspects(self._config)
         self._last_lease_count = 0
-        self._last_stale_sweep: float | None = None
         self._max_parallel = max(1, max_parallel_writes)
-        # Workers that let all their leases expire, with the metrics report (lut) seen then. Until they report
-        # again they are left out of the fleet: otherwise, once their leases have moved, a dead worker holds
-        # nothing and looks exactly like a worker that just joined for up to two report intervals.
-        self._suspects: dict[str, int] = {}
 
     # --- one run --------------------------------------------------------------------------------------------
 
@@ -166,9 +162,9 @@ class LeaseAssigner:
         if run_number == 1 and not fast:
             self._modes.new_term()
             self._expiry.reset()  # a new term: never judge with another term's observations …
-            self._handoff_seen.clear()
+            self._handoffs.reset()
             self._suspects.clear()
-            self._restore_observations()  # … except those kept in the table, dated and trusted up to the skew bound
+            self._kept.restore()  # … except those kept in the table, dated and trusted up to the skew bound
         # The mode is read before the scan: a switch requested after it is judged by the next run.
         liveness = self._modes.begin_run() if not fast else self._modes.judging
         per_owner = liveness.leader_judges_per_owner
@@ -190,12 +186,12 @@ class LeaseAssigner:
         gone = self._confirmed_gone(live, view)
         if gone:
             expired = expired | {lease.lease_key for lease in live if lease.actual_owner in gone}
-        forced = self._force_overdue_handoffs(live, now_mono, requested_from=view.heartbeating if per_owner else None)
+        forced = self._handoffs.force_overdue(live, now_mono, requested_from=view.heartbeating if per_owner else None)
         if forced:
             forced_keys = {lease.lease_key for lease in forced}
             live = [lease for lease in live if lease.lease_key not in forced_keys] + forced
 
-        workers = self._without_silent_suspects(
+        workers = self._suspects.without_silent(
             [w for w in all_workers if w.worker_id not in view.excluded], alive=view.heartbeating - view.gone
         )
         snapshot = AssignmentSnapshot(
@@ -210,9 +206,9 @@ class LeaseAssigner:
         decide_started = self._clock.monotonic()
         plan = self._decider.decide(snapshot, rng=self._rng)
         decide_ms = (self._clock.monotonic() - decide_started) * 1000
-        self._remember_suspects(snapshot, workers)
+        self._suspects.remember(snapshot, workers)
         conflicts, received, handoffs = self._write(plan, {lease.lease_key: lease for lease in live})
-        self._started_handoffs(handoffs, requested_from=view.heartbeating if per_owner else None)
+        self._handoffs.started(handoffs, requested_from=view.heartbeating if per_owner else None)
         for lease in forced:
             if lease.lease_owner is not None:
                 received.setdefault(lease.lease_owner, []).append(lease.lease_key)
@@ -229,10 +225,10 @@ class LeaseAssigner:
                     self._cap_recorder.record(plan.effective_cap, shards=len(live), workers=assignable)
                 except DependencyError as exc:
                     log.warning("could not publish the lease cap: %s", exc)
-            self._sweep_stale_workers(all_workers, now_wall, now_mono)
-            self._sweep_stopped_workers(all_workers, live)
-            self._keep_observations(now_mono, now_wall)
-            self._modes.after_run(all_workers, view.gone, forget=lambda: self._forget_observations(now_mono, now_wall))
+            self._sweeper.sweep_stale(all_workers, now_wall, now_mono)
+            self._sweeper.sweep_stopped(all_workers, live)
+            self._kept.keep(now_mono, now_wall)
+            self._modes.after_run(all_workers, view.gone, forget=lambda: self._kept.forget(now_mono, now_wall))
 
         report = self._report(
             run_number=run_number,
@@ -254,34 +250,6 @@ class LeaseAssigner:
         )
         log.info(report.summary())
         return report
-
-    # --- observations that outlive a leader (docs/failover.md) ---------------------------------------------
-
-    def _restore_observations(self) -> None:
-        if self._observations is None:
-            return
-        try:
-            entries = self._observations.load()
-        except DependencyError as exc:
-            log.warning("could not read the previous leader's expiry observations: %s", exc)
-            return
-        if entries:
-            now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
-            self._expiry.restore(entries, now_mono, now_wall, self._observations.skew_s)
-            log.info("restored %d lease-expiry observations of the previous leader", len(entries))
-
-    def _keep_observations(self, now_mono: float, now_wall: float) -> None:
-        if self._observations is None:
-            return
-        try:
-            self._observations.save(self._expiry.export(now_mono, now_wall))
-        except DependencyError as exc:
-            log.warning("could not keep the expiry observations: %s", exc)
-
-    def _forget_observations(self, now_mono: float, now_wall: float) -> None:
-        """Before completing a switch back to ``lease`` mode: every lease gets a full failover time from now."""
-        self._expiry.reset()
-        self._keep_observations(now_mono, now_wall)
 
     def _foreign_owners(self, live: Sequence[Lease], view: LivenessView) -> tuple[str, ...]:
         owners = {lease.actual_owner for lease in live if lease.actual_owner is not None}
@@ -327,111 +295,6 @@ class LeaseAssigner:
                 log.warning("could not notify worker %s of %d lease(s): %s", worker_id, len(keys), exc)
         return sent
 
-    # --- suspects ---
-
-    def _without_silent_suspects(
-        self, workers: list[WorkerMetricStats], *, alive: frozenset[str] = frozenset()
-    ) -> list[WorkerMetricStats]:
-        kept = []
-        for worker in workers:
-            seen = self._suspects.get(worker.worker_id)
-            if seen is not None and worker.last_update_epoch_s <= seen and worker.worker_id not in alive:
-                continue  # still no new report since it let its leases expire
-            self._suspects.pop(worker.worker_id, None)
-            kept.append(worker)
-        return kept
-
-    def _remember_suspects(self, snapshot: AssignmentSnapshot, workers: Sequence[WorkerMetricStats]) -> None:
-        assignable = [w.worker_id for w in snapshot.assignable_workers(self._config.worker_report_interval_s)]
-        lut = {w.worker_id: w.last_update_epoch_s for w in workers}
-        for worker_id in suspect_workers(snapshot, assignable):
-            if worker_id not in self._suspects:
-                log.info("worker %s let all its leases expire: left out until it reports again", worker_id)
-            self._suspects[worker_id] = lut[worker_id]
-
-    # --- handoffs -------------------------------------------------------------------------------------------
-
-    def _force_overdue_handoffs(
-        self, leases: Sequence[Lease], now: float, *, requested_from: frozenset[str] | None = None
-    ) -> list[Lease]:
-        """Complete handoffs older than the deadline (the old owner never let go): the new owner starts from the
-        last checkpoint. Returns the leases as they are after forcing (to keep the snapshot current).
-
-        ``requested_from`` (``worker`` mode: the heartbeating workers): a hand-off away from one of them counts
-        from the moment its request landed on the old owner's item; one this leader has not requested yet is
-        requested now (a new term, or a request that failed)."""
-        deadline_s = self._config.handoff_deadline_ms / 1000
-        in_progress: dict[str, tuple[str | None, str | None, float]] = {}
-        forced: list[Lease] = []
-        unrequested: list[tuple[str, str | None, str | None]] = []
-        for lease in leases:
-            if not lease.is_handoff_in_progress:
-                continue
-            identity = (lease.lease_owner, lease.checkpoint_owner)
-            seen = self._handoff_seen.get(lease.lease_key)
-            if (
-                requested_from is not None
-                and lease.checkpoint_owner in requested_from
-                and (seen is None or seen[:2] != identity)
-            ):
-                unrequested.append((lease.lease_key, lease.lease_owner, lease.checkpoint_owner))
-                continue
-            first = seen[2] if seen is not None and seen[:2] == identity else now
-            in_progress[lease.lease_key] = (*identity, first)
-            if now - first <= deadline_s:
-                continue
-            old_owner = lease.checkpoint_owner
-            assert old_owner is not None
-            done = self._store.complete_handoff(lease, old_owner)
-            decision_log.info(
-                json.dumps(
-                    {
-                        "lease": lease.lease_key,
-                        "from": old_owner,
-                        "to": lease.lease_owner,
-                        "kind": "force_handoff",
-                        "reason": f"graceful handoff not completed within {deadline_s:.0f} s",
-                        "written": done is not None,
-                    },
-                    sort_keys=True,
-                )
-            )
-            if done is not None:
-                forced.append(done)
-                in_progress.pop(lease.lease_key, None)
-        self._handoff_seen = in_progress
-        self._started_handoffs(unrequested, requested_from=requested_from)
-        return forced
-
-    def _started_handoffs(
-        self, handoffs: Sequence[tuple[str, str | None, str | None]], *, requested_from: frozenset[str] | None
-    ) -> None:
-        """Date each started hand-off ``(lease, new owner, old owner)`` for the deadline. In ``worker`` mode a
-        heartbeating old owner is asked on its own item first, and the deadline runs from that write: its worker
-        keeps the lease at most the request's timeout after the first beat that sees it, and that beat comes
-        within the failover time (or the worker has fenced itself) — so forcing after timeout + failover is safe.
-        A request that fails is retried by the next run."""
-        by_old_owner: dict[str, list[tuple[str, str | None]]] = {}
-        for lease_key, new_owner, old_owner in handoffs:
-            if requested_from is not None and old_owner is not None and old_owner in requested_from:
-                by_old_owner.setdefault(old_owner, []).append((lease_key, new_owner))
-            else:
-                self._handoff_seen[lease_key] = (new_owner, old_owner, self._clock.monotonic())
-        timeout_ms = self._config.graceful_handoff_timeout_ms
-        for old_owner, items in sorted(by_old_owner.items()):
-            elements = [handoff_request(lease_key, timeout_ms) for lease_key, _ in items]
-            try:
-                requested = self._notifier is not None and self._notifier.request_handoff(old_owner, elements)
-            except DependencyError as exc:
-                log.warning("could not ask %s for %d hand-off(s): %s", old_owner, len(items), exc)
-                continue
-            if not requested:
-                log.warning("could not ask %s for %d hand-off(s): it has no item", old_owner, len(items))
-                continue
-            landed = self._clock.monotonic()
-            for lease_key, new_owner in items:
-                self._handoff_seen[lease_key] = (new_owner, old_owner, landed)
-
     # --- writes ---------------------------------------------------------------------------------------------
 
     def _write_one(self, decision: Decision, lease: Lease) -> tuple[bool, bool]:
@@ -461,7 +324,7 @@ class LeaseAssigner:
 
     def _write(
         self, plan: AssignmentPlan, leases: Mapping[str, Lease]
-    ) -> tuple[int, dict[str, list[str]], list[tuple[str, str | None, str | None]]]:
+    ) -> tuple[int, dict[str, list[str]], list[StartedHandoff]]:
         """Write every decision; returns the number of lost conditions, per worker the leases it received outright
         (a graceful handoff's receiver is notified by the old owner when it lets go), and the hand-offs started
         ``(lease, new owner, old owner)``."""
@@ -472,42 +335,13 @@ class LeaseAssigner:
             with ThreadPoolExecutor(max_workers=min(self._max_parallel, len(pairs))) as pool:
                 results = list(pool.map(lambda pair: self._write_one(*pair), pairs))
         received: dict[str, list[str]] = {}
-        handoffs: list[tuple[str, str | None, str | None]] = []
+        handoffs: list[StartedHandoff] = []
         for (decision, lease), (written, graceful) in zip(pairs, results, strict=True):
             if written and graceful:  # the handoff deadline runs from when we started it, not when we next see it
                 handoffs.append((lease.lease_key, decision.to_worker, lease.lease_owner))
             elif written:
                 received.setdefault(decision.to_worker, []).append(lease.lease_key)
         return sum(1 for written, _ in results if not written), received, handoffs
-
-    # --- housekeeping ---------------------------------------------------------------------------------------
-
-    def _sweep_stale_workers(self, workers: Sequence[WorkerMetricStats], now_wall: float, now_mono: float) -> None:
-        if self._last_stale_sweep is not None and now_mono - self._last_stale_sweep < 3600:
-            return
-        self._last_stale_sweep = now_mono
-        for worker in workers:
-            if now_wall - worker.last_update_epoch_s > STALE_WORKER_METRICS_S:
-                try:
-                    if self._metrics.delete_if_unchanged(worker.worker_id, worker.last_update_epoch_s):
-                        log.info("deleted stale worker metrics wid=%s", worker.worker_id)
-                except DependencyError as exc:
-                    log.warning("could not delete stale worker metrics wid=%s: %s", worker.worker_id, exc)
-
-    def _sweep_stopped_workers(self, workers: Sequence[WorkerMetricStats], live: Sequence[Lease]) -> None:
-        """Delete the items of workers that said STOPPED and own nothing any more (conditional on their heartbeat
-        counter, so a restart under the same id keeps its item): every deploy with fresh worker ids would otherwise
-        leave items behind for a day, and the leader reads them all every second."""
-        owners = {lease.actual_owner for lease in live} | {lease.lease_owner for lease in live}
-        for worker in workers:
-            beat = worker.heartbeat
-            if beat is None or beat.state is not WorkerState.STOPPED or worker.worker_id in owners:
-                continue
-            try:
-                if self._metrics.delete_if_heartbeat_unchanged(worker.worker_id, beat.counter):
-                    log.info("deleted the item of stopped worker %s", worker.worker_id)
-            except DependencyError as exc:
-                log.warning("could not delete the item of stopped worker %s: %s", worker.worker_id, exc)
 
     def _report(
         self,
