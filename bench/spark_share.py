@@ -78,7 +78,7 @@ def main() -> int:
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
     from worker_lib.tables.admin import ensure_tables
     from worker_lib.testing.emulators import start_moto
-    from worker_lib.testing.producers import EvenProducer
+    from worker_lib.testing.producers import Producer, shard_hash_keys
     from worker_lib.testing.streams import create_stream
     from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
@@ -168,7 +168,8 @@ def main() -> int:
         per_tick = max(1, args.rate // 5)
         started = time.monotonic()
         samples: list[tuple[float, dict[str, str | None]]] = []
-        with EvenProducer(kinesis, stream, per_shard_per_tick=per_tick, tick_s=0.2, payload_bytes=200):
+        keys = shard_hash_keys(kinesis, stream)
+        with Producer(kinesis, stream, per_tick=per_tick * len(keys), tick_s=0.2, hash_keys=keys, payload_bytes=200):
             while time.monotonic() - started < args.minutes * 60:
                 time.sleep(10)
                 owners = {lease.lease_key: lease.lease_owner for lease in store.list_leases()}

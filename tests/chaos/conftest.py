@@ -1,27 +1,36 @@
-"""Shared rig for the in-process chaos tests: two Workers with embedded leaders on moto, a 2-shard stream, in the
-liveness mode the test asks for (``@pytest.mark.parametrize("rig", LIVENESS_MODES, indirect=True)``; ``lease`` when
-it does not ask)."""
+"""Shared fixtures of the chaos suite.
+
+* ``rig``: for the in-process chaos tests, two Workers with embedded leaders on moto, a 2-shard stream, in the
+  liveness mode the test asks for (``@pytest.mark.parametrize("rig", LIVENESS_MODES, indirect=True)``; ``lease``
+  when it does not ask).
+* ``moto_app``: for the process tests, an application's tables on moto, its clients and stores, a journal file and
+  the arguments every ``shardlease`` process of it gets.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.chaos import ChaosProcessor
+from tests.support.chaos_fleet import ChaosFleet
 from tests.support.processes import liveness_env, shardlease_liveness
 from tests.support.recording import Journal, RecordingProcessor
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.processor import RecordProcessor
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 FAILOVER_MS = 6_000  # lease duration; every fault window in the chaos tests is shorter
 
@@ -115,3 +124,52 @@ def rig(
     finally:
         for worker in made.workers:
             worker.shutdown(timeout_s=5)
+
+
+@dataclass
+class App:
+    """One application on moto for the process tests: its tables (created), clients and stores, the journal file
+    its workers write (``SHARDLEASE_CHAOS_JOURNAL``) and its stream's name (create it with :meth:`create_stream`)."""
+
+    name: str
+    endpoint: str
+    ddb: Any
+    kinesis: Any
+    store: DynamoDBLeaseStore
+    rows: WorkerMetricsStore
+    journal: Path
+
+    @property
+    def stream(self) -> str:
+        return f"{self.name}-s"
+
+    @property
+    def args(self) -> list[str]:
+        """What every `shardlease` process of the application gets: app, stream, DynamoDB endpoint."""
+        return ["--app", self.name, "--stream", self.stream, "--endpoint-url", self.endpoint]
+
+    def create_stream(self, shards: int) -> None:
+        create_stream(self.kinesis, self.stream, shards)
+
+    def fleet(
+        self, log_dir: Path, env: Mapping[str, str], *, worker_env: Mapping[str, str] | None = None
+    ) -> ChaosFleet:
+        """A process fleet of this application (use it as a context manager: it kills what is left)."""
+        return ChaosFleet(log_dir, args=self.args, env=env, journal=self.journal, worker_env=worker_env)
+
+
+@pytest.fixture
+def moto_app(moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path) -> App:
+    ddb = aws.client("dynamodb", moto_aws)
+    ensure_tables(app_name, ddb)
+    journal = tmp_path / "journal.txt"
+    journal.touch()
+    return App(
+        name=app_name,
+        endpoint=moto_endpoint,
+        ddb=ddb,
+        kinesis=aws.client("kinesis", moto_aws),
+        store=DynamoDBLeaseStore(app_name, client=ddb),
+        rows=WorkerMetricsStore(app_name, client=ddb),
+        journal=journal,
+    )

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.conftest import Rig, put
-from tests.support.chaos import wait_for
 from tests.support.processes import REPO, shardlease_liveness
 from tests.support.recording import RecordingProcessor
 from worker_lib.core import aws
@@ -25,6 +24,7 @@ from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import lease_table_name
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kcl3_lease_items.json"
 
@@ -42,7 +42,7 @@ def test_corrupt_and_foreign_lease_items_are_left_alone_while_workers_run(rig: R
     rig.start()
     produced = put(rig.kinesis, rig.stream, 0, 200)
     # THEN every record is processed once, by workers that never crash on those items
-    assert wait_for(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
+    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
     assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
     assert sorted(rig.processed()) == sorted(produced)
     # AND the odd items are exactly as they were (nobody assigned, renewed or deleted them)
@@ -67,14 +67,14 @@ def test_policy_skip_logs_and_skips_the_poison_batch_and_processes_the_rest(
     # GIVEN a poison record among good ones, and policy skip
     rig.start()
     good = put(rig.kinesis, rig.stream, 0, 50)
-    assert wait_for(lambda: set(rig.processed()) >= set(good), timeout_s=30)
+    assert wait_until(lambda: set(rig.processed()) >= set(good), timeout_s=30)
     rig.kinesis.put_record(StreamName=rig.stream, Data=b"poison", PartitionKey="f000000")
     # WHEN its batch has failed 1 + 1 times and more good records follow
-    assert wait_for(lambda: any("policy skip" in r.getMessage() for r in caplog.records), timeout_s=30)
+    assert wait_until(lambda: any("policy skip" in r.getMessage() for r in caplog.records), timeout_s=30)
     later = put(rig.kinesis, rig.stream, 50, 50)
     # THEN the poison batch (the whole batch: at-most-once for it) was skipped with a line giving its range, the
     # later records are processed, and no lease was lost
-    assert wait_for(lambda: set(rig.processed()) >= set(later), timeout_s=30)
+    assert wait_until(lambda: set(rig.processed()) >= set(later), timeout_s=30)
     assert any("policy skip" in r.getMessage() for r in caplog.records)
     assert b"poison" not in rig.processed()
     assert rig.lost() == []
@@ -97,12 +97,12 @@ def test_policy_stop_with_a_transient_failure_retries_the_batch_from_the_checkpo
     # GIVEN a processor whose downstream fails twice on one batch, then recovers
     rig.start()
     produced = put(rig.kinesis, rig.stream, 0, 20)
-    assert wait_for(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
+    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
     rig.kinesis.put_record(StreamName=rig.stream, Data=b"flaky", PartitionKey="f000000")
     produced.append(b"flaky")
     produced += put(rig.kinesis, rig.stream, 20, 20)
     # THEN the lease is given up with a clear line, reassigned by the leader, and the batch read again: nothing lost
-    assert wait_for(lambda: set(rig.processed()) >= set(produced), timeout_s=40)
+    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=40)
     assert failures[0] == 2
     assert any("policy stop" in r.getMessage() for r in caplog.records)
     assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
@@ -117,7 +117,7 @@ def test_a_one_mib_record_is_processed_whole(rig: Rig) -> None:
     rig.kinesis.put_record(StreamName=rig.stream, Data=big, PartitionKey="k")
     after = put(rig.kinesis, rig.stream, 10, 10)
     # THEN it is delivered whole, in its place, and the small ones around it too
-    assert wait_for(lambda: set(rig.processed()) >= {*before, big, *after}, timeout_s=30)
+    assert wait_until(lambda: set(rig.processed()) >= {*before, big, *after}, timeout_s=30)
     assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
     assert sorted(rig.processed()) == sorted([*before, big, *after])
 

@@ -22,18 +22,18 @@ from tests.chaos.conftest import FAILOVER_MS, Rig, put
 from tests.support.chaos import (
     Fault,
     Line,
-    Producer,
     check_journal,
     dynamodb_fault,
     fenced_after_stop,
+    holding,
     read_lines,
     record_figures,
-    wait_for,
 )
-from tests.support.handover import holding
 from tests.support.kinesis_faults import fail_calls
 from tests.support.processes import LIVENESS_MODES
 from worker_lib.tables.schema import lease_table_name, worker_metrics_table_name
+from worker_lib.testing.producers import Producer
+from worker_lib.testing.waiting import wait_until
 
 FAULT_WINDOW_S = 2.0
 FAILOVER_S = FAILOVER_MS / 1000
@@ -67,14 +67,14 @@ def test_dynamodb_faults_on_one_write_are_ridden_through(rig: Rig, write: str, k
             fault.active.set()
             produced += put(rig.kinesis, rig.stream, 0, 100)
             rig.start()
-            assert wait_for(lambda: fault.hits > 0, timeout_s=20), "the fault never hit"
+            assert wait_until(lambda: fault.hits > 0, timeout_s=20), "the fault never hit"
             time.sleep(FAULT_WINDOW_S)  # the fault's duration is real time: the leader runs on its own thread
             fault.active.clear()
         else:
             # GIVEN both workers processing, then the fault on their renewals / heartbeats / checkpoints for a window
             rig.start()
             produced += put(rig.kinesis, rig.stream, 0, 100)
-            assert wait_for(lambda: len(rig.processed()) >= 100, timeout_s=30)
+            assert wait_until(lambda: len(rig.processed()) >= 100, timeout_s=30)
             fault.active.set()
             deadline = time.monotonic() + FAULT_WINDOW_S
             n = 100
@@ -87,7 +87,7 @@ def test_dynamodb_faults_on_one_write_are_ridden_through(rig: Rig, write: str, k
         # WHEN the fault stops and more records arrive
         produced += put(rig.kinesis, rig.stream, 10_000, 100)
         # THEN everything is processed
-        assert wait_for(lambda: set(rig.processed()) >= set(produced), timeout_s=40), (
+        assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=40), (
             f"{kind}/{write}: {len(set(produced) - set(rig.processed()))} records missing"
         )
     assert fault.hits > 0, "the fault never hit"
@@ -130,15 +130,15 @@ def test_heartbeats_failing_past_the_failover_time_fence_the_worker_and_lose_not
         # GIVEN two workers (journal tags 1 and 2) sharing a 2-shard stream while a producer writes 100 records/s
         rig.start()
         with Producer(rig.kinesis, rig.stream) as producer:
-            assert wait_for(lambda: len({x.shard for x in lines() if x.kind == "REC"}) == 2, timeout_s=60)
-            assert wait_for(lambda: bool(holding(lines(), 1)), timeout_s=30), "w1 never processed a shard"
+            assert wait_until(lambda: len({x.shard for x in lines() if x.kind == "REC"}) == 2, timeout_s=60)
+            assert wait_until(lambda: bool(holding(lines(), 1)), timeout_s=30), "w1 never processed a shard"
             held = holding(lines(), 1)
             # WHEN every heartbeat of w1 fails for longer than the failover time: it lands but its reply times out
             # (on every retry), or it is throttled
             fault_at = time.monotonic()
             fault.active.set()
             # THEN w1 stops processing what it held once its fence runs out (no reply arrived in time)
-            assert wait_for(lambda: held <= _lost(lines(), 1, after=fault_at), timeout_s=FAILOVER_S + 10), (
+            assert wait_until(lambda: held <= _lost(lines(), 1, after=fault_at), timeout_s=FAILOVER_S + 10), (
                 f"{rig.liveness}: w1 kept processing {held - _lost(lines(), 1, after=fault_at)} without a heartbeat"
             )
             fenced_s = time.monotonic() - fault_at
@@ -148,11 +148,11 @@ def test_heartbeats_failing_past_the_failover_time_fence_the_worker_and_lose_not
             # AND once its beats get replies again, every shard is served again within a few seconds (waited for
             # longer, so that a miss says by how much)
             bound_s = FAILOVER_S + 5.0
-            wait_for(lambda: _all_served_after(lines(), held, healed_at), timeout_s=90)
+            wait_until(lambda: _all_served_after(lines(), held, healed_at), timeout_s=90)
             resumed_s = time.monotonic() - healed_at
             producer.stop()
         produced = producer.produced
-        assert wait_for(lambda: {x.c for x in lines() if x.kind == "REC"} >= set(produced), timeout_s=90), (
+        assert wait_until(lambda: {x.c for x in lines() if x.kind == "REC"} >= set(produced), timeout_s=90), (
             f"{rig.liveness}: records still missing"
         )
     assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
@@ -193,15 +193,15 @@ def test_kinesis_throttling_and_expired_iterators_lose_and_repeat_nothing(rig: R
     # GIVEN two workers processing a 2-shard stream
     rig.start()
     produced = put(rig.kinesis, rig.stream, 0, 100)
-    assert wait_for(lambda: len(rig.processed()) >= 100, timeout_s=30)
+    assert wait_until(lambda: len(rig.processed()) >= 100, timeout_s=30)
     # WHEN GetRecords fails with `code` several times while records arrive (throttling retried inside the
     # fetcher; an expired iterator renewed from the last delivered record)
     with fail_calls(rig.kinesis, "GetRecords", code, times=6) as injected:
         produced += put(rig.kinesis, rig.stream, 100, 100)
-        assert wait_for(lambda: injected.failed >= 6, timeout_s=30)
+        assert wait_until(lambda: injected.failed >= 6, timeout_s=30)
     produced += put(rig.kinesis, rig.stream, 200, 100)
     # THEN every record is processed once, and no lease was lost
-    assert wait_for(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
+    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
     assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
     assert sorted(rig.processed()) == sorted(produced)
     assert rig.lost() == []

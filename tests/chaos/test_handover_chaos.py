@@ -37,41 +37,34 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.chaos.conftest import App
 from tests.support.chaos import (
-    Producer,
     chaos_seed,
     check_journal,
     failover_s,
     fenced_after_stop,
-    read_lines,
     record_figures,
-    wait_for,
     worker_liveness,
 )
+from tests.support.chaos_fleet import ChaosFleet
 from tests.support.handover import (
     HANG_ENV,
     HANGING_PROCESSOR,
-    HandoverFleet,
     InProcessLeader,
     OwnerLog,
-    all_shards_processed,
-    holding,
     throttle_worker_rows_scans,
 )
-from tests.support.processes import LIVENESS_MODES, liveness_env, process_group, shardlease_liveness
-from worker_lib.core import aws
+from tests.support.processes import LIVENESS_MODES, liveness_env, shardlease_liveness
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerState
 from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
-from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import worker_metrics_table_name
-from worker_lib.testing.streams import create_stream
+from worker_lib.testing.producers import Producer
+from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 SEED = chaos_seed()
@@ -110,11 +103,10 @@ def env_for(journal: Path, *, cycle_ms: int, liveness: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def moto_setup(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any, DynamoDBLeaseStore]:
-    ddb = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, ddb)
-    return ddb, aws.client("kinesis", moto_aws), DynamoDBLeaseStore(app_name, client=ddb)
+def handover_fleet(app: App, log_dir: Path, *, cycle_s: float, liveness: str) -> ChaosFleet:
+    """Workers without embedded leaders (leadership is in `shardlease leader` processes or in the test)."""
+    env = env_for(app.journal, cycle_ms=int(cycle_s * 1000), liveness=liveness)
+    return app.fleet(log_dir, env, worker_env={"SHARDLEASE_LEADER_MODE": "none"})
 
 
 def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) -> bool:
@@ -128,65 +120,58 @@ def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
+    moto_app: App, tmp_path: Path, liveness: str
 ) -> None:
-    ddb, kinesis, store = moto_setup
+    app = moto_app
     cycle_s = 4.0
-    rows = WorkerMetricsStore(app_name, client=ddb)
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, SHARDS)
-    journal = tmp_path / "journal.txt"
-    journal.touch()
-    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    app.create_stream(SHARDS)
     started = time.monotonic()
     problems: list[str] = []
-    with process_group(tmp_path) as group:
-        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000), liveness=liveness), journal)
+    with handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet:
         # GIVEN an application in liveness mode `liveness`, three workers (w1's processor hangs in
         # shutdown_requested) and a leader process, 4 shards, a producer
-        shardlease_liveness(app_name, moto_endpoint, target=liveness)
-        victim = fleet.start_worker(
+        shardlease_liveness(app.name, app.endpoint, target=liveness)
+        victim = fleet.start_chaos_worker(
             "w1",
             processor=HANGING_PROCESSOR,
             env={HANG_ENV: "600", "SHARDLEASE_SHUTDOWN_TIMEOUT_MS": str(int(SHUTDOWN_TIMEOUT_S * 1000))},
         )
         for worker_id in ("w2", "w3"):
-            fleet.start_worker(worker_id, processor=HANGING_PROCESSOR)  # hang 0: the chaos processor
-        assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
-        fleet.start_leader("L1")
-        with Producer(kinesis, stream) as producer, OwnerLog(store) as owners:
-            assert wait_for(lambda: all_shards_processed(fleet.lines(), SHARDS), timeout_s=60)
-            assert wait_for(lambda: bool(fleet.holding("w1")), timeout_s=30), "w1 never processed a shard"
+            fleet.start_chaos_worker(worker_id, processor=HANGING_PROCESSOR)  # hang 0: the chaos processor
+        assert wait_until(lambda: heartbeating(app.rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
+        fleet.start_leader_process("L1")
+        with Producer(app.kinesis, app.stream) as producer, OwnerLog(app.store) as owners:
+            assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
+            assert wait_until(lambda: bool(fleet.holding("w1")), timeout_s=30), "w1 never processed a shard"
             held = fleet.holding("w1")
             # WHEN w1 gets SIGTERM: it announces DEPARTING, asks its processors to checkpoint — and they hang
             term_at = fleet.signal("w1", signal.SIGTERM)
-            fleet.abnormal.add(victim)  # it never finishes its shutdown; it is SIGKILLed at the end
-            assert wait_for(lambda: _state(rows, "w1") is WorkerState.DEPARTING, timeout_s=5), "no DEPARTING"
+            assert wait_until(lambda: _state(app.rows, "w1") is WorkerState.DEPARTING, timeout_s=5), "no DEPARTING"
             departing_seen = time.monotonic()
-            beat_then = _beats(rows, "w1")
-            assert wait_for(lambda: "SHUTDOWN" in {x.kind for x in fleet.lines() if x.pid == victim}, timeout_s=10)
+            beat_then = _beats(app.rows, "w1")
+            assert wait_until(lambda: "SHUTDOWN" in {x.kind for x in fleet.lines() if x.pid == victim}, timeout_s=10)
             # WHEN, while w1 hangs (it keeps its leases renewed until its shutdown timeout), a busy worker is
             # SIGKILLed: its leases are up for grabs, and w1 reports fresh metrics — the natural target if DEPARTING
             # were ignored
-            assert _beats(rows, "w1") > beat_then or wait_for(lambda: _beats(rows, "w1") > beat_then, timeout_s=3), (
-                "the departing worker's heartbeat stopped"
-            )
-            second = fleet.busy(["w2", "w3"])
-            second_pid = fleet.workers[second]
+            assert _beats(app.rows, "w1") > beat_then or wait_until(
+                lambda: _beats(app.rows, "w1") > beat_then, timeout_s=3
+            ), "the departing worker's heartbeat stopped"
+            second = fleet.busy(["w2", "w3"])[0]
+            second_pid = fleet.pid(second)
             kill_at = fleet.signal(second, signal.SIGKILL)
             # THEN its shards move to the last active worker through the fast path (heartbeat silent > failover)
             bound_kill = FAILOVER_S + SKEW_S + 2 * TICK_S + NOTICE_S + MARGIN_S
-            assert wait_for(lambda: failover_s(fleet.lines(), second_pid, kill_at) is not None, timeout_s=40), (
+            assert wait_until(lambda: failover_s(fleet.lines(), second_pid, kill_at) is not None, timeout_s=40), (
                 f"seed={SEED}: the shards of the killed {second} were not taken over"
             )
             kill_failover = failover_s(fleet.lines(), second_pid, kill_at)
             assert fleet.alive("w1"), "w1 finished its shutdown early: the scenario needs it hanging"
-            assert _state(rows, "w1") is WorkerState.DEPARTING
+            assert _state(app.rows, "w1") is WorkerState.DEPARTING
             hung_for = time.monotonic() - term_at
             # THEN once its shutdown timeout runs out, w1 fences itself and says STOPPED, and its shards move at
             # once (one tick, one beat) — not after an expiry or a full cycle
             bound_hang = SHUTDOWN_TIMEOUT_S + 2 * TICK_S + NOTICE_S + MARGIN_S
-            assert wait_for(lambda: failover_s(fleet.lines(), victim, term_at) is not None, timeout_s=60), (
+            assert wait_until(lambda: failover_s(fleet.lines(), victim, term_at) is not None, timeout_s=60), (
                 f"seed={SEED}: w1's shards {held} were not taken over after its shutdown timeout"
             )
             hang_failover = failover_s(fleet.lines(), victim, term_at)
@@ -198,17 +183,16 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
             given = owners.given_to("w1", after=departing_seen + 1.0)
             problems += [f"lease {c.lease_key} given to the departing w1 at +{c.t - term_at:.1f} s" for c in given]
             assert not (owners.owned_by("w1") - held), f"w1 owns {owners.owned_by('w1')}, held {held} at SIGTERM"
-            fleet.signal("w1", signal.SIGKILL)  # clean-up: it would hang for another 10 min
+            # clean-up: it would hang for another 10 min (and it never finished its shutdown: an abnormal end)
+            fleet.signal("w1", signal.SIGKILL)
             producer.stop()
         produced = producer.produced
         remaining = [w for w in ("w2", "w3") if w != second]
         # THEN every produced record is processed
-        assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=60), (
-            f"seed={SEED}: records still missing"
-        )
-        codes = fleet.stop_gracefully(remaining)
-    lines = read_lines(journal)
-    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, lease_bound_s=FAILOVER_S)
+        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), f"seed={SEED}: records still missing"
+        codes = fleet.stop(remaining)
+    lines = fleet.lines()
+    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal_pids(), lease_bound_s=FAILOVER_S)
     problems += verdict.violations
     # AND the hanging worker journaled nothing on a shard once another process had started on it
     problems += fenced_after_stop(lines, victim, term_at)
@@ -249,78 +233,70 @@ def _beats(rows: WorkerMetricsStore, worker_id: str) -> int:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
+    moto_app: App, tmp_path: Path, liveness: str
 ) -> None:
-    ddb, kinesis, _ = moto_setup
+    app = moto_app
     rng = random.Random(SEED + 2)
     cycle_s = 15.0  # long: a hand-over within a few seconds of the failover time is the fast path's, not a cycle's
-    rows = WorkerMetricsStore(app_name, client=ddb)
-    lock = DynamoDBLeaderLock(app_name, "observer", client=ddb)  # reads only: current_leader()
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, SHARDS)
-    journal = tmp_path / "journal.txt"
-    journal.touch()
-    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    lock = DynamoDBLeaderLock(app.name, "observer", client=app.ddb)  # reads only: current_leader()
+    app.create_stream(SHARDS)
     started = time.monotonic()
-    with process_group(tmp_path) as group:
-        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000), liveness=liveness), journal)
+    with handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet:
         # GIVEN an application in liveness mode `liveness`, three workers and a leader process L1 (started once the
         # workers beat, so its first cycle deals all four shards), a producer
-        shardlease_liveness(app_name, moto_endpoint, target=liveness)
+        shardlease_liveness(app.name, app.endpoint, target=liveness)
         for worker_id in ("w1", "w2", "w3"):
-            fleet.start_worker(worker_id)
-        assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
-        fleet.start_leader("L1")
-        with Producer(kinesis, stream) as producer:
-            assert wait_for(lambda: all_shards_processed(fleet.lines(), SHARDS), timeout_s=60)
-            assert wait_for(lambda: lock.current_leader() == "L1", timeout_s=10)
+            fleet.start_chaos_worker(worker_id)
+        assert wait_until(lambda: heartbeating(app.rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
+        fleet.start_leader_process("L1")
+        with Producer(app.kinesis, app.stream) as producer:
+            assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
+            assert wait_until(lambda: lock.current_leader() == "L1", timeout_s=10)
             # WHEN L1 is SIGKILLed between two fast ticks, a new leader L2 starts at once, and a busy worker is
             # SIGKILLed at the same moment
             time.sleep(rng.uniform(0.0, TICK_S))  # the phase within a tick; nothing to inject a clock into
-            first = fleet.busy(["w1", "w2", "w3"])
-            first_pid = fleet.workers[first]
+            first = fleet.busy(["w1", "w2", "w3"])[0]
+            first_pid = fleet.pid(first)
             fleet.signal("L1", signal.SIGKILL)
-            fleet.start_leader("L2")
+            fleet.start_leader_process("L2")
             kill_a = fleet.signal(first, signal.SIGKILL)
             # THEN its shards are served again within lock duration + failover + a margin (the new leader takes
             # the lock when L1's expires, and judges the silent worker by its own heartbeat stamp at once)
             bound_a = LOCK_S + SKEW_S + FAILOVER_S + NOTICE_S + MARGIN_S
-            assert wait_for(lambda: failover_s(fleet.lines(), first_pid, kill_a) is not None, timeout_s=40), (
+            assert wait_until(lambda: failover_s(fleet.lines(), first_pid, kill_a) is not None, timeout_s=40), (
                 f"seed={SEED}: {first}'s shards not taken over after the leader was replaced"
             )
             failover_a = failover_s(fleet.lines(), first_pid, kill_a)
-            assert wait_for(lambda: lock.current_leader() == "L2", timeout_s=10)
+            assert wait_until(lambda: lock.current_leader() == "L2", timeout_s=10)
             # WHEN L2 is killed between two fast ticks in turn and L3 starts at once; once L3 leads, another busy
             # worker is SIGKILLed
             time.sleep(rng.uniform(0.0, TICK_S))
             fleet.signal("L2", signal.SIGKILL)
-            fleet.start_leader("L3")
-            assert wait_for(lambda: lock.current_leader() == "L3", timeout_s=LOCK_S + SKEW_S + 10)
+            fleet.start_leader_process("L3")
+            assert wait_until(lambda: lock.current_leader() == "L3", timeout_s=LOCK_S + SKEW_S + 10)
             time.sleep(rng.uniform(0.0, TICK_S))
             survivors = [w for w in ("w1", "w2", "w3") if w != first]
-            second = fleet.busy(survivors)
-            second_pid = fleet.workers[second]
+            second = fleet.busy(survivors)[0]
+            second_pid = fleet.pid(second)
             kill_b = fleet.signal(second, signal.SIGKILL)
             # THEN L3's fast path moves its shards within failover + a tick or two — not at L3's next full cycle
             bound_b = FAILOVER_S + SKEW_S + 2 * TICK_S + NOTICE_S + MARGIN_S
             # (full cycles alone would need up to the cycle interval after L3's first one, minus the ≤ 2 s before
             # the kill: more than this bound)
             assert bound_b < cycle_s - 2.0
-            assert wait_for(lambda: failover_s(fleet.lines(), second_pid, kill_b) is not None, timeout_s=40), (
+            assert wait_until(lambda: failover_s(fleet.lines(), second_pid, kill_b) is not None, timeout_s=40), (
                 f"seed={SEED}: {second}'s shards not taken over under the new leader"
             )
             failover_b = failover_s(fleet.lines(), second_pid, kill_b)
             producer.stop()
         produced = producer.produced
         last = next(w for w in survivors if w != second)
-        assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=60), (
-            f"seed={SEED}: records still missing"
-        )
-        assert holding(fleet.lines(), fleet.workers[last]) == {x.shard for x in fleet.lines()}
-        codes = fleet.stop_gracefully([last])
-        codes.update(fleet.stop_gracefully(["L3"], sig=signal.SIGINT))  # the leader CLI releases its lock on SIGINT
-    lines = read_lines(journal)
-    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, lease_bound_s=FAILOVER_S)
+        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), f"seed={SEED}: records still missing"
+        assert fleet.holding(last) == {x.shard for x in fleet.lines()}
+        codes = fleet.stop([last])
+        codes.update(fleet.stop(["L3"], sig=signal.SIGINT))  # the leader CLI releases its lock on SIGINT
+    lines = fleet.lines()
+    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal_pids(), lease_bound_s=FAILOVER_S)
     record_figures(
         "handover-leader-killed",
         {
@@ -347,14 +323,14 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
 TEST_RETRY_BACKOFF_S = 3.0
 
 
-def in_process_leader(
-    app: str, stream: str, endpoint: str, kinesis: Any, *, max_attempts: int, cycle_s: float, liveness: str = "lease"
-) -> InProcessLeader:
+def in_process_leader(app: App, *, max_attempts: int, cycle_s: float, liveness: str = "lease") -> InProcessLeader:
     return InProcessLeader(
-        app=app,
-        stream=stream,
-        aws_config=AwsConfig(endpoint_url=endpoint, max_attempts=max_attempts, connect_timeout_s=2, read_timeout_s=10),
-        kinesis=kinesis,
+        app=app.name,
+        stream=app.stream,
+        aws_config=AwsConfig(
+            endpoint_url=app.endpoint, max_attempts=max_attempts, connect_timeout_s=2, read_timeout_s=10
+        ),
+        kinesis=app.kinesis,
         owner="leader-in-test",
         cycle_ms=int(cycle_s * 1000),
         lock=LeaderLockConfig(
@@ -368,82 +344,74 @@ def in_process_leader(
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path, liveness: str
+    moto_app: App, tmp_path: Path, liveness: str
 ) -> None:
-    ddb, kinesis, _ = moto_setup
+    app = moto_app
     rng = random.Random(SEED + 3)
     cycle_s = 4.0
-    rows = WorkerMetricsStore(app_name, client=ddb)
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, SHARDS)
-    journal = tmp_path / "journal.txt"
-    journal.touch()
-    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    app.create_stream(SHARDS)
     # The leader runs in this process, on its own client: that is where the throttling is injected.
-    leader = in_process_leader(
-        app_name, stream, moto_endpoint, kinesis, max_attempts=2, cycle_s=cycle_s, liveness=liveness
-    )
+    leader = in_process_leader(app, max_attempts=2, cycle_s=cycle_s, liveness=liveness)
     started = time.monotonic()
     with (
-        process_group(tmp_path) as group,
-        throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app_name), fast_only=True) as throttle,
+        handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet,
+        throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app.name), fast_only=True) as throttle,
     ):
-        fleet = HandoverFleet(group, args, env_for(journal, cycle_ms=int(cycle_s * 1000), liveness=liveness), journal)
         try:
             # GIVEN an application in liveness mode `liveness`, three workers, the leader in this process, 4 shards
             # and a producer
-            shardlease_liveness(app_name, moto_endpoint, target=liveness)
+            shardlease_liveness(app.name, app.endpoint, target=liveness)
             for worker_id in ("w1", "w2", "w3"):
-                fleet.start_worker(worker_id)
-            assert wait_for(lambda: heartbeating(rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
+                fleet.start_chaos_worker(worker_id)
+            assert wait_until(lambda: heartbeating(app.rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
             leader.start()
-            with Producer(kinesis, stream) as producer:
-                assert wait_for(lambda: all_shards_processed(fleet.lines(), SHARDS), timeout_s=60)
-                assert wait_for(lambda: len(throttle.fast_calls) >= 2, timeout_s=10), "the fast path never read"
+            with Producer(app.kinesis, app.stream) as producer:
+                assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
+                assert wait_until(lambda: len(throttle.fast_calls) >= 2, timeout_s=10), "the fast path never read"
                 # WHEN every fast read of the worker rows is throttled (the full cycle's read of the same table
                 # is not: it is what must keep going)
                 throttle.active.set()
                 window_start = time.monotonic()
-                assert wait_for(lambda: throttle.throttled > 0, timeout_s=10), "the throttling never hit"
+                assert wait_until(lambda: throttle.throttled > 0, timeout_s=10), "the throttling never hit"
                 # AND a busy worker is SIGKILLed
                 time.sleep(rng.uniform(0.0, TICK_S))
-                first = fleet.busy(["w1", "w2", "w3"])
-                first_pid = fleet.workers[first]
+                first = fleet.busy(["w1", "w2", "w3"])[0]
+                first_pid = fleet.pid(first)
                 kill_at = fleet.signal(first, signal.SIGKILL)
                 # THEN the full cycles move its shards: its heartbeat's last value is first seen at one cycle and
                 # judged silent at the next one (a throttled tick may delay a cycle by its retries' backoff)
                 bound_kill = FAILOVER_S + 2 * cycle_s + TEST_RETRY_BACKOFF_S + NOTICE_S + MARGIN_S
-                assert wait_for(lambda: failover_s(fleet.lines(), first_pid, kill_at) is not None, timeout_s=40), (
+                assert wait_until(lambda: failover_s(fleet.lines(), first_pid, kill_at) is not None, timeout_s=40), (
                     f"seed={SEED}: {first}'s shards not taken over while the fast reads were throttled"
                 )
                 failover_kill = failover_s(fleet.lines(), first_pid, kill_at)
                 # WHEN another busy worker stops gracefully (gives its leases up, announces STOPPED)
                 survivors = [w for w in ("w1", "w2", "w3") if w != first]
-                second = fleet.busy(survivors)
-                second_pid = fleet.workers[second]
+                second = fleet.busy(survivors)[0]
+                second_pid = fleet.pid(second)
                 term_at = fleet.signal(second, signal.SIGTERM)
                 # THEN the next full cycle assigns the leases it gave up (once its batch in flight is done, ≤ 1 s)
                 bound_term = 1.0 + cycle_s + TEST_RETRY_BACKOFF_S + NOTICE_S + MARGIN_S
-                assert wait_for(lambda: failover_s(fleet.lines(), second_pid, term_at) is not None, timeout_s=40), (
+                assert wait_until(lambda: failover_s(fleet.lines(), second_pid, term_at) is not None, timeout_s=40), (
                     f"seed={SEED}: {second}'s shards not taken over while the fast reads were throttled"
                 )
                 failover_term = failover_s(fleet.lines(), second_pid, term_at)
-                codes: dict[str, int | None] = {second: group.wait(second, timeout_s=40)}
+                codes: dict[str, int | None] = {second: fleet.wait(second, timeout_s=40)}
                 window_end = time.monotonic()
                 throttle.active.clear()
                 # AND once the throttling ends, the fast path reads again (within one backoff: at most a cycle)
                 recovered_at = time.monotonic()
-                assert wait_for(
+                assert wait_until(
                     lambda: len(throttle.fast_between(recovered_at, time.monotonic())) >= 3,
                     timeout_s=cycle_s + 3 * TICK_S + MARGIN_S,
                 ), f"seed={SEED}: the fast path did not resume after the throttling ended"
                 producer.stop()
             produced = producer.produced
             last = next(w for w in survivors if w != second)
-            assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=60), (
+            assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), (
                 f"seed={SEED}: records still missing"
             )
-            codes.update(fleet.stop_gracefully([last]))
+            codes.update(fleet.stop([last]))
         finally:
             stopped = leader.stop()
     window_s = window_end - window_start
@@ -453,8 +421,8 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     full_cycles = [r for r in in_window if r.leader and not r.fast]
     marks = [window_start, *leader.full_cycle_times(window_start, window_end), window_end]
     cycle_gaps = [round(b - a, 2) for a, b in itertools.pairwise(marks)]
-    lines = read_lines(journal)
-    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal, lease_bound_s=FAILOVER_S)
+    lines = fleet.lines()
+    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal_pids(), lease_bound_s=FAILOVER_S)
     record_figures(
         "handover-fast-reads-throttled",
         {
@@ -499,32 +467,27 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
 
 
 @pytest.mark.timeout(90)
-def test_a_throttled_fast_read_does_not_cost_the_leader_its_lock(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str
-) -> None:
+def test_a_throttled_fast_read_does_not_cost_the_leader_its_lock(moto_app: App) -> None:
     """The fast tick runs on the leader loop's thread, between lock heartbeats, with the leader's client and its
     retry budget. With the production default (AwsConfig().max_attempts = 5, i.e. 6 attempts in botocore's standard
     mode) one throttled Scan takes on average ~15 s (up to ~31 s) before FastPath.tick sees the error and backs off;
     meanwhile the lock is not heartbeaten. With the production lock (10 s, 3 s beats) the same run with
     LeaderLockConfig() lost the lock on 2 of 2 throttled reads (blocked 21.7 s and 20.4 s; "leader lock acquired
     (previous holder <itself>)" = a new term each time). Here with the suite's short lock (3 s / 1 s / 0.5 s skew)."""
-    ddb, kinesis, _ = moto_setup
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 1)
-    observer = DynamoDBLeaderLock(app_name, "observer", client=ddb)  # reads only
-    leader = in_process_leader(
-        app_name, stream, moto_endpoint, kinesis, max_attempts=AwsConfig().max_attempts, cycle_s=4.0
-    )
+    app = moto_app
+    app.create_stream(1)
+    observer = DynamoDBLeaderLock(app.name, "observer", client=app.ddb)  # reads only
+    leader = in_process_leader(app, max_attempts=AwsConfig().max_attempts, cycle_s=4.0)
     lapses: list[str | None] = []
-    with throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app_name), fast_only=True) as throttle:
+    with throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app.name), fast_only=True) as throttle:
         try:
             # GIVEN the leader leading and ticking
             leader.start()
-            assert wait_for(lambda: observer.current_leader() == leader.owner, timeout_s=15)
-            assert wait_for(lambda: len(throttle.fast_calls) >= 2, timeout_s=10), "the fast path never read"
+            assert wait_until(lambda: observer.current_leader() == leader.owner, timeout_s=15)
+            assert wait_until(lambda: len(throttle.fast_calls) >= 2, timeout_s=10), "the fast path never read"
             # WHEN its fast reads are throttled
             throttle.active.set()
-            assert wait_for(lambda: throttle.throttled > 0, timeout_s=10)
+            assert wait_until(lambda: throttle.throttled > 0, timeout_s=10)
             window_start = time.monotonic()
             # THEN it keeps its lock: the lock never looks free or foreign to another contender
             deadline = window_start + LOCK_S + SKEW_S + 3.0

@@ -24,17 +24,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.chaos import Producer, check_journal, read_lines, record_figures, wait_for, worker_liveness
-from tests.support.handover import HandoverFleet
-from tests.support.processes import process_group, shardlease_liveness
-from worker_lib.core import aws
-from worker_lib.core.config import AwsConfig
+from tests.chaos.conftest import App
+from tests.support.chaos import check_journal, read_lines, record_figures, worker_liveness
+from tests.support.processes import shardlease_liveness
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import LivenessMode, StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
-from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.state_store import CoordinatorStateStore
-from worker_lib.testing.streams import create_stream, list_all_shards
+from worker_lib.testing.producers import Producer
+from worker_lib.testing.streams import list_all_shards
+from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -116,78 +115,62 @@ def records_between(lines_path: Path, start: float, end: float) -> int:
     return sum(1 for x in read_lines(lines_path) if x.kind == "REC" and start <= x.t <= end)
 
 
-@pytest.fixture
-def moto_setup(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any, DynamoDBLeaseStore]:
-    ddb = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, ddb)
-    return ddb, aws.client("kinesis", moto_aws), DynamoDBLeaseStore(app_name, client=ddb)
-
-
-def test_switching_a_running_fleet_to_worker_mode_and_back_loses_nothing(
-    moto_setup: tuple[Any, Any, DynamoDBLeaseStore], moto_endpoint: str, app_name: str, tmp_path: Path
-) -> None:
-    ddb, kinesis, store = moto_setup
-    modes = LivenessModeStore(CoordinatorStateStore(app_name, client=ddb))
-    rows = WorkerMetricsStore(app_name, client=ddb)
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, SHARDS)
-    shards = sorted(list_all_shards(kinesis, stream), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+def test_switching_a_running_fleet_to_worker_mode_and_back_loses_nothing(moto_app: App, tmp_path: Path) -> None:
+    app = moto_app
+    modes = LivenessModeStore(CoordinatorStateStore(app.name, client=app.ddb))
+    rows, store = app.rows, app.store
+    app.create_stream(SHARDS)
+    shards = sorted(list_all_shards(app.kinesis, app.stream), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
     idle = shards[-1]["ShardId"]
     busy_keys = [s["HashKeyRange"]["StartingHashKey"] for s in shards[:-1]]
-    journal = tmp_path / "journal.txt"
-    journal.touch()
-    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
     started = time.monotonic()
     figures: dict[str, Any] = {}
     all_workers = (*WORKERS, NEWCOMER)
-    with process_group(tmp_path) as group:
-        fleet = HandoverFleet(group, args, env_for(journal), journal)
+    with app.fleet(tmp_path, env_for(app.journal), worker_env={"SHARDLEASE_LEADER_MODE": "none"}) as fleet:
         # GIVEN three workers and a leader process, all following the stored liveness mode (none stored yet: the
         # leader records lease), 4 shards of which 3 get records from a steady producer and one stays idle
         for worker_id in WORKERS:
-            fleet.start_worker(worker_id)
-        fleet.start_leader("L1")
-        with Producer(kinesis, stream, hash_keys=busy_keys) as producer:
-            assert wait_for(
-                lambda: len({x.shard for x in fleet.lines() if x.kind == "REC"}) == SHARDS - 1, timeout_s=60
-            )
-            assert wait_for(lambda: any(x.shard == idle and x.kind == "INIT" for x in fleet.lines()), timeout_s=30)
+            fleet.start_chaos_worker(worker_id)
+        fleet.start_leader_process("L1")
+        with Producer(app.kinesis, app.stream, hash_keys=busy_keys) as producer:
+            assert wait_until(lambda: fleet.shards_processed() == SHARDS - 1, timeout_s=60)
+            assert wait_until(lambda: any(x.shard == idle and x.kind == "INIT" for x in fleet.lines()), timeout_s=30)
             assert modes.read() == LEASE
-            assert wait_for(lambda: _all_say(rows, "lease"), timeout_s=10), _said(rows)
+            assert wait_until(lambda: _all_say(rows, "lease"), timeout_s=10), _said(rows)
             # (in lease mode the idle shard's owner renews it)
             before = steady_window(store, idle, WINDOW_S)
             assert before.renewals >= 2, f"lease mode: {before.renewals} renewals of the idle {idle} in {WINDOW_S} s"
 
             # WHEN the operator switches the application to worker mode while records flow
             asked = time.monotonic()
-            shardlease_liveness(app_name, moto_endpoint, target="worker")
+            shardlease_liveness(app.name, app.endpoint, target="worker")
             # THEN the leader completes the switch, every worker follows it, and renewals stop
-            assert wait_for(lambda: modes.read() == WORKER, timeout_s=SWITCH_TIMEOUT_S), modes.read()
-            assert wait_for(lambda: _all_say(rows, "worker"), timeout_s=SWITCH_TIMEOUT_S), _said(rows)
+            assert wait_until(lambda: modes.read() == WORKER, timeout_s=SWITCH_TIMEOUT_S), modes.read()
+            assert wait_until(lambda: _all_say(rows, "worker"), timeout_s=SWITCH_TIMEOUT_S), _said(rows)
             figures["to_worker_s"] = round(time.monotonic() - asked, 1)
             window_start = time.monotonic()
             during = steady_window(store, idle, WINDOW_S)
             window_end = time.monotonic()
             assert during.renewals == 0, f"worker mode: {during.renewals} renewals of the idle {idle}"
             # AND records keep flowing meanwhile
-            assert records_between(journal, window_start, window_end) > 0, "nothing processed in worker mode"
+            assert records_between(app.journal, window_start, window_end) > 0, "nothing processed in worker mode"
             # (and the summary the operator sees says the same)
-            summary = shardlease_liveness(app_name, moto_endpoint)
+            summary = shardlease_liveness(app.name, app.endpoint)
             assert summary["mode"] == "worker" and summary["target"] is None, summary
             assert set(summary["workers"].values()) == {"worker"}, summary
 
             # WHEN a fourth worker joins in worker mode: the leader asks an owner to hand a lease over to it
-            fleet.start_worker(NEWCOMER)
-            assert wait_for(lambda: bool(fleet.holding(NEWCOMER)), timeout_s=SWITCH_TIMEOUT_S), (
+            fleet.start_chaos_worker(NEWCOMER)
+            assert wait_until(lambda: bool(fleet.holding(NEWCOMER)), timeout_s=SWITCH_TIMEOUT_S), (
                 f"{NEWCOMER} got no lease in worker mode"
             )
             # AND the operator switches back to lease mode while records flow
             asked = time.monotonic()
-            shardlease_liveness(app_name, moto_endpoint, target="lease")
+            shardlease_liveness(app.name, app.endpoint, target="lease")
             # THEN every worker starts renewing again, the leader completes the switch, and the idle lease's counter
             # moves again
-            assert wait_for(lambda: modes.read() == LEASE, timeout_s=SWITCH_TIMEOUT_S), modes.read()
-            assert wait_for(lambda: _all_say(rows, "lease", all_workers), timeout_s=SWITCH_TIMEOUT_S), _said(
+            assert wait_until(lambda: modes.read() == LEASE, timeout_s=SWITCH_TIMEOUT_S), modes.read()
+            assert wait_until(lambda: _all_say(rows, "lease", all_workers), timeout_s=SWITCH_TIMEOUT_S), _said(
                 rows, all_workers
             )
             figures["to_lease_s"] = round(time.monotonic() - asked, 1)
@@ -195,16 +178,14 @@ def test_switching_a_running_fleet_to_worker_mode_and_back_loses_nothing(
             after = steady_window(store, idle, WINDOW_S)
             window_end = time.monotonic()
             assert after.renewals >= 2, f"lease mode again: {after.renewals} renewals of the idle {idle}"
-            assert records_between(journal, window_start, window_end) > 0, "nothing processed after switching back"
+            assert records_between(app.journal, window_start, window_end) > 0, "nothing processed after switching back"
             producer.stop()
         produced = producer.produced
         # THEN every produced record is processed
-        assert wait_for(lambda: {x.c for x in fleet.lines() if x.kind == "REC"} >= set(produced), timeout_s=60), (
-            "records still missing"
-        )
-        codes = fleet.stop_gracefully(list(all_workers))
-        codes.update(fleet.stop_gracefully(["L1"], sig=signal.SIGINT))  # the leader CLI releases its lock on SIGINT
-    lines = read_lines(journal)
+        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), "records still missing"
+        codes = fleet.stop(list(all_workers))
+        codes.update(fleet.stop(["L1"], sig=signal.SIGINT))  # the leader CLI releases its lock on SIGINT
+    lines = fleet.lines()
     verdict = check_journal(lines, produced, abnormal_pids=set(), lease_bound_s=FAILOVER_S)
     lost_leases = [x for x in lines if x.kind == "LOST"]
     record_figures(

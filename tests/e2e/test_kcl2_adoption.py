@@ -10,15 +10,15 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_worker_processes import PROCESSOR, processed
+from tests.support.journal_processor import PROCESSOR, read_journal
 from tests.support.processes import EMBEDDED_LEADER_ENV, process_group
-from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.coordinator_items import MIGRATION_KEY
 from worker_lib.tables.schema import coordinator_state_table_name
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 
 
 def put(kinesis: Any, stream: str, names: list[str]) -> None:
@@ -71,22 +71,24 @@ def test_a_kcl2_application_is_adopted_and_resumes_after_its_checkpoints(
     args = ["--app", app_name, "--endpoint-url", moto_endpoint]
     with process_group(tmp_path) as group:
         # WHEN the tables go through `shardlease create-tables`
-        group.start("create-tables", ["create-tables", *args], env)
+        group.start_shardlease("create-tables", "create-tables", *args, env=env)
         assert group.wait("create-tables", timeout_s=120) == 0
         # AND three workers start on the two shards while new records arrive
         for name in ("w1", "w2", "w3"):
-            group.start(name, ["worker", *args, "--stream", stream, "--processor", PROCESSOR, "--worker-id", name], env)
+            group.start_shardlease(
+                name, "worker", *args, "--stream", stream, "--processor", PROCESSOR, "--worker-id", name, env=env
+            )
         put(kinesis, stream, [f"new{i:03d}" for i in range(40)])
         expected = {data for records in before.values() for _, data in records[15:]} | {
             f"new{i:03d}" for i in range(40)
         }
         # THEN every record after the checkpoints is processed
-        assert wait_until(lambda: {r[4] for r in processed(journal)} >= expected, timeout_s=90)
+        assert wait_until(lambda: {r[4] for r in read_journal(journal)} >= expected, timeout_s=90)
         for name in ("w1", "w2", "w3"):
             group.signal(name, signal.SIGTERM)
         for name in ("w1", "w2", "w3"):
             assert group.wait(name, timeout_s=30) == 0
-    records = processed(journal)
+    records = read_journal(journal)
     # AND none at or before a checkpoint the 2.x fleet had made
     assert not {r[4] for r in records} & done
     # AND each shard was read in order from just after its checkpoint

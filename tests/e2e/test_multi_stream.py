@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_worker_processes import PROCESSOR, Producer, processed
-from tests.support.journal_processor import read_lines_with_kinds
+from tests.support.journal_processor import PROCESSOR, read_journal, read_lines_with_kinds
 from tests.support.processes import EMBEDDED_LEADER_ENV, process_group
-from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream, list_all_shards, split_shard
+from worker_lib.testing.waiting import wait_until
 
 pytestmark = pytest.mark.kinesalite
 
@@ -46,7 +46,9 @@ def test_two_streams_one_resharded_three_workers_one_killed(
     with process_group(tmp_path) as group, ExitStack() as producing:
         # GIVEN three workers of one application consuming two streams while both are written to
         pids = {
-            name: group.start(name, ["worker", *args, "--processor", PROCESSOR, "--worker-id", name], env).pid
+            name: group.start_shardlease(
+                name, "worker", *args, "--processor", PROCESSOR, "--worker-id", name, env=env
+            ).pid
             for name in ("w1", "w2", "w3")
         }
         producers = [
@@ -56,30 +58,30 @@ def test_two_streams_one_resharded_three_workers_one_killed(
 
         def labels() -> set[str]:
             """``stream/shard`` of every record so far."""
-            return {r[1] for r in processed(journal)}
+            return {r[1] for r in read_journal(journal)}
 
         assert wait_until(lambda: len(labels()) == 4, timeout_s=60), labels()
-        assert wait_until(lambda: pids["w2"] in {r[0] for r in processed(journal)}, timeout_s=30)
+        assert wait_until(lambda: pids["w2"] in {r[0] for r in read_journal(journal)}, timeout_s=30)
         # WHEN one stream's shard is split
         parent = sorted(s["ShardId"] for s in list_all_shards(kinesis, streams[0]))[0]
         split_shard(kinesis, streams[0], parent)
         # AND a worker is killed
         time.sleep(1.0)
         group.signal("w2", signal.SIGKILL)
-        killed_at = len(processed(journal))
+        killed_at = len(read_journal(journal))
         time.sleep(3.0)
         for producer in producers:
             producer.stop()
         produced = {data for producer in producers for data in producer.produced}
         # THEN every record of both streams is processed by the workers left
-        assert wait_until(lambda: {r[4] for r in processed(journal)} >= produced, timeout_s=90), (
-            f"{len(produced - {r[4] for r in processed(journal)})} records never processed"
+        assert wait_until(lambda: {r[4] for r in read_journal(journal)} >= produced, timeout_s=90), (
+            f"{len(produced - {r[4] for r in read_journal(journal)})} records never processed"
         )
         for name in ("w1", "w3"):
             group.signal(name, signal.SIGTERM)
         for name in ("w1", "w3"):
             assert group.wait(name, timeout_s=30) == 0
-    records = processed(journal)
+    records = read_journal(journal)
     # AND what the killed worker was reading was taken over by the others
     victims = {r[1] for r in records[:killed_at] if r[0] == pids["w2"]}
     assert victims & {r[1] for r in records[killed_at:] if r[0] != pids["w2"]}, victims
@@ -90,7 +92,7 @@ def test_two_streams_one_resharded_three_workers_one_killed(
     # AND the split shard's children started only after the parent's shard ended
     children = {s["ShardId"] for s in list_all_shards(kinesis, streams[0]) if s.get("ParentShardId") == parent}
     assert len(children) == 2
-    lines = read_lines_with_kinds(str(journal))
+    lines = read_lines_with_kinds(journal)
     ended = [n for n, (kind, label) in enumerate(lines) if kind == "END" and label == f"{streams[0]}/{parent}"]
     first_child = [n for n, (kind, label) in enumerate(lines) if kind == "REC" and label.split("/")[1] in children]
     assert ended and first_child and ended[0] < min(first_child)

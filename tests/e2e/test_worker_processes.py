@@ -4,7 +4,6 @@ SIGKILL of a worker — possibly the leader — loses nothing; SIGTERM frees its
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,48 +11,17 @@ from typing import Any
 
 import pytest
 
-from tests.support.journal_processor import read_journal
-from tests.support.processes import EMBEDDED_LEADER_ENV, ProcessGroup, process_group
-from tests.support.recording import wait_until
+from tests.support.journal_processor import PROCESSOR, read_journal
+from tests.support.processes import EMBEDDED_LEADER_ENV, process_group
+from tests.support.recording import owners
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.processes import ProcessFleet
+from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream
-
-PROCESSOR = "tests.support.journal_processor:JournalProcessor"
-
-
-class Producer:
-    """Puts numbered records at a steady pace from a thread until stopped."""
-
-    def __init__(
-        self, kinesis: Any, stream: str, *, per_tick: int = 10, tick_s: float = 0.05, prefix: str = "r"
-    ) -> None:
-        self.kinesis, self.stream, self.per_tick, self.tick_s, self.prefix = kinesis, stream, per_tick, tick_s, prefix
-        self.produced: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            batch = [f"{self.prefix}{len(self.produced) + i:06d}" for i in range(self.per_tick)]
-            self.kinesis.put_records(
-                StreamName=self.stream, Records=[{"Data": d.encode(), "PartitionKey": d} for d in batch]
-            )
-            self.produced.extend(batch)
-            self._stop.wait(self.tick_s)
-
-    def __enter__(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+from worker_lib.testing.waiting import wait_until
 
 
 @pytest.fixture
@@ -79,16 +47,12 @@ def setup(moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
     }
 
 
-def start_worker(group: ProcessGroup, name: str, s: dict[str, Any]) -> None:
-    group.start(name, ["worker", *s["args"], "--processor", PROCESSOR, "--worker-id", name], s["env"])
+def start_worker(group: ProcessFleet, name: str, s: dict[str, Any]) -> None:
+    group.start_shardlease(name, "worker", *s["args"], "--processor", PROCESSOR, "--worker-id", name, env=s["env"])
 
 
-def processed(journal: Path) -> list[tuple[int, str, str, int, str]]:
-    return read_journal(str(journal))
-
-
-def owners(store: DynamoDBLeaseStore) -> list[str | None]:
-    return [lease.lease_owner for lease in store.list_leases()]
+def lease_owners(store: DynamoDBLeaseStore) -> list[str | None]:
+    return list(owners(store).values())
 
 
 def test_sigkill_of_a_worker_loses_no_record(setup: dict[str, Any], tmp_path: Path) -> None:
@@ -97,26 +61,26 @@ def test_sigkill_of_a_worker_loses_no_record(setup: dict[str, Any], tmp_path: Pa
         # GIVEN two worker processes (each with an embedded leader) sharing 4 shards while a producer writes
         start_worker(group, "w1", s)
         start_worker(group, "w2", s)
-        with Producer(s["kinesis"], s["stream"]) as producer:
-            assert wait_until(lambda: len({r[0] for r in processed(s["journal"])}) == 2, timeout_s=60)
+        with Producer(s["kinesis"], s["stream"], tick_s=0.05) as producer:
+            assert wait_until(lambda: len({r[0] for r in read_journal(s["journal"])}) == 2, timeout_s=60)
             # WHEN w1 is killed with SIGKILL
             w1_pid, w2_pid = group.processes["w1"].pid, group.processes["w2"].pid
             killed_at = time.monotonic()
-            w1_shards = {r[1] for r in processed(s["journal"]) if r[0] == w1_pid}
+            w1_shards = {r[1] for r in read_journal(s["journal"]) if r[0] == w1_pid}
             group.signal("w1", signal.SIGKILL)
             # THEN (while records keep coming) w2 takes over every shard w1 had
             assert wait_until(
-                lambda: {r[1] for r in processed(s["journal"]) if r[0] == w2_pid} >= w1_shards, timeout_s=60
+                lambda: {r[1] for r in read_journal(s["journal"]) if r[0] == w2_pid} >= w1_shards, timeout_s=60
             )
             failover_s = time.monotonic() - killed_at
             producer.stop()
         produced = producer.produced
         # AND every produced record is processed
-        assert wait_until(lambda: {r[4] for r in processed(s["journal"])} >= set(produced), timeout_s=60)
-        assert wait_until(lambda: all(owner == "w2" for owner in owners(s["store"])), timeout_s=30)
+        assert wait_until(lambda: {r[4] for r in read_journal(s["journal"])} >= set(produced), timeout_s=60)
+        assert wait_until(lambda: all(owner == "w2" for owner in lease_owners(s["store"])), timeout_s=30)
         group.signal("w2", signal.SIGTERM)
         assert group.wait("w2", timeout_s=30) == 0
-    records = processed(s["journal"])
+    records = read_journal(s["journal"])
     events = [line.split() for line in s["journal"].read_text().splitlines()]
     lost = {(int(e[0]), e[1]) for e in events if len(e) >= 3 and e[2] == "LOST"}
     # AND a record is processed twice only after an ownership change before its checkpoint landed: its first
@@ -147,13 +111,13 @@ def test_sigterm_gives_leases_up_within_one_renewal_interval(setup: dict[str, An
     with process_group(tmp_path) as group:
         # GIVEN one worker holding all 4 leases (assigned by its embedded leader)
         start_worker(group, "w1", s)
-        assert wait_until(lambda: owners(s["store"]) == ["w1"] * 4, timeout_s=60)
+        assert wait_until(lambda: lease_owners(s["store"]) == ["w1"] * 4, timeout_s=60)
         assert wait_until(lambda: s["journal"].read_text().count("INIT") == 4, timeout_s=30)
         # WHEN it receives SIGTERM
         sent = time.monotonic()
         group.signal("w1", signal.SIGTERM)
         # THEN within one renewal interval (~1 s here) all its leases are unowned, and it exits 0
-        assert wait_until(lambda: all(owner is None for owner in owners(s["store"])), timeout_s=5)
+        assert wait_until(lambda: all(owner is None for owner in lease_owners(s["store"])), timeout_s=5)
         freed_after = time.monotonic() - sent
         assert group.wait("w1", timeout_s=30) == 0
     assert freed_after < 1.0 + 0.5, freed_after
@@ -162,11 +126,11 @@ def test_sigterm_gives_leases_up_within_one_renewal_interval(setup: dict[str, An
 
 def test_a_second_sigterm_exits_at_once_keeping_checkpoints(setup: dict[str, Any], tmp_path: Path) -> None:
     s = setup
-    with process_group(tmp_path) as group, Producer(s["kinesis"], s["stream"]) as producer:
+    with process_group(tmp_path) as group, Producer(s["kinesis"], s["stream"], tick_s=0.05) as producer:
         # GIVEN a worker processing and checkpointing a steady stream, whose processor flushes slowly at shutdown
         s["env"]["SHARDLEASE_TEST_SLOW_SHUTDOWN_S"] = "20"
         start_worker(group, "w1", s)
-        assert wait_until(lambda: len(processed(s["journal"])) > 50, timeout_s=60)
+        assert wait_until(lambda: len(read_journal(s["journal"])) > 50, timeout_s=60)
         before = {lease.lease_key: lease.checkpoint for lease in s["store"].list_leases()}
         # WHEN it gets SIGTERM, starts its graceful shutdown, and gets SIGTERM again
         group.signal("w1", signal.SIGTERM)

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.heartbeat import Fleet, LivingClock, StandInWorker, ThrottledRows, owned_lease, owners
+from tests.support.heartbeat import Fleet, LivingClock, StandInWorker, ThrottledRows, owned_lease
+from tests.support.recording import owners
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock

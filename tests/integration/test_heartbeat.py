@@ -8,6 +8,7 @@ sleep on the system clock), bounded by polling loops.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
-from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards, wait_until
+from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -24,11 +25,13 @@ from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerSta
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatLoop
+from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
 from worker_lib.workermetrics.stats_serializer import from_item
 from worker_lib.workermetrics.stats_store import MAX_NOTICE_KEYS, WorkerMetricsStore
@@ -482,6 +485,44 @@ def test_an_orphaned_handoff_waits_for_our_consumer_to_wind_down_and_for_a_prede
     lease = rig.leases.get_lease("shard-a")
     assert lease is not None and (lease.lease_owner, lease.checkpoint_owner) == ("w2", None)
     assert told == ["shard-a->w2"]
+
+
+def test_a_keeper_completing_an_orphaned_handoff_in_a_beat_notifies_the_new_owner_and_the_beat_returns(
+    rig: Rig,
+) -> None:
+    # GIVEN a hand-off of shard-a from w1 to w3 asked of w1, which w1's current process does not hold, and w3's row
+    rig.take("shard-a")
+    assert rig.loop.beat()
+    handed_over_from_w1(rig, "shard-a", "w3")
+    rig.rows.put(WorkerMetricStats(worker_id="w3", last_update_epoch_s=int(WALL)))
+    rig.clock.advance(4.0)
+    keeper = LeaseKeeper(
+        rig.leases,
+        rig.rows,
+        "w1",
+        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
+        options=KeeperOptions(discovery_interval_s=lambda _seen: 10.0),
+        modes=None,
+        who="worker w1",
+        default_stream="s",
+        clock=rig.clock,
+    )
+    assert keeper.heartbeat is not None
+    # WHEN its heartbeat beats (the release it makes inside the beat notes an event for the leader: issue 26's
+    # first fix deadlocked there, on the beat's own lock)
+    beat = threading.Thread(target=keeper.heartbeat.beat, daemon=True)
+    beat.start()
+    beat.join(timeout=10)
+    # THEN the beat returned, w3 owns shard-a outright and has the notice, and the next beat carries the event
+    assert not beat.is_alive()
+    after = rig.leases.get_lease("shard-a")
+    assert after is not None and (after.lease_owner, after.checkpoint_owner) == ("w3", None)
+    w3 = rig.rows.get("w3")
+    assert w3 is not None and w3.assigned_keys == ("shard-a",)
+    rig.clock.advance(1.0)
+    assert keeper.heartbeat.beat()
+    w1 = rig.rows.get("w1")
+    assert w1 is not None and w1.heartbeat is not None and w1.heartbeat.events == 1
 
 
 def test_a_request_for_a_lease_no_longer_in_handoff_from_us_is_only_removed(rig: Rig) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.heartbeat import Fleet, StandInWorker, ThrottledRows, owned_lease, owners
+from tests.support.heartbeat import Fleet, StandInWorker, ThrottledRows, owned_lease
+from tests.support.recording import owners
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.assignment.snapshot import ExpiryTracker
 from worker_lib.cli.main import main as cli_main

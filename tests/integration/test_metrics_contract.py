@@ -20,7 +20,6 @@ import pytest
 
 from tests.integration.test_multi_stream import StreamRecorder
 from tests.support.processes import EMBEDDED_LEADER_ENV
-from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
@@ -28,6 +27,7 @@ from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.names import UNITS
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 

@@ -13,7 +13,6 @@ from tests.support.recording import (
     RecordingProcessor,
     assign_unowned,
     create_leases_for_open_shards,
-    wait_until,
 )
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
@@ -25,6 +24,7 @@ from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.publisher import EmfPublisher, MetricsConfig, make_publisher
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -35,6 +34,7 @@ from worker_lib.shardsync.syncer import ShardSyncResult
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from tests.integration.test_multi_stream import embedded_worker
-from tests.support.recording import wait_until
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -28,6 +27,7 @@ from worker_lib.tables.coordinator_items import TABLE_MIGRATION_KEY
 from worker_lib.tables.schema import TableLayout, coordinator_state_table_name
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 

@@ -14,7 +14,6 @@ from tests.support.recording import (
     RecordingProcessor,
     assign_unowned,
     create_leases_for_open_shards,
-    wait_until,
 )
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
@@ -26,6 +25,7 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore

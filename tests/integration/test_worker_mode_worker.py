@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards, wait_until
+from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -29,6 +29,7 @@ from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 

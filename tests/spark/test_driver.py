@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.spark.support import Env, last_sequence_per_shard
-from tests.support.recording import wait_until
 from worker_lib.core.models import WorkerMetricStats, WorkerState
 from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode, handoff_request
 from worker_lib.leases.mode_store import LivenessModeStore
@@ -24,6 +23,7 @@ from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import plan_partitions
 from worker_lib.spark.reading import read_task
 from worker_lib.tables.state_store import CoordinatorStateStore
+from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 FAILOVER_MS = 1_500

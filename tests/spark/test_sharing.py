@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,20 +16,21 @@ from typing import Any
 
 import pytest
 
-from tests.support.journal_processor import read_journal
-from tests.support.processes import ProcessGroup, process_group
-from tests.support.recording import wait_until
+from tests.support.journal_processor import PROCESSOR, read_journal
+from tests.support.processes import process_group
+from tests.support.recording import owners
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.testing.producers import EvenProducer
+from worker_lib.testing.processes import ProcessFleet
+from worker_lib.testing.producers import Producer, shard_hash_keys
 from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 SHARDS = 8
-PROCESSOR = "tests.support.journal_processor:JournalProcessor"
 ERROR_MARKS = ("ERROR", "Exception", "Error:", "Traceback", "StackOverflow")
 
 
@@ -37,10 +39,6 @@ def spark_rows(out: Path, worker_id: str) -> list[dict[str, Any]]:
     for path in sorted((out / worker_id).glob("batch-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
         rows += [json.loads(line) for line in path.read_text().splitlines()]
     return rows
-
-
-def owners(store: DynamoDBLeaseStore) -> dict[str, str | None]:
-    return {lease.lease_key: lease.lease_owner for lease in store.list_leases()}
 
 
 def balanced(owned: dict[str, str | None], members: set[str], even: set[str]) -> bool:
@@ -118,7 +116,17 @@ def shared(moto_endpoint: str, app_name: str, tmp_path: Path) -> dict[str, Any]:
     }
 
 
-def start_spark(group: ProcessGroup, worker_id: str, s: dict[str, Any], *, cores: int = 2) -> None:
+def even_producer(s: dict[str, Any]) -> Producer:
+    """10 records into every shard every 0.2 s (50 records/s each)."""
+    keys = shard_hash_keys(s["kinesis"], s["stream"])
+    return Producer(s["kinesis"], s["stream"], per_tick=10 * len(keys), tick_s=0.2, hash_keys=keys)
+
+
+def start_leader(group: ProcessFleet, s: dict[str, Any]) -> None:
+    group.start_shardlease("leader", "leader", "--app", s["app"], "--stream", s["stream"], env=s["env"])
+
+
+def start_spark(group: ProcessFleet, worker_id: str, s: dict[str, Any], *, cores: int = 2) -> None:
     args = ["--app", s["app"], "--stream", s["stream"], "--worker-id", worker_id, "--out", str(s["out"])]
     args += ["--cores", str(cores)]
     options = [
@@ -129,20 +137,16 @@ def start_spark(group: ProcessGroup, worker_id: str, s: dict[str, Any], *, cores
     ]
     for option in options:
         args += ["--option", option]
-    group.start_python(worker_id, ["-m", "worker_lib.testing.spark_app", *args], s["env"])
+    group.start(worker_id, [sys.executable, "-m", "worker_lib.testing.spark_app", *args], env=s["env"])
 
 
 def test_two_spark_applications_and_a_worker_share_a_stream(shared: dict[str, Any], tmp_path: Path) -> None:
     s = shared
     members = {"w1", "spark-a", "spark-b"}
-    with process_group(tmp_path) as group, EvenProducer(s["kinesis"], s["stream"]) as producer:
+    with process_group(tmp_path) as group, even_producer(s) as producer:
         # GIVEN a leader, a plain worker and two Spark applications on 8 equally busy shards
-        group.start("leader", ["leader", "--app", s["app"], "--stream", s["stream"]], s["env"])
-        group.start(
-            "w1",
-            ["worker", "--app", s["app"], "--stream", s["stream"], "--processor", PROCESSOR, "--worker-id", "w1"],
-            s["env"],
-        )
+        start_leader(group, s)
+        group.start_worker("w1", app=s["app"], stream=s["stream"], processor=PROCESSOR, env=s["env"])
         start_spark(group, "spark-a", s)
         start_spark(group, "spark-b", s)
         # WHEN they run, THEN every member holds shards, all three within one of each other (8 shards: 3/3/2, i.e.
@@ -166,7 +170,7 @@ def test_two_spark_applications_and_a_worker_share_a_stream(shared: dict[str, An
         # AND every record produced reaches a sink
         def consumed() -> set[str]:
             rows = spark_rows(s["out"], "spark-a") + spark_rows(s["out"], "spark-b")
-            return {row["data"] for row in rows} | {r[4] for r in read_journal(str(s["journal"]))}
+            return {row["data"] for row in rows} | {r[4] for r in read_journal(s["journal"])}
 
         assert wait_until(lambda: consumed() >= produced, timeout_s=90, step_s=1), len(produced - consumed())
     assert handed_over_s < 5, handed_over_s  # DEPARTING + STOPPED, then the next leader cycle (1 s here)
@@ -193,9 +197,9 @@ def test_an_application_with_half_the_cores_gets_a_third_of_the_shards(shared: d
         counts = Counter(owned.values())
         return len(owned) == SHARDS and counts["spark-a"] == 5 and counts["spark-b"] == 3
 
-    with process_group(tmp_path) as group, EvenProducer(s["kinesis"], s["stream"]):
+    with process_group(tmp_path) as group, even_producer(s):
         # GIVEN a leader and two Spark applications on 8 equally busy shards, spark-b with half the cores (local[1])
-        group.start("leader", ["leader", "--app", s["app"], "--stream", s["stream"]], s["env"])
+        start_leader(group, s)
         start_spark(group, "spark-a", s, cores=2)
         start_spark(group, "spark-b", s, cores=1)
         # WHEN they run (a fleet this lightly loaded is evened by lease count in proportion to the executor slots

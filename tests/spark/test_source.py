@@ -12,7 +12,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from tests.spark.support import Env, Sink, last_sequence_per_shard, lease_checkpoints, start_query
-from tests.support.recording import assign_unowned, wait_until
+from tests.support.recording import assign_unowned
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.mode import LivenessMode
@@ -20,6 +20,7 @@ from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.spark import stop_between_batches
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.tables.state_store import CoordinatorStateStore
+from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 pytestmark = pytest.mark.slow

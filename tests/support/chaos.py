@@ -1,4 +1,4 @@
-"""Chaos-test support: a timestamped journal processor, a steady producer, journal invariants, DynamoDB faults.
+"""Chaos-test support: a timestamped journal processor, journal invariants, DynamoDB faults.
 
 Journal lines (one ``write`` each, O_APPEND, so the file order is the global order of writes)::
 
@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,64 +124,6 @@ def read_lines(path: Path) -> list[Line]:
         if len(parts) == 7:
             out.append(Line(len(out), float(parts[0]), int(parts[1]), parts[2], parts[3], parts[4], parts[5], parts[6]))
     return out
-
-
-# --- producer --------------------------------------------------------------------------------------------------------
-
-
-class Producer:
-    """Puts uniquely numbered records at a steady pace from a thread until stopped (retries throttles).
-
-    ``hash_keys``: aim the records at these hash keys in turn (``ExplicitHashKey``, e.g. the starting hash keys of
-    the shards that should get records); by default the partition key (the record's id) spreads them."""
-
-    def __init__(
-        self,
-        kinesis: Any,
-        stream: str,
-        *,
-        prefix: str = "r",
-        per_tick: int = 10,
-        tick_s: float = 0.1,
-        hash_keys: Sequence[str] = (),
-    ):
-        self.kinesis, self.stream, self.prefix, self.per_tick, self.tick_s = kinesis, stream, prefix, per_tick, tick_s
-        self.hash_keys = list(hash_keys)
-        self.produced: list[str] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
-
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            batch = [f"{self.prefix}{n + i:07d}" for i in range(self.per_tick)]
-            records: list[dict[str, Any]] = [{"Data": d.encode(), "PartitionKey": d} for d in batch]
-            if self.hash_keys:
-                for i, record in enumerate(records):
-                    record["ExplicitHashKey"] = self.hash_keys[(n + i) % len(self.hash_keys)]
-            try:
-                reply = self.kinesis.put_records(StreamName=self.stream, Records=records)
-            except Exception:
-                self.errors += 1  # e.g. the stream is UPDATING during a reshard on some emulators: try again
-                self._stop.wait(self.tick_s)
-                continue
-            failed = {i for i, r in enumerate(reply.get("Records", [])) if r.get("ErrorCode")}
-            self.errors += len(failed)
-            self.produced.extend(d for i, d in enumerate(batch) if i not in failed)
-            n += self.per_tick
-            self._stop.wait(self.tick_s)
-
-    def __enter__(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 # --- invariants ------------------------------------------------------------------------------------------------------
@@ -376,6 +318,17 @@ def unserved_s(lines: list[Line], *, cut_at: Mapping[int, Sequence[float]], unti
     return worst
 
 
+def holding(lines: list[Line], pid: int) -> set[str]:
+    """Shards ``pid`` (or in-process tag) has an open session on, according to the journal."""
+    held: set[str] = set()
+    for line in lines:
+        if line.pid == pid and line.kind == "INIT":
+            held.add(line.shard)
+        elif line.pid == pid and line.kind in ("LOST", "END", "SHUTDOWN"):
+            held.discard(line.shard)
+    return held
+
+
 def failover_s(lines: list[Line], pid: int, at: float) -> float | None:
     """Seconds from ``at`` until every shard ``pid`` was processing had a new session by another process."""
     held: set[str] = set()
@@ -411,15 +364,6 @@ def record_figures(name: str, figures: dict[str, Any]) -> None:
     if target:
         with open(target, "a", encoding="utf-8") as out:
             out.write(line + "\n")
-
-
-def wait_for(predicate: Callable[[], bool], *, timeout_s: float, step_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
 
 
 # --- DynamoDB faults (botocore event hooks) ---------------------------------------------------------------------------

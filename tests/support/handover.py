@@ -3,8 +3,6 @@
 * :class:`HangingShutdownProcessor` — the chaos journal processor whose ``shutdown_requested`` journals its
   ``SHUTDOWN`` line and then hangs for ``$SHARDLEASE_HANDOVER_HANG_S`` seconds (0: does not hang), so a worker
   announces its departure and then never finishes it;
-* :class:`HandoverFleet` — worker processes (no embedded leader) and ``shardlease leader`` processes of one
-  scenario, by name, remembering which pids died abnormally;
 * :class:`InProcessLeader` — the production leader loop on a thread of the test process, on a DynamoDB client of
   its own (where faults are injected), in the liveness mode given, keeping every cycle report with its time;
 * :class:`OwnerLog` — polls the lease table from a thread and keeps every owner change it saw (to tell whether the
@@ -20,21 +18,17 @@ import contextlib
 import inspect
 import json
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from signal import Signals
 from types import FrameType
 from typing import Any
 
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
-from tests.support.chaos import PROCESSOR, ChaosProcessor, Line, RawBody, read_lines, wait_for
-from tests.support.processes import ProcessGroup
+from tests.support.chaos import ChaosProcessor, RawBody
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -45,6 +39,7 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.processor import ShutdownRequestedInput
 from worker_lib.shardsync.config import ShardSyncConfig
+from worker_lib.testing.waiting import wait_until
 
 HANGING_PROCESSOR = "tests.support.handover:HangingShutdownProcessor"
 HANG_ENV = "SHARDLEASE_HANDOVER_HANG_S"
@@ -63,98 +58,6 @@ class HangingShutdownProcessor(ChaosProcessor):
         if hang_s > 0:
             time.sleep(hang_s)  # a flush that never returns: the worker said DEPARTING and now hangs
         input.checkpointer.checkpoint()
-
-
-# --- processes --------------------------------------------------------------------------------------------------------
-
-
-def holding(lines: list[Line], pid: int) -> set[str]:
-    """Shards ``pid`` has an open session on, according to the journal."""
-    held: set[str] = set()
-    for line in lines:
-        if line.pid == pid and line.kind == "INIT":
-            held.add(line.shard)
-        elif line.pid == pid and line.kind in ("LOST", "END", "SHUTDOWN"):
-            held.discard(line.shard)
-    return held
-
-
-class HandoverFleet:
-    """Worker and leader processes of one scenario. Workers run with ``SHARDLEASE_LEADER_MODE=none``: leadership
-    is in separate ``shardlease leader`` processes (or in the test process), so killing a worker never kills the
-    leader and the other way round."""
-
-    def __init__(self, group: ProcessGroup, args: list[str], env: dict[str, str], journal: Path) -> None:
-        self.group, self.args, self.env, self.journal = group, args, env, journal
-        self.workers: dict[str, int] = {}  # worker id -> pid (live or not)
-        self.names: dict[int, str] = {}  # pid -> process-group name
-        self.abnormal: set[int] = set()
-
-    def start_worker(self, worker_id: str, *, processor: str = PROCESSOR, env: dict[str, str] | None = None) -> int:
-        process = self.group.start(
-            worker_id,
-            ["worker", *self.args, "--processor", processor, "--worker-id", worker_id],
-            {**self.env, "SHARDLEASE_LEADER_MODE": "none", **(env or {})},
-        )
-        self.workers[worker_id] = process.pid
-        self.names[process.pid] = worker_id
-        return process.pid
-
-    def start_leader(self, owner: str) -> int:
-        process = self.group.start(
-            owner,
-            ["leader", *self.args, "--initial-position", "TRIM_HORIZON", "--worker-id", owner],
-            self.env,
-        )
-        self.names[process.pid] = owner
-        return process.pid
-
-    def signal(self, name: str, sig: signal.Signals) -> float:
-        """Send ``sig`` to the named process; returns the monotonic time just before sending."""
-        at = time.monotonic()
-        self.group.signal(name, sig)
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            self.abnormal.add(self.group.processes[name].pid)
-        return at
-
-    def alive(self, name: str) -> bool:
-        return self.group.processes[name].poll() is None
-
-    def lines(self) -> list[Line]:
-        return read_lines(self.journal)
-
-    def holding(self, worker_id: str) -> set[str]:
-        return holding(self.lines(), self.workers[worker_id])
-
-    def busy(self, candidates: list[str], *, timeout_s: float = 30) -> str:
-        """The first of ``candidates`` (live workers) that is processing at least one shard (waits, bounded)."""
-        found: list[str] = []
-
-        def any_busy() -> bool:
-            found[:] = [w for w in candidates if self.alive(w) and self.holding(w)]
-            return bool(found)
-
-        assert wait_for(any_busy, timeout_s=timeout_s), f"none of {candidates} is processing a shard"
-        return found[0]
-
-    def stop_gracefully(
-        self, names: list[str], *, sig: Signals = Signals.SIGTERM, timeout_s: float = 40
-    ) -> dict[str, int | None]:
-        """Signal each (SIGTERM for workers; SIGINT for ``shardlease leader``, which releases its lock on it) and
-        wait for the exit codes (None: still running after ``timeout_s``)."""
-        for name in names:
-            self.group.signal(name, sig)
-        codes: dict[str, int | None] = {}
-        for name in names:
-            try:
-                codes[name] = self.group.wait(name, timeout_s=timeout_s)
-            except Exception:
-                codes[name] = None
-        return codes
-
-
-def all_shards_processed(lines: list[Line], shards: int) -> bool:
-    return len({x.shard for x in lines if x.kind == "REC"}) >= shards
 
 
 class InProcessLeader:
@@ -263,7 +166,7 @@ class OwnerLog:
 
     def __enter__(self) -> OwnerLog:
         self._thread.start()
-        assert wait_for(lambda: self.polls > 0, timeout_s=10), "the lease table could not be read"
+        assert wait_until(lambda: self.polls > 0, timeout_s=10), "the lease table could not be read"
         return self
 
     def __exit__(self, *exc: object) -> None:

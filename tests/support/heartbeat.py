@@ -194,10 +194,6 @@ def owned_lease(store: DynamoDBLeaseStore, key: str, owner: str | None, *, count
     return lease
 
 
-def owners(store: DynamoDBLeaseStore) -> dict[str, str | None]:
-    return {lease.lease_key: lease.lease_owner for lease in store.list_leases()}
-
-
 class HeartbeatBlackout:
     """Makes a boto3 DynamoDB client's heartbeat writes (UpdateItem with a ``:wst`` value) fail as throttled while
     ``failing`` is set, without reaching the server; every other call goes through."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from worker_lib.processing.processor import (
     InitializationInput,
@@ -19,6 +20,8 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+
+PROCESSOR = "tests.support.journal_processor:JournalProcessor"  # for `shardlease worker --processor`
 
 
 class JournalProcessor:
@@ -61,7 +64,7 @@ class JournalProcessor:
         input.checkpointer.checkpoint()
 
 
-def read_journal(path: str) -> list[tuple[int, str, str, int, str]]:
+def read_journal(path: str | Path) -> list[tuple[int, str, str, int, str]]:
     """Record lines only: (pid, shard, sequence, sub-sequence, data)."""
     out = []
     with open(path, encoding="utf-8") as journal:
@@ -72,7 +75,7 @@ def read_journal(path: str) -> list[tuple[int, str, str, int, str]]:
     return out
 
 
-def read_lines_with_kinds(path: str) -> list[tuple[str, str]]:
+def read_lines_with_kinds(path: str | Path) -> list[tuple[str, str]]:
     """Every line in order as (kind, shard): kind is ``REC`` for a record, else the event (INIT, END, LOST, ...)."""
     out = []
     with open(path, encoding="utf-8") as journal:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from worker_lib.testing.commands import shardlease_command
+from worker_lib.testing.processes import ProcessFleet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,61 +39,18 @@ EMBEDDED_LEADER_ENV = {
 }
 
 
-class ProcessGroup:
-    """Processes started by one test; ``close()`` kills whatever is left (SIGKILL to each process group)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        """``shardlease <args>``."""
-        return self.start_command(name, shardlease_command(*args), env)
-
-    def start_python(self, name: str, args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        """``python <args>`` with the test's interpreter."""
-        return self.start_command(name, [sys.executable, *args], env)
-
-    def start_command(self, name: str, command: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        full_env = {**os.environ, **FAST_ENV, **env, "PYTHONPATH": str(REPO)}
-        log = (self.log_dir / f"{name}.log").open("wb")
-        process = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.processes[name] = process
-        return process
-
-    def signal(self, name: str, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.processes[name].pid, sig)
-
-    def wait(self, name: str, timeout_s: float) -> int:
-        return self.processes[name].wait(timeout=timeout_s)
-
-    def log(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text(encoding="utf-8", errors="replace")
-
-    def close(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=10)
+def repo_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a test's processes: this one's, the short timings, ``extra``, and this checkout on the
+    path (``--processor tests.support...`` must import)."""
+    return {**os.environ, **FAST_ENV, **(extra or {}), "PYTHONPATH": str(REPO)}
 
 
 @contextlib.contextmanager
-def process_group(log_dir: Path) -> Iterator[ProcessGroup]:
-    group = ProcessGroup(log_dir)
-    try:
+def process_group(log_dir: Path) -> Iterator[ProcessFleet]:
+    """Processes started by one test (:class:`~worker_lib.testing.ProcessFleet`, run from this checkout with
+    :data:`FAST_ENV`); whatever is left is killed (SIGKILL to each process group) at the end."""
+    with ProcessFleet(log_dir, env=repo_env(), cwd=REPO) as group:
         yield group
-    finally:
-        group.close()
 
 
 # --- liveness modes (docs/liveness-modes.md) ----------------------------------------------------------------------

@@ -89,6 +89,11 @@ def create_leases_for_open_shards(store: DynamoDBLeaseStore, kinesis: Any, strea
     return keys
 
 
+def owners(store: DynamoDBLeaseStore) -> dict[str, str | None]:
+    """Lease key -> ``leaseOwner`` (``None``: unowned), as the table says now."""
+    return {lease.lease_key: lease.lease_owner for lease in store.list_leases()}
+
+
 def assign_unowned(store: DynamoDBLeaseStore, owner_for: Callable[[Lease], str]) -> int:
     """Stand-in for the leader's assignment: give every unowned, unfinished lease to ``owner_for(lease)``."""
     assigned = 0
@@ -96,13 +101,3 @@ def assign_unowned(store: DynamoDBLeaseStore, owner_for: Callable[[Lease], str])
         if lease.lease_owner is None and not lease.is_finished and store.assign_lease(lease, owner_for(lease)):
             assigned += 1
     return assigned
-
-
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float, step_s: float = 0.1) -> bool:
-    """Poll ``predicate`` in real time (multi-threaded tests against emulators), bounded by ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()

@@ -1,12 +1,14 @@
 """Command lines of ``shardlease`` processes, for tests, the demo and benchmarks that start real workers and leaders.
 
 They run the CLI with the current interpreter (``python -m worker_lib.cli``), so a test's virtualenv is the
-process's virtualenv; the caller starts them (own session, killed by PID) and gives their environment.
+process's virtualenv; the caller starts them (own session, killed by PID: :class:`~worker_lib.testing.ProcessFleet`)
+and gives their environment.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 
 def shardlease_command(*args: str, log_level: str = "INFO") -> list[str]:
@@ -14,27 +16,42 @@ def shardlease_command(*args: str, log_level: str = "INFO") -> list[str]:
     return [sys.executable, "-m", "worker_lib.cli", "--log-level", log_level, *args]
 
 
+def _common(app: str, stream: str | Sequence[str], initial_position: str | None, endpoint_url: str | None) -> list[str]:
+    args = ["--app", app]
+    for name in [stream] if isinstance(stream, str) else stream:
+        args += ["--stream", name]
+    if initial_position is not None:
+        args += ["--initial-position", initial_position]
+    if endpoint_url is not None:
+        args += ["--endpoint-url", endpoint_url]
+    return args
+
+
 def worker_command(
     *,
     app: str,
-    stream: str,
+    stream: str | Sequence[str],
     processor: str,
     worker_id: str,
     initial_position: str | None = None,
+    endpoint_url: str | None = None,
     log_level: str = "INFO",
 ) -> list[str]:
-    """``shardlease worker`` for one worker process."""
-    args = ["worker", "--app", app, "--stream", stream, "--processor", processor, "--worker-id", worker_id]
-    if initial_position is not None:
-        args += ["--initial-position", initial_position]
+    """``shardlease worker`` for one worker process (``stream`` repeated for a multi-stream application)."""
+    args = ["worker", *_common(app, stream, initial_position, endpoint_url)]
+    args += ["--processor", processor, "--worker-id", worker_id]
     return shardlease_command(*args, log_level=log_level)
 
 
 def leader_command(
-    *, app: str, stream: str, leader_id: str, initial_position: str | None = None, log_level: str = "INFO"
+    *,
+    app: str,
+    stream: str | Sequence[str],
+    leader_id: str,
+    initial_position: str | None = None,
+    endpoint_url: str | None = None,
+    log_level: str = "INFO",
 ) -> list[str]:
     """``shardlease leader`` for one leader process."""
-    args = ["leader", "--app", app, "--stream", stream, "--worker-id", leader_id]
-    if initial_position is not None:
-        args += ["--initial-position", initial_position]
+    args = ["leader", *_common(app, stream, initial_position, endpoint_url), "--worker-id", leader_id]
     return shardlease_command(*args, log_level=log_level)

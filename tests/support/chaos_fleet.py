@@ -1,0 +1,100 @@
+"""The process fleet of the chaos suite: ``shardlease worker`` (and ``leader``) processes that journal with the
+chaos processor (tests/support/chaos.py), on :class:`~worker_lib.testing.ProcessFleet`.
+
+A worker id may be started again after a kill (a restart under the same id): each process gets a name of its own
+(``w1``, then ``w1.4``), :attr:`ChaosFleet.latest` maps the worker id to its latest process. The fleet remembers
+what it killed or froze (``abnormal_pids()``, ``cut_at()``), which the journal invariants need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from tests.support.chaos import PROCESSOR, Line, holding, read_lines
+from tests.support.processes import REPO, repo_env
+from worker_lib.testing.processes import ProcessFleet
+from worker_lib.testing.waiting import wait_until
+
+
+class ChaosFleet(ProcessFleet):
+    """Processes of one chaos scenario. ``args``: the ``--app … --stream … --endpoint-url …`` every process gets;
+    ``env``: the environment of every process (over :data:`~tests.support.processes.FAST_ENV`); ``worker_env``:
+    what workers get on top (e.g. ``SHARDLEASE_LEADER_MODE=none`` when leaders run apart)."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        args: list[str],
+        env: Mapping[str, str],
+        journal: Path,
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(log_dir, env=repo_env(env), cwd=REPO)
+        self.args, self.journal = args, journal
+        self.worker_env = dict(worker_env or {})
+        self.latest: dict[str, str] = {}  # worker id -> name of its latest process
+        self.starts = 0  # worker processes started so far
+
+    def start_chaos_worker(
+        self, worker_id: str, *, processor: str = PROCESSOR, env: Mapping[str, str] | None = None
+    ) -> int:
+        """``shardlease worker --worker-id worker_id`` with ``processor``; its pid."""
+        self.starts += 1
+        name = worker_id if worker_id not in self.processes else f"{worker_id}.{self.starts}"
+        argv = ["worker", *self.args, "--processor", processor, "--worker-id", worker_id]
+        started = self.start_shardlease(name, *argv, env={**self.worker_env, **(env or {})})
+        self.latest[worker_id] = name
+        return started.pid
+
+    def start_leader_process(self, owner: str) -> int:
+        """``shardlease leader`` holding the lock as ``owner`` (TRIM_HORIZON for new leases); its pid."""
+        argv = ["leader", *self.args, "--initial-position", "TRIM_HORIZON", "--worker-id", owner]
+        return self.start_shardlease(owner, *argv).pid
+
+    def pid(self, worker_id: str) -> int:
+        """The pid of the worker id's latest process."""
+        return self.processes[self.latest[worker_id]].pid
+
+    def live_workers(self) -> list[str]:
+        """Worker ids whose latest process runs (frozen counts as running) and was not sent SIGKILL."""
+        return sorted(
+            worker_id
+            for worker_id, name in self.latest.items()
+            if self.processes[name].alive() and self.processes[name].sent("SIGKILL") is None
+        )
+
+    def lines(self) -> list[Line]:
+        return read_lines(self.journal)
+
+    def holding(self, worker_id: str) -> set[str]:
+        """Shards the worker id's latest process has an open session on (journal)."""
+        return holding(self.lines(), self.pid(worker_id))
+
+    def busy(self, candidates: Iterable[str] | None = None, *, timeout_s: float = 30) -> list[str]:
+        """The live workers among ``candidates`` (default: every live worker) that process at least one shard,
+        sorted; waits (bounded) until there is one."""
+        found: list[str] = []
+
+        def any_busy() -> bool:
+            pool = self.live_workers() if candidates is None else [w for w in candidates if w in self.live_workers()]
+            found[:] = sorted(w for w in pool if self.holding(w))
+            return bool(found)
+
+        assert wait_until(any_busy, timeout_s=timeout_s), f"none of {candidates or 'the workers'} processes a shard"
+        return found
+
+    def stop_workers(self, worker_ids: Iterable[str] | None = None, *, timeout_s: float = 40) -> dict[str, int | None]:
+        """SIGTERM the latest process of each worker id (default: every live one); exit codes by worker id."""
+        chosen = self.live_workers() if worker_ids is None else list(worker_ids)
+        codes = self.stop([self.latest[w] for w in chosen], timeout_s=timeout_s)
+        return {w: codes[self.latest[w]] for w in chosen}
+
+    def processed_all(self, produced: Iterable[str]) -> bool:
+        """Every one of ``produced`` has a REC line."""
+        return {x.c for x in self.lines() if x.kind == "REC"} >= set(produced)
+
+    def shards_processed(self) -> int:
+        """How many shards have a REC line."""
+        return len({x.shard for x in self.lines() if x.kind == "REC"})
