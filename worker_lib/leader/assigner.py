@@ -75,6 +75,9 @@ decision_log = logging.getLogger(DECISION_LOGGER)
 PARALLEL_SCAN_THRESHOLD = 1_000
 """Above this many leases the leader scans in parallel segments."""
 
+PARALLEL_SCAN_SEGMENTS = 4
+"""How many (bench/cost_model extrapolates the scan's cost from these two constants)."""
+
 
 class WorkerMetricsSource(WorkerRowCleaner, Protocol):
     """The worker-metrics items: read at every run, stale and stopped ones deleted after full runs."""
@@ -168,7 +171,7 @@ class LeaseAssigner:
         # The mode is read before the scan: a switch requested after it is judged by the next run.
         liveness = self._modes.begin_run() if not fast else self._modes.judging
         per_owner = liveness.leader_judges_per_owner
-        segments = 4 if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
+        segments = PARALLEL_SCAN_SEGMENTS if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
         all_leases = self._store.list_leases(segments=segments)
         self._last_lease_count = len(all_leases)
         all_workers = list(workers) if workers is not None else self._metrics.list_all()

@@ -64,7 +64,8 @@ class HandoffTracker:
     ) -> None:
         self._store = store
         self._requester = requester
-        self._config = config
+        self._deadline_s = config.handoff_deadline_ms / 1000  # KCL's: the hand-off timeout plus the failover time
+        self._timeout_ms = config.graceful_handoff_timeout_ms  # what a request gives the old owner to let go
         self._clock = clock
         self._decisions = decisions
         # lease key → (new owner, old owner, monotonic time the deadline runs from)
@@ -83,7 +84,7 @@ class HandoffTracker:
         ``requested_from`` (``worker`` mode: the heartbeating workers): a hand-off away from one of them counts
         from the moment its request landed on the old owner's item; one this leader has not requested yet is
         requested now (a new term, or a request that failed)."""
-        deadline_s = self._config.handoff_deadline_ms / 1000
+        deadline_s = self._deadline_s
         in_progress: dict[str, tuple[str | None, str | None, float]] = {}
         forced: list[Lease] = []
         unrequested: list[StartedHandoff] = []
@@ -138,7 +139,7 @@ class HandoffTracker:
                 by_old_owner.setdefault(old_owner, []).append((lease_key, new_owner))
             else:
                 self._seen[lease_key] = (new_owner, old_owner, self._clock.monotonic())
-        timeout_ms = self._config.graceful_handoff_timeout_ms
+        timeout_ms = self._timeout_ms
         for old_owner, items in sorted(by_old_owner.items()):
             elements = [handoff_request(lease_key, timeout_ms) for lease_key, _ in items]
             try:

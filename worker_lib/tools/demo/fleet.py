@@ -1,16 +1,16 @@
-"""The demo's fleet: worker processes (started, killed with ``kill -9``, stopped gracefully with SIGTERM) and the
+"""The demo's fleet: worker processes (started, killed with ``kill -9``, stopped gracefully with SIGTERM, on a
+:class:`~worker_lib.testing.ProcessFleet`), the skewed producer (a :class:`~worker_lib.testing.Producer`) and the
 leader on a local schedule (the real Lambda handler, invoked as EventBridge would). The scenario that drives
 them, and its timeline, are in scenario.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
+import random
 import signal
-import subprocess
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -20,8 +20,9 @@ from typing import Any
 
 from worker_lib.core.clock import Clock
 from worker_lib.core.errors import ShardleaseError
-from worker_lib.testing.commands import worker_command
 from worker_lib.testing.emulators import Emulator
+from worker_lib.testing.processes import FleetProcess, ProcessFleet
+from worker_lib.testing.producers import Producer
 from worker_lib.testing.timings import FAST_TIMINGS
 from worker_lib.tools.demo.processor import JOURNAL_ENV, WORK_ENV
 
@@ -43,29 +44,56 @@ DEMO_ENV = {
 
 
 @dataclass
-class WorkerProc:
-    name: str
-    process: subprocess.Popen[bytes]
-    started_at: float
-    killed_at: float | None = None
-    terminated_at: float | None = None  # SIGTERM: a graceful stop, as a deploy or a scale-in sends
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-
-@dataclass
 class DemoState:
     """What the live view and the report read; written by the producer, the leader thread and the timeline."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    produced: dict[str, str] = field(default_factory=dict)  # record id -> shard it landed in
-    produced_per_shard: Counter[str] = field(default_factory=Counter)
+    producer: Producer | None = None
     events: list[tuple[float, str]] = field(default_factory=list)
     decisions: deque[str] = field(default_factory=lambda: deque(maxlen=8))
     leader_reports: list[dict[str, Any]] = field(default_factory=list)
     hot_range: tuple[int, int] = (0, 0)
+
+    def produced(self) -> dict[str, str]:
+        """Record id -> the shard it landed in, for every record produced so far."""
+        placed = self.producer.placed() if self.producer is not None else {}
+        return {rid: put.shard_id for rid, put in placed.items()}
+
+    def produced_count(self) -> int:
+        return len(self.producer.produced) if self.producer is not None else 0
+
+    def produced_per_shard(self) -> Counter[str]:
+        return self.producer.per_shard() if self.producer is not None else Counter()
+
+
+def skewed_hash_keys(hot_range: tuple[int, int], *, hot_share: float = 0.4, seed: int = 7) -> Callable[[int], str]:
+    """Hash keys for the producer: ``hot_share`` of the records into ``hot_range`` (one shard's), the rest spread
+    over the whole key space."""
+    rng = random.Random(seed)
+    low, high = hot_range
+
+    def key(_: int) -> str:
+        if rng.random() < hot_share:
+            return str(rng.randrange(low, high + 1))
+        return str(rng.randrange(0, HASH_SPACE))
+
+    return key
+
+
+def demo_producer(kinesis: Any, stream: str, state: DemoState, *, rate: int, size: int) -> Producer:
+    """Skewed traffic of ``rate`` records/s of ``size`` bytes (``<id>|xxx…``, the id the processor journals), put
+    every 0.1 s; :class:`DemoState` reads what was produced from it."""
+    producer = Producer(
+        kinesis,
+        stream,
+        per_tick=max(1, rate // 10),
+        tick_s=0.1,
+        hash_keys=skewed_hash_keys(state.hot_range),
+        payload_bytes=size,
+        name="demo-producer",
+    )
+    state.producer = producer
+    return producer
 
 
 class DecisionCapture(logging.Handler):
@@ -90,6 +118,9 @@ class DecisionCapture(logging.Handler):
 
 
 class Fleet:
+    """The demo's worker processes, ``demo-w1``, ``demo-w2``, …; times are wall times (``clock.wall()``), as the
+    workers journal."""
+
     def __init__(
         self,
         *,
@@ -106,7 +137,8 @@ class Fleet:
         self.workdir, self.state, self.clock = workdir, state, clock
         self.journal_dir = workdir / "journal"
         self.journal_dir.mkdir()
-        self.workers: list[WorkerProc] = []
+        self.processes = ProcessFleet(workdir, clock=clock, wall_times=True)
+        self.stopping_at: float | None = None  # the final stop: signals from then on are not scenario events
         self.env = {
             **DEMO_ENV,
             "SHARDLEASE_APP": app,
@@ -118,62 +150,59 @@ class Fleet:
             WORK_ENV: "1500",
         }
 
+    @property
+    def workers(self) -> list[FleetProcess]:
+        return list(self.processes.processes.values())
+
     def event(self, text: str) -> None:
         with self.state.lock:
             self.state.events.append((self.clock.wall(), text))
 
-    def add_worker(self) -> WorkerProc:
+    def _scenario_signal(self, worker: FleetProcess, signal_name: str) -> float | None:
+        at = worker.sent(signal_name)
+        return at if at is not None and (self.stopping_at is None or at < self.stopping_at) else None
+
+    def killed_at(self, worker: FleetProcess) -> float | None:
+        """When the scenario killed it (``kill -9``), if it did."""
+        return self._scenario_signal(worker, "SIGKILL")
+
+    def terminated_at(self, worker: FleetProcess) -> float | None:
+        """When the scenario stopped it gracefully (SIGTERM, as a deploy or a scale-in sends), if it did."""
+        return self._scenario_signal(worker, "SIGTERM")
+
+    def add_worker(self) -> FleetProcess:
         name = f"demo-w{len(self.workers) + 1}"
-        log_file = (self.workdir / f"{name}.log").open("wb")
-        process = subprocess.Popen(
-            worker_command(
-                app=self.app,
-                stream=self.stream,
-                processor="worker_lib.tools.demo.processor:DemoProcessor",
-                worker_id=name,
-            ),
-            env={**os.environ, **self.env},
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        worker = self.processes.start_worker(
+            name,
+            app=self.app,
+            stream=self.stream,
+            processor="worker_lib.tools.demo.processor:DemoProcessor",
+            env={**os.environ, **self.env},  # what the leader schedule put into os.environ too
         )
-        log_file.close()
-        worker = WorkerProc(name=name, process=process, started_at=self.clock.wall())
-        self.workers.append(worker)
-        self.event(f"started worker {name} (pid {process.pid})")
+        self.event(f"started worker {name} (pid {worker.pid})")
         return worker
 
-    def kill(self, worker: WorkerProc) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.killed_at = self.clock.wall()
-        worker.process.wait(timeout=10)
+    def kill(self, worker: FleetProcess) -> None:
+        self.processes.kill(worker.name)
         self.event(f"kill -9 {worker.name} (pid {worker.pid})")
 
-    def terminate(self, worker: WorkerProc) -> None:
+    def terminate(self, worker: FleetProcess) -> None:
         """A graceful stop (SIGTERM), as every deploy and scale-in sends: the worker announces its departure,
         checkpoints and gives its leases up; the leader hands them over within about a second."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGTERM)
-        worker.terminated_at = self.clock.wall()
+        self.processes.signal(worker.name, signal.SIGTERM, group=True)
         self.event(f"SIGTERM {worker.name} (pid {worker.pid}): graceful stop")
-        try:
-            worker.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
+        if self.processes.wait(worker.name, timeout_s=20) is None:
             self.event(f"{worker.name} did not stop within 20 s")
 
     def stop_all(self, *, graceful: bool) -> None:
-        alive = [w for w in self.workers if w.process.poll() is None]
-        for worker in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGTERM if graceful else signal.SIGKILL)
-        for worker in alive:
-            try:
-                worker.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(worker.pid, signal.SIGKILL)
-                worker.process.wait(timeout=10)
+        """SIGTERM every worker still running and wait 20 s each (then kill it), or kill them at once."""
+        if self.stopping_at is None:
+            self.stopping_at = self.clock.wall()
+        if graceful:
+            for name, code in self.processes.stop(timeout_s=20).items():
+                if code is None:
+                    self.processes.kill(name)
+        self.processes.close()
 
 
 # --- the leader on a schedule ------------------------------------------------------------------------------------

@@ -76,8 +76,8 @@ class Report:
 
 def build_report(fleet: Fleet, state: DemoState) -> Report:
     processed = read_journals(fleet.journal_dir)
+    produced = state.produced()
     with state.lock:
-        produced = dict(state.produced)
         leader_reports = list(state.leader_reports)
     seen = Counter(p.record_id for p in processed)
     lost = sorted(set(produced) - set(seen))
@@ -87,7 +87,7 @@ def build_report(fleet: Fleet, state: DemoState) -> Report:
     for p in sorted(processed, key=lambda x: x.wall):
         if p.record_id in first_pid and first_pid[p.record_id] != p.pid:
             first = pid_name.get(first_pid[p.record_id])
-            if first is not None and first.killed_at is not None:
+            if first is not None and fleet.killed_at(first) is not None:
                 duplicate_reasons[f"re-read after {first.name} was killed before checkpointing them"] += 1
             else:
                 duplicate_reasons["re-read after a lease moved before its checkpoint"] += 1
@@ -98,7 +98,7 @@ def build_report(fleet: Fleet, state: DemoState) -> Report:
     failover: dict[str, float] = {}
     handover: dict[str, float] = {}
     for worker in fleet.workers:
-        for signalled_at, figures in ((worker.killed_at, failover), (worker.terminated_at, handover)):
+        for signalled_at, figures in ((fleet.killed_at(worker), failover), (fleet.terminated_at(worker), handover)):
             if signalled_at is None:
                 continue
             # the shards it was processing when signalled; each one's first record processed elsewhere afterwards

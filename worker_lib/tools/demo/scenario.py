@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,10 +28,17 @@ from worker_lib.leader.assigner import DECISION_LOGGER
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.local import LocalEmulators
+from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
-from worker_lib.tools.demo.fleet import DEMO_ENV, DecisionCapture, DemoState, Fleet, LeaderSchedule
+from worker_lib.tools.demo.fleet import (
+    DEMO_ENV,
+    DecisionCapture,
+    DemoState,
+    Fleet,
+    LeaderSchedule,
+    demo_producer,
+)
 from worker_lib.tools.demo.output import DemoOutput
-from worker_lib.tools.demo.producer import Producer
 from worker_lib.tools.demo.report import build_report, read_journals
 from worker_lib.tools.demo.view import fleet_rows, read_worker_cpu, render_plain, render_rich
 
@@ -92,8 +98,7 @@ def run_fleet_demo(
             schedule.start()
             for _ in range(workers):
                 fleet.add_worker()
-            producer = Producer(kinesis, stream, state, rate=150, size=1024)
-            producer.start()
+            producer = demo_producer(kinesis, stream, state, rate=150, size=1024).start()
             _timeline(fleet, kinesis, stream, store, ddb, state, duration_s, out, clock)
             producer.stop()
             _drain(fleet, state, say, clock)
@@ -143,8 +148,7 @@ def _drain(fleet: Fleet, state: DemoState, say: Callable[[str], None], clock: Cl
     deadline = clock.monotonic() + 60
     while clock.monotonic() < deadline:
         seen = {p.record_id for p in read_journals(fleet.journal_dir)}
-        with state.lock:
-            missing = len(set(state.produced) - seen)
+        missing = len(set(state.produced()) - seen)
         if missing == 0:
             return
         clock.sleep(1.0)
@@ -218,8 +222,7 @@ def _replace_one(fleet: Fleet) -> None:
 
 
 def _split_hot(fleet: Fleet, kinesis: Any, stream: str, state: DemoState, clock: Clock) -> None:
-    with state.lock:
-        counts = Counter(state.produced_per_shard)
+    counts = state.produced_per_shard()
     open_shards = [
         s["ShardId"]
         for s in list_all_shards(kinesis, stream)
@@ -231,8 +234,7 @@ def _split_hot(fleet: Fleet, kinesis: Any, stream: str, state: DemoState, clock:
 
 
 def _merge_cold(fleet: Fleet, kinesis: Any, stream: str, state: DemoState, clock: Clock) -> None:
-    with state.lock:
-        counts = Counter(state.produced_per_shard)
+    counts = state.produced_per_shard()
     shards = sorted(
         (s for s in list_all_shards(kinesis, stream) if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {})),
         key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]),

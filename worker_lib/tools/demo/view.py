@@ -31,7 +31,7 @@ def fleet_rows(fleet: Fleet, store: DynamoDBLeaseStore, metrics: dict[str, float
             per_owner[lease.actual_owner].append(lease)
     rows = []
     for worker in fleet.workers:
-        status = "killed" if worker.killed_at else ("running" if worker.process.poll() is None else "exited")
+        status = "killed" if fleet.killed_at(worker) else ("running" if worker.alive() else "exited")
         held = per_owner.get(worker.name, [])
         rows.append(
             ViewRow(
@@ -58,7 +58,7 @@ def read_worker_cpu(ddb: Any, app: str) -> dict[str, float]:
 
 
 def render_plain(fleet: Fleet, rows: list[ViewRow], leases: list[Any], state: DemoState, elapsed: float) -> str:
-    parts = [f"[{elapsed:5.1f}s] produced {len(state.produced)}"]
+    parts = [f"[{elapsed:5.1f}s] produced {state.produced_count()}"]
     for row in rows:
         cpu = f"{row.cpu:4.1f}%" if row.cpu is not None else "  -  "
         parts.append(f"{row.worker}:{row.status[:4]} leases={row.leases} cpu={cpu} {row.kbps:6.1f}KB/s")
@@ -69,7 +69,7 @@ def render_rich(fleet: Fleet, rows: list[ViewRow], leases: list[Any], state: Dem
     from rich.console import Group
     from rich.table import Table
 
-    workers = Table(title=f"workers — t={elapsed:.0f}s, {len(state.produced)} records produced", expand=True)
+    workers = Table(title=f"workers — t={elapsed:.0f}s, {state.produced_count()} records produced", expand=True)
     for column in ("worker", "pid", "status", "leases", "CPU %", "KB/s"):
         workers.add_column(column)
     for row in rows:
@@ -84,13 +84,14 @@ def render_rich(fleet: Fleet, rows: list[ViewRow], leases: list[Any], state: Dem
     shards = Table(title="shards", expand=True)
     for column in ("lease", "owner", "KB/s", "checkpoint", "produced"):
         shards.add_column(column)
+    per_shard = state.produced_per_shard()
     for lease in sorted(leases, key=lambda x: x.lease_key):
         shards.add_row(
             lease.lease_key,
             lease.actual_owner or "-",
             f"{lease.throughput_kbps or 0:.1f}",
             "SHARD_END" if lease.is_finished else ("…" + str(lease.checkpoint)[-8:]),
-            str(state.produced_per_shard.get(lease.lease_key, 0)),
+            str(per_shard.get(lease.lease_key, 0)),
         )
     decisions = Table(title="leader decisions (latest)", expand=True, show_header=False)
     decisions.add_column("decision")
