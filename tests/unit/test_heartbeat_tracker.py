@@ -1,5 +1,7 @@
 """Worker liveness on the leader, pure (docs/failover.md): the heartbeat tracker, expiry observations that outlive a
-leader, the snapshot's balancing override and the heartbeat attributes of worker-metrics items.
+leader, the snapshot's balancing override and the heartbeat attributes of worker-metrics items; and the leader's
+state between runs — hand-off deadlines and requests (worker_lib/leader/handoffs.py), kept observations, worker-row
+sweeps and suspects (worker_lib/leader/housekeeping.py) — against fakes of the tables.
 
 Times come from a :class:`ManualClock` (monotonic 1000 s, wall 1.7e9 s); the tracker is given a 10 s failover time
 and a 1 s clock-skew bound unless a test says otherwise.
@@ -7,7 +9,10 @@ and a 1 s clock-skew bound unless a test says otherwise.
 
 from __future__ import annotations
 
+import json
+import logging
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -17,7 +22,10 @@ from worker_lib.assignment.heartbeats import HeartbeatTracker, LivenessView
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
 from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.clock import ManualClock
+from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease, WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.leader.handoffs import HandoffTracker
+from worker_lib.leader.housekeeping import KeptObservations, Suspects, WorkerRowSweeper
 from worker_lib.workermetrics.stats_serializer import from_item, heartbeat_of
 
 FAILOVER_S = 10.0
@@ -453,3 +461,220 @@ def test_malformed_notice_keys_are_skipped(value: dict[str, Any]) -> None:
 def test_an_unknown_state_reads_as_active_and_a_malformed_event_counter_as_zero() -> None:
     beat = heartbeat_of({**FULL_ITEM, "wst": {"S": "SLEEPING"}, "evc": {"S": "x"}})
     assert beat is not None and beat.state is WorkerState.ACTIVE and beat.events == 0 and beat.counter == 42
+
+
+# ----------------------------------------------------------------------------------------------- the leader's hand-offs
+
+HANDOFF_CONFIG = AssignmentConfig(failover_ms=10_000, graceful_handoff_timeout_ms=30_000)  # forced after 40 s
+
+
+class FakeLeases:
+    """The one write the hand-off tracker makes: completing a hand-off (as the store would: owner kept, no
+    checkpoint owner, counter + 1)."""
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[str, str]] = []
+
+    def complete_handoff(self, lease: Lease, old_owner: str) -> Lease | None:
+        self.completed.append((lease.lease_key, old_owner))
+        return Lease(lease_key=lease.lease_key, lease_owner=lease.lease_owner, lease_counter=lease.lease_counter + 1)
+
+
+class FakeRequests:
+    """Hand-off requests on the old owners' items: ``answers`` are returned (or raised) in turn."""
+
+    def __init__(self, *answers: bool | Exception) -> None:
+        self.answers = list(answers)
+        self.requests: list[tuple[str, list[str]]] = []
+
+    def request_handoff(self, worker_id: str, elements: Sequence[str]) -> bool:
+        self.requests.append((worker_id, list(elements)))
+        answer = self.answers.pop(0) if self.answers else True
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def moving(key: str = "l", *, to: str = "take", from_: str = "yield") -> Lease:
+    return Lease(lease_key=key, lease_owner=to, checkpoint_owner=from_, lease_counter=7)
+
+
+def handoffs(
+    clock: ManualClock, requests: FakeRequests | None = None, leases: FakeLeases | None = None
+) -> tuple[HandoffTracker, FakeLeases, list[logging.LogRecord]]:
+    """A tracker whose decision log is collected into the returned list."""
+    decisions = logging.getLogger(f"test.decisions.{random.random()}")
+    decisions.propagate = False
+    collected = Collected()
+    decisions.addHandler(collected)
+    decisions.setLevel(logging.INFO)
+    store = leases or FakeLeases()
+    tracker_ = HandoffTracker(store, requests, config=HANDOFF_CONFIG, clock=clock, decisions=decisions)
+    return tracker_, store, collected.records
+
+
+def test_a_handoff_is_forced_only_after_the_timeout_plus_the_failover_time_and_logged_as_a_decision() -> None:
+    # GIVEN a hand-off the leader started (lease mode: no request, dated at once)
+    clock = ManualClock()
+    tracker_, store, decisions = handoffs(clock)
+    tracker_.started([("l", "take", "yield")], requested_from=None)
+    # WHEN 40 s pass THEN it is not forced yet; a moment later it is, once, with one decision line
+    clock.advance(40)
+    assert tracker_.force_overdue([moving()], clock.monotonic()) == []
+    clock.advance(0.01)
+    forced = tracker_.force_overdue([moving()], clock.monotonic())
+    assert [lease.lease_key for lease in forced] == ["l"] and store.completed == [("l", "yield")]
+    (line,) = [json.loads(r.getMessage()) for r in decisions]
+    assert line == {
+        "from": "yield",
+        "kind": "force_handoff",
+        "lease": "l",
+        "reason": "graceful handoff not completed within 40 s",
+        "to": "take",
+        "written": True,
+    }
+
+
+def test_a_handoff_first_seen_in_a_new_term_gets_a_full_deadline_from_that_sighting() -> None:
+    # GIVEN a hand-off dated long ago, then a new term (reset)
+    clock = ManualClock()
+    tracker_, store, _ = handoffs(clock)
+    tracker_.started([("l", "take", "yield")], requested_from=None)
+    clock.advance(100)
+    tracker_.reset()
+    # WHEN the new term sees it THEN it is dated now and forced only 40 s later
+    assert tracker_.force_overdue([moving()], clock.monotonic()) == []
+    clock.advance(40.01)
+    assert len(tracker_.force_overdue([moving()], clock.monotonic())) == 1 and len(store.completed) == 1
+
+
+def test_in_worker_mode_a_handoff_is_requested_on_the_old_owners_item_and_dated_when_the_request_lands() -> None:
+    # GIVEN worker mode ("yield" heartbeats): the first request fails, the second has no item, the third lands
+    clock = ManualClock()
+    requests = FakeRequests(DependencyError("throttled"), False, True)
+    tracker_, store, _ = handoffs(clock, requests)
+    beating = frozenset({"yield"})
+    tracker_.started([("l", "take", "yield")], requested_from=beating)
+    assert requests.requests == [("yield", ["30000:l"])]
+    # WHEN later runs see the hand-off THEN each asks again until a request lands, and none forces before it did
+    for _ in range(2):
+        clock.advance(50)
+        assert tracker_.force_overdue([moving()], clock.monotonic(), requested_from=beating) == []
+    assert len(requests.requests) == 3
+    clock.advance(40)
+    assert tracker_.force_overdue([moving()], clock.monotonic(), requested_from=beating) == []
+    clock.advance(0.01)
+    assert len(tracker_.force_overdue([moving()], clock.monotonic(), requested_from=beating)) == 1
+    assert store.completed == [("l", "yield")] and len(requests.requests) == 3
+
+
+# ------------------------------------------------------------------------------------------- the leader's housekeeping
+
+
+class FakeObservations:
+    skew_s = SKEW_S
+
+    def __init__(self, entries: list[tuple[str, int, float]] | None = None, *, fail: bool = False) -> None:
+        self.entries = entries or []
+        self.fail = fail
+        self.saved: list[list[tuple[str, int, float]]] = []
+
+    def load(self) -> list[tuple[str, int, float]]:
+        if self.fail:
+            raise DependencyError("unreachable")
+        return list(self.entries)
+
+    def save(self, entries: list[tuple[str, int, float]]) -> bool:
+        if self.fail:
+            raise DependencyError("unreachable")
+        self.saved.append(entries)
+        return True
+
+
+def test_kept_observations_restore_save_and_forget_and_a_failing_store_only_costs_time() -> None:
+    # GIVEN the previous leader's 20 s old observation of l
+    clock = ManualClock(monotonic=50.0, wall=1_700_000_020.0)
+    expiry = ExpiryTracker(FAILOVER_S)
+    store = FakeObservations([("l", 5, 1_700_000_000.0)])
+    kept = KeptObservations(expiry, store, clock=clock)
+    # WHEN restored THEN l is expired at the first scan; keeping saves what the tracker knows
+    kept.restore()
+    assert expiry.observe([owned("l", 5)], clock.monotonic()) == {"l"}
+    kept.keep(clock.monotonic(), clock.wall())
+    assert [key for key, _, _ in store.saved[-1]] == ["l"]
+    # WHEN forgotten (a switch back to lease mode) THEN the tracker starts over and the stored item says so
+    kept.forget(clock.monotonic(), clock.wall())
+    assert store.saved[-1] == [] and expiry.observe([owned("l", 5)], clock.monotonic()) == frozenset()
+    # AND a store that fails (or none at all) raises nothing
+    failing = KeptObservations(ExpiryTracker(FAILOVER_S), FakeObservations(fail=True), clock=clock)
+    failing.restore()
+    failing.keep(clock.monotonic(), clock.wall())
+    KeptObservations(ExpiryTracker(FAILOVER_S), None, clock=clock).restore()
+
+
+class FakeRows:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool:
+        self.deleted.append(worker_id)
+        return True
+
+    def delete_if_heartbeat_unchanged(self, worker_id: str, heartbeat_counter: int) -> bool:
+        self.deleted.append(worker_id)
+        return True
+
+
+def test_the_sweeper_deletes_day_old_rows_at_most_hourly_and_stopped_workers_rows_once_they_own_nothing() -> None:
+    clock = ManualClock()
+    rows = FakeRows()
+    sweeper = WorkerRowSweeper(rows)
+    old = WorkerMetricStats(worker_id="old", last_update_epoch_s=int(clock.wall()) - 2 * 86_400)
+    # GIVEN a day-old row: deleted at the first sweep, not looked at again within the hour
+    sweeper.sweep_stale([old], clock.wall(), clock.monotonic())
+    clock.advance(3_599)
+    sweeper.sweep_stale([old], clock.wall(), clock.monotonic())
+    assert rows.deleted == ["old"]
+    clock.advance(1)
+    sweeper.sweep_stale([old], clock.wall(), clock.monotonic())
+    assert rows.deleted == ["old", "old"]
+    # GIVEN two stopped workers, one still the checkpoint owner of a lease: only the other's row goes
+    stopped = [row(w, 3, wall_ms=now_ms(clock), state=WorkerState.STOPPED) for w in ("gone", "handing")]
+    sweeper.sweep_stopped(stopped, [moving(from_="handing")])
+    assert rows.deleted[2:] == ["gone"]
+
+
+def test_a_suspect_is_left_out_until_it_reports_again_or_its_heartbeat_says_it_lives() -> None:
+    # GIVEN "dead" owns one lease, expired, and still reports fresh metrics
+    suspects = Suspects(AssignmentConfig())
+    dead, live = cpu_worker("dead", 5), cpu_worker("live", 60)
+    snapshot = AssignmentSnapshot(
+        leases=(Lease(lease_key="a", lease_owner="dead", lease_counter=1),),
+        workers=(dead, live),
+        now_epoch_s=NOW,
+        expired_lease_keys=frozenset({"a"}),
+        run_number=2,
+    )
+    suspects.remember(snapshot, [dead, live])
+    # THEN it is left out while its report is the one seen then
+    assert [w.worker_id for w in suspects.without_silent([dead, live])] == ["live"]
+    # WHEN its heartbeat says it lives, or it reports again THEN it is back
+    assert [w.worker_id for w in suspects.without_silent([dead, live], alive=frozenset({"dead"}))] == ["dead", "live"]
+    suspects.remember(snapshot, [dead, live])
+    newer = WorkerMetricStats(
+        worker_id="dead", last_update_epoch_s=int(NOW) + 1, stats={"C": (5, 5)}, operating_range={"C": (80.0,)}
+    )
+    assert [w.worker_id for w in suspects.without_silent([newer, live])] == ["dead", "live"]
+    # AND a new term forgets every suspect
+    suspects.remember(snapshot, [dead, live])
+    suspects.clear()
+    assert len(suspects.without_silent([dead, live])) == 2
