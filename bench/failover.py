@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from failover_support.fleet import CHILDREN, LAMBDA_PERIOD_S, Fleet, FleetSpec, Proc
+from failover_support.fleet import CHILDREN, LAMBDA_PERIOD_S, Fleet, FleetSpec, cut_signals
 from failover_support.report import (
     Fate,
     Gap,
@@ -68,6 +68,8 @@ from failover_support.report import (
     table,
 )
 from kcl3_timings import KCL_ENV  # KCL's timings and behaviour, for every process of the `kcl` configuration
+
+from worker_lib.testing.processes import FleetProcess
 
 CONFIG_ENV: dict[str, dict[str, str]] = {"ours": {}, "kcl": KCL_ENV}
 LIVENESS_MODES = ("lease", "worker")
@@ -125,7 +127,7 @@ class NoVictim(Exception):
 class ExitWatch:
     """Notices (while polling) when a SIGTERMed process exits."""
 
-    proc: Proc
+    proc: FleetProcess
     at: float
     limit_s: float = TERM_EXIT_S
     exited_at: float | None = None
@@ -185,12 +187,12 @@ class Trials:
             time.sleep(0.25)
         return self.steady()
 
-    def pick_victim(self) -> tuple[Proc, list[str]]:
+    def pick_victim(self) -> tuple[FleetProcess, list[str]]:
         """A live worker holding at least one shard (seeded choice), and the shards it holds."""
         deadline = time.monotonic() + 30
         while True:
             owners = self.fleet.lease_owners()
-            workers = sorted(self.fleet.workers(), key=lambda p: p.started)
+            workers = sorted(self.fleet.workers(), key=lambda p: p.started_at)
             candidates = [w for w in workers if any(o == w.name for o in owners.values())]
             if candidates or time.monotonic() > deadline:
                 break
@@ -200,7 +202,7 @@ class Trials:
         victim = self.rng.choice(candidates)
         return victim, sorted(s for s, o in owners.items() if o == victim.name)
 
-    def shards_of(self, proc: Proc) -> list[str]:
+    def shards_of(self, proc: FleetProcess) -> list[str]:
         return sorted(s for s, o in self.fleet.lease_owners().items() if o == proc.name)
 
     def await_resumption(
@@ -236,7 +238,7 @@ class Trials:
         self,
         result: ScenarioResult,
         trial: int,
-        victim: Proc,
+        victim: FleetProcess,
         at: float,
         resumed: dict[str, Resumption],
         **extra: object,
@@ -261,7 +263,7 @@ class Trials:
             )
         return [r.seconds for r in resumed.values()]
 
-    def _gaps_text(self, resumed: dict[str, Resumption], *, victim: Proc | None = None) -> str:
+    def _gaps_text(self, resumed: dict[str, Resumption], *, victim: FleetProcess | None = None) -> str:
         if not resumed:
             return "no shards"
         return ", ".join(
@@ -364,7 +366,7 @@ class Trials:
     def deploy_trial(self, result: ScenarioResult, trial: int) -> None:
         self._before_trial(result, trial)
         window_start = time.time()
-        old = sorted(self.fleet.workers(), key=lambda p: p.started)
+        old = sorted(self.fleet.workers(), key=lambda p: p.started_at)
         timed_out: set[str] = set()
         steps = []
         for proc in old:
@@ -408,12 +410,12 @@ class Trials:
             f"(worst resumption per step: {', '.join(steps)}); longest idle per shard max {max(idles):.1f} s"
         )
 
-    def _wait_started(self, proc: Proc, timeout_s: float = 30.0) -> None:
+    def _wait_started(self, proc: FleetProcess, timeout_s: float = 30.0) -> None:
         """The replacement is up (its log says so), as a deployment waits for the new task to run."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.alive():
             with contextlib.suppress(OSError):
-                if b"worker started" in proc.log.read_bytes():
+                if b"worker started" in proc.log_path.read_bytes():
                     return
             time.sleep(0.2)
 
@@ -482,7 +484,7 @@ class Trials:
             f"gaps {self._gaps_text(resumed, victim=victim)} s; overlaps {len(overlaps)}"
         )
 
-    def _overlaps(self, victim: Proc, shards: Sequence[str], at: float) -> list[str]:
+    def _overlaps(self, victim: FleetProcess, shards: Sequence[str], at: float) -> list[str]:
         """Records the stopped worker processed on a shard after its new owner's first one (before it was given
         the shard again, i.e. before its own next INIT on it)."""
         out: list[str] = []
@@ -557,13 +559,13 @@ def run_fleet(
         outcome.notes.extend(notes)
         if missing:
             outcome.notes.append(f"{missing} records still unprocessed after the {DRAIN_S:.0f} s drain")
-        assert fleet.producer is not None
-        produced = fleet.producer.snapshot()
-        if fleet.producer.misrouted:
-            outcome.notes.append(f"{fleet.producer.misrouted} records landed on another shard than aimed at")
+        produced = fleet.produced()
+        misrouted = fleet.misrouted()
+        if misrouted:
+            outcome.notes.append(f"{misrouted} records landed on another shard than aimed at")
         fates: dict[int, list[Fate]] = {}
         for proc in fleet.procs:
-            for wall, sig in proc.stopped_or_killed_at():
+            for wall, sig in cut_signals(proc):
                 fates.setdefault(proc.pid, []).append(
                     Fate(proc.name, "killed" if sig == "SIGKILL" else "stopped", wall)
                 )

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,10 @@ from worker_lib.tables.schema import coordinator_state_table_name, lease_table_n
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.commands import leader_command, shardlease_command, worker_command
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
+from worker_lib.testing.processes import CUTTING_SIGNALS, FleetProcess, ProcessFleet
+from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream, list_all_shards
+from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 from .journal import JournalTail
@@ -49,16 +52,16 @@ Say = Callable[[str], None]
 
 
 class Children:
-    """Every process the benchmark started; :meth:`kill_all` SIGKILLs each one's process group (by PID)."""
+    """Every process fleet and emulator the benchmark started; :meth:`kill_all` SIGKILLs each process group."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._fleets: list[ProcessFleet] = []
         self._emulators: list[Emulator] = []
 
-    def add(self, process: subprocess.Popen[bytes]) -> None:
+    def add_fleet(self, fleet: ProcessFleet) -> None:
         with self._lock:
-            self._processes.append(process)
+            self._fleets.append(fleet)
 
     def add_emulator(self, emulator: Emulator) -> None:
         with self._lock:
@@ -66,15 +69,9 @@ class Children:
 
     def kill_all(self) -> None:
         with self._lock:
-            processes, emulators = list(self._processes), list(self._emulators)
-        for process in processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGCONT)  # a stopped process must be able to die
-                    os.killpg(process.pid, signal.SIGKILL)
-        for process in processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=10)
+            fleets, emulators = list(self._fleets), list(self._emulators)
+        for fleet in fleets:
+            fleet.close()
         for emulator in emulators:
             with contextlib.suppress(Exception):
                 emulator.stop()
@@ -89,81 +86,9 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-# --- producer ----------------------------------------------------------------------------------------------
-
-
-class Producer:
-    """One record to each shard every ``period_s`` (ExplicitHashKey = the shard's starting hash key); payload
-    and partition key = a unique id ``<shard>:<n>``. Remembers every id Kinesis accepted, with its wall time."""
-
-    def __init__(self, kinesis: Any, stream: str, shards: Mapping[str, str], *, period_s: float = 0.2) -> None:
-        self.kinesis, self.stream, self.shards, self.period_s = kinesis, stream, dict(shards), period_s
-        self.produced: dict[str, tuple[str, float]] = {}  # record id -> (shard, wall time of the put)
-        self.errors = 0
-        self.misrouted = 0
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="failover-producer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def snapshot(self) -> dict[str, tuple[str, float]]:
-        with self.lock:
-            return dict(self.produced)
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        tick = 0
-        while not self._stop.is_set():
-            batch = [
-                {"Data": f"{shard}:{tick}".encode(), "PartitionKey": f"{shard}:{tick}", "ExplicitHashKey": key}
-                for shard, key in sorted(self.shards.items())
-            ]
-            wall = time.time()
-            try:
-                reply = self.kinesis.put_records(StreamName=self.stream, Records=batch)
-            except Exception:  # the emulator is slow or busy: those ids are simply never produced
-                self.errors += 1
-            else:
-                with self.lock:
-                    for sent, result in zip(batch, reply.get("Records", []), strict=False):
-                        if result.get("ErrorCode"):
-                            self.errors += 1
-                            continue
-                        rid = str(sent["PartitionKey"])
-                        if result.get("ShardId") != rid.partition(":")[0]:
-                            self.misrouted += 1
-                        self.produced[rid] = (str(result.get("ShardId")), wall)
-            tick += 1
-            self._stop.wait(max(0.0, start + tick * self.period_s - time.monotonic()))
-
-
-# --- processes ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Proc:
-    role: str  # "worker" | "leader"
-    name: str  # worker id, or the leader's lock owner / runner name
-    process: subprocess.Popen[bytes]
-    log: Path
-    started: float
-    signals: list[tuple[float, str]] = field(default_factory=list)  # (wall, SIGKILL|SIGTERM|SIGSTOP|SIGCONT)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stopped_or_killed_at(self) -> list[tuple[float, str]]:
-        return [(t, s) for t, s in self.signals if s in ("SIGKILL", "SIGSTOP")]
+def cut_signals(proc: FleetProcess) -> list[tuple[float, str]]:
+    """(wall time, SIGKILL | SIGSTOP) of each time the benchmark killed or froze ``proc``."""
+    return [(t, s) for t, s in proc.signals if s in CUTTING_SIGNALS]
 
 
 @dataclass
@@ -193,8 +118,11 @@ class Fleet:
         self.kinesis: Any = None
         self.producer: Producer | None = None
         self.shard_ids: list[str] = []
-        self.procs: list[Proc] = []
-        self.leader: Proc | None = None
+        self.aimed: dict[str, str] = {}  # hash key the producer aims with -> the shard it starts
+        # Every child gets the benchmark's environment only (clean_env), from the repository root; wall times.
+        self.processes = ProcessFleet(workdir, env={}, cwd=REPO, wall_times=True)
+        CHILDREN.add_fleet(self.processes)
+        self.leader: FleetProcess | None = None
         self._worker_seq = 0
         self._leader_seq = 0
         self.env: dict[str, str] = {}
@@ -230,8 +158,12 @@ class Fleet:
         )
         if self.spec.record_liveness:
             self.record_liveness()
-        self.producer = Producer(self.kinesis, self.stream, shards)
-        self.producer.start()
+        # one record into each shard every 0.2 s, aimed by the shard's starting hash key
+        self.aimed = {key: shard for shard, key in shards.items()}
+        keys = [shards[shard] for shard in self.shard_ids]
+        self.producer = Producer(
+            self.kinesis, self.stream, per_tick=len(keys), tick_s=0.2, hash_keys=keys, name="failover-producer"
+        ).start()
         self.start_leader()
         for _ in range(self.spec.workers):
             self.start_worker()
@@ -249,32 +181,19 @@ class Fleet:
             raise RuntimeError(f"shardlease liveness --set {self.spec.liveness} failed: {done.stderr.strip()}")
         self.say(f"  liveness mode recorded: {self.spec.liveness}")
 
-    def _spawn(self, role: str, name: str, argv: list[str], env: Mapping[str, str]) -> Proc:
-        log_path = self.workdir / f"{name}.log"
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                argv,
-                cwd=REPO,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        CHILDREN.add(process)
-        proc = Proc(role=role, name=name, process=process, log=log_path, started=time.time())
-        self.procs.append(proc)
-        return proc
+    @property
+    def procs(self) -> list[FleetProcess]:
+        return list(self.processes.processes.values())
 
-    def start_worker(self) -> Proc:
+    def start_worker(self) -> FleetProcess:
         self._worker_seq += 1
         wid = f"w{self._worker_seq}"
         argv = worker_command(
             app=self.app, stream=self.stream, processor=SPEC, worker_id=wid, initial_position="TRIM_HORIZON"
         )
-        return self._spawn("worker", wid, argv, {**self.env, WORKER_ID_ENV: wid})
+        return self.processes.start(wid, argv, env={**self.env, WORKER_ID_ENV: wid}, role="worker")
 
-    def start_leader(self) -> Proc:
+    def start_leader(self) -> FleetProcess:
         self._leader_seq += 1
         if self.spec.host == "cli":
             name = f"leader-{self._leader_seq}"
@@ -304,24 +223,29 @@ class Fleet:
                 "POWERTOOLS_SERVICE_NAME": "shardlease-leader",
                 "SHARDLEASE_PER_WORKER_METRICS": "false",
             }
-        self.leader = self._spawn("leader", name, argv, env)
+        self.leader = self.processes.start(name, argv, env=env, role="leader")
         return self.leader
 
     # --- signals ---------------------------------------------------------------------------------------------
 
-    def signal(self, proc: Proc, sig: signal.Signals) -> float:
+    def signal(self, proc: FleetProcess, sig: signal.Signals) -> float:
         """Send ``sig`` to one process (by PID); returns the wall time just before sending."""
-        at = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        proc.signals.append((at, sig.name))
-        return at
+        return self.processes.signal(proc.name, sig)
 
-    def workers(self) -> list[Proc]:
-        return [p for p in self.procs if p.role == "worker" and p.alive()]
+    def workers(self) -> list[FleetProcess]:
+        return self.processes.live("worker")
 
-    def proc_by_pid(self) -> dict[int, Proc]:
-        return {p.pid: p for p in self.procs}
+    # --- the producer ------------------------------------------------------------------------------------------
+
+    def produced(self) -> dict[str, tuple[str, float]]:
+        """Record id -> (the shard it landed in, wall time of its put), for every record Kinesis accepted."""
+        placed = self.producer.placed() if self.producer is not None else {}
+        return {rid: (put.shard_id, put.wall) for rid, put in placed.items()}
+
+    def misrouted(self) -> int:
+        """Records that landed in another shard than the one whose starting hash key aimed them."""
+        placed = self.producer.placed() if self.producer is not None else {}
+        return sum(1 for put in placed.values() if self.aimed.get(str(put.hash_key)) != put.shard_id)
 
     # --- observations ----------------------------------------------------------------------------------------
 
@@ -400,29 +324,22 @@ class Fleet:
         SIGTERM every worker, then kill the leader. Returns (records still unprocessed after the drain, notes)."""
         notes: list[str] = []
         missing = 0
-        if self.producer is not None:
-            self.producer.stop()
-            deadline = time.monotonic() + drain_s
-            while True:
+        producer = self.producer
+        if producer is not None:
+            producer.stop()
+
+            def drained() -> bool:
+                nonlocal missing
                 self.journal.refresh()
-                seen = {r.record_id for r in self.journal.records}
-                missing = len(set(self.producer.snapshot()) - seen)
-                if missing == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-        for proc in self.workers():
-            self.signal(proc, signal.SIGTERM)
-        for proc in [p for p in self.procs if p.role == "worker"]:
-            try:
-                proc.process.wait(timeout=35)
-            except subprocess.TimeoutExpired:
-                notes.append(f"{proc.name} did not exit within 35 s of SIGTERM at the end: killed")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-        for proc in [p for p in self.procs if p.role == "leader" and p.alive()]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.process.wait(timeout=10)
+                missing = len(set(producer.produced) - {r.record_id for r in self.journal.records})
+                return missing == 0
+
+            wait_until(drained, timeout_s=drain_s, step_s=0.5)
+        codes = self.processes.stop([p.name for p in self.workers()], timeout_s=35)
+        notes += [
+            f"{name} did not exit within 35 s of SIGTERM at the end: killed" for name, c in codes.items() if c is None
+        ]
+        self.processes.close()  # those, and the leader (not recorded as signals: the trials are over)
         self.journal.refresh()
         return missing, notes
 
@@ -430,13 +347,7 @@ class Fleet:
         """Kill whatever of this fleet still runs and stop the emulators (idempotent)."""
         if self.producer is not None:
             self.producer.stop()
-        for proc in self.procs:
-            if proc.alive():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGCONT)
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.process.wait(timeout=10)
+        self.processes.close()
         for emulator in (self.kinesalite, self.moto):
             if emulator is not None:
                 emulator.stop()
