@@ -20,13 +20,10 @@ The last line is::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -78,13 +75,14 @@ def main() -> int:
     from worker_lib.leases.dynamodb import DynamoDBLeaseStore
     from worker_lib.tables.admin import ensure_tables
     from worker_lib.testing.emulators import start_moto
+    from worker_lib.testing.processes import ProcessFleet
     from worker_lib.testing.producers import Producer, shard_hash_keys
     from worker_lib.testing.streams import create_stream
     from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
     workdir = Path(tempfile.mkdtemp(prefix="shardlease-spark-share-"))
     emulator = start_moto()
-    processes: dict[str, subprocess.Popen[bytes]] = {}
+    fleet = ProcessFleet(workdir)
     try:
         config = AwsConfig(endpoint_url=emulator.endpoint_url, max_attempts=3, read_timeout_s=30)
         ddb, kinesis = aws.client("dynamodb", config), aws.client("kinesis", config)
@@ -110,10 +108,7 @@ def main() -> int:
             env["SHARDLEASE_REBALANCE_MIN_GAP_PCT"] = str(args.min_gap_pct)
 
         def start(name: str, command: list[str]) -> None:
-            log = (workdir / f"{name}.log").open("wb")
-            processes[name] = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            fleet.start(name, command, env=env)
 
         cli = [sys.executable, "-m", "worker_lib.cli"]
         start("leader", [*cli, "leader", "--app", app, "--stream", stream])
@@ -217,17 +212,8 @@ def main() -> int:
     finally:
         # SIGTERM to each main process first (a Spark application stops its query between micro-batches, leaves
         # and stops its JVM), the whole group only for what is still running 30 s later.
-        for process in processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for process in processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):  # the JVM and Python workers of an application that exited
-                os.killpg(process.pid, signal.SIGKILL)
+        fleet.stop(timeout_s=30)
+        fleet.close(exited_groups=True)  # the JVM and Python workers of an application that exited, too
         emulator.stop()
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)

@@ -166,3 +166,29 @@ def test_a_fleet_starts_by_name_signals_by_pid_and_kills_what_is_left(tmp_path: 
         assert fleet.live() == [left]
     # AND leaving the fleet killed what was left
     assert left.process.returncode == -signal.SIGKILL
+
+
+def test_closing_with_exited_groups_kills_what_an_exited_process_left_in_its_session(tmp_path: Path) -> None:
+    # GIVEN a process that starts a child in its session, says its pid and exits (as a Spark application's JVM
+    # can outlive its Python main process)
+    parent = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(child.pid, flush=True)"
+    )
+    fleet = ProcessFleet(tmp_path)
+    fleet.start("parent", [sys.executable, "-c", parent])
+    assert fleet.wait("parent", timeout_s=10) == 0
+    child = int(fleet.log("parent").split()[0])
+    assert Path(f"/proc/{child}").exists()
+    # WHEN the fleet is closed with exited_groups
+    fleet.close(exited_groups=True)
+    # THEN the child is gone too (killed; reaped by init, as it is not ours)
+    assert wait_until(lambda: not _running(child), timeout_s=10)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

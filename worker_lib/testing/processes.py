@@ -239,10 +239,15 @@ class ProcessFleet:
         self.wait(name, timeout_s)
         return at
 
-    def close(self, *, timeout_s: float = 10.0) -> None:
-        """SIGKILL the process group of every process still running and reap them (idempotent)."""
+    def close(self, *, timeout_s: float = 10.0, exited_groups: bool = False) -> None:
+        """SIGKILL the process group of every process still running and reap them (idempotent).
+
+        ``exited_groups``: also the groups of processes that exited already, for children that outlive their
+        parent in its session (a Spark application's JVM). Linux reuses no id a live process group holds, so
+        the signal reaches that group or, once it is empty, nobody of ours; pass it only for fleets whose
+        processes start children."""
         left = self.live()
-        for proc in left:
+        for proc in list(self.processes.values()) if exited_groups else left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, SIGCONT)  # a frozen process must be able to die
                 os.killpg(proc.pid, SIGKILL)
