@@ -16,7 +16,10 @@ def shardlease_command(*args: str, log_level: str = "INFO") -> list[str]:
     return [sys.executable, "-m", "worker_lib.cli", "--log-level", log_level, *args]
 
 
-def _common(app: str, stream: str | Sequence[str], initial_position: str | None, endpoint_url: str | None) -> list[str]:
+def app_args(
+    app: str, stream: str | Sequence[str], *, initial_position: str | None = None, endpoint_url: str | None = None
+) -> list[str]:
+    """``--app APP --stream S [--stream S2 …] [--initial-position P] [--endpoint-url URL]``."""
     args = ["--app", app]
     for name in [stream] if isinstance(stream, str) else stream:
         args += ["--stream", name]
@@ -38,7 +41,7 @@ def worker_command(
     log_level: str = "INFO",
 ) -> list[str]:
     """``shardlease worker`` for one worker process (``stream`` repeated for a multi-stream application)."""
-    args = ["worker", *_common(app, stream, initial_position, endpoint_url)]
+    args = ["worker", *app_args(app, stream, initial_position=initial_position, endpoint_url=endpoint_url)]
     args += ["--processor", processor, "--worker-id", worker_id]
     return shardlease_command(*args, log_level=log_level)
 
@@ -53,5 +56,6 @@ def leader_command(
     log_level: str = "INFO",
 ) -> list[str]:
     """``shardlease leader`` for one leader process."""
-    args = ["leader", *_common(app, stream, initial_position, endpoint_url), "--worker-id", leader_id]
+    args = app_args(app, stream, initial_position=initial_position, endpoint_url=endpoint_url)
+    args = ["leader", *args, "--worker-id", leader_id]
     return shardlease_command(*args, log_level=log_level)

@@ -27,7 +27,7 @@ from signal import SIGCONT, SIGKILL, SIGTERM, Signals
 from typing import TypeVar
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.testing.commands import leader_command, shardlease_command, worker_command
+from worker_lib.testing.commands import app_args, shardlease_command
 
 _Fleet = TypeVar("_Fleet", bound="ProcessFleet")
 
@@ -136,39 +136,11 @@ class ProcessFleet:
         endpoint_url: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> FleetProcess:
-        """``shardlease worker`` with ``--worker-id worker_id``, named ``name`` (default: the worker id)."""
-        command = worker_command(
-            app=app,
-            stream=stream,
-            processor=processor,
-            worker_id=worker_id,
-            initial_position=initial_position,
-            endpoint_url=endpoint_url,
-            log_level=self.log_level,
-        )
-        return self.start(name or worker_id, command, env=env, role="worker")
-
-    def start_leader(
-        self,
-        leader_id: str,
-        *,
-        app: str,
-        stream: str | Sequence[str],
-        name: str | None = None,
-        initial_position: str | None = None,
-        endpoint_url: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> FleetProcess:
-        """``shardlease leader`` holding the lock as ``leader_id``, named ``name`` (default: the leader id)."""
-        command = leader_command(
-            app=app,
-            stream=stream,
-            leader_id=leader_id,
-            initial_position=initial_position,
-            endpoint_url=endpoint_url,
-            log_level=self.log_level,
-        )
-        return self.start(name or leader_id, command, env=env, role="leader")
+        """``shardlease worker`` with ``--worker-id worker_id``, named ``name`` (default: the worker id). Any other
+        command, e.g. a leader: ``start_shardlease("L1", "leader", "--app", app, "--stream", stream)``."""
+        args = app_args(app, stream, initial_position=initial_position, endpoint_url=endpoint_url)
+        argv = ["worker", *args, "--processor", processor, "--worker-id", worker_id]
+        return self.start_shardlease(name or worker_id, *argv, env=env)
 
     # --- looking at them ------------------------------------------------------------------------------------------
 
