@@ -3,7 +3,7 @@
 * ``rig``: for the in-process chaos tests, two Workers with embedded leaders on moto, a 2-shard stream, in the
   liveness mode the test asks for (``@pytest.mark.parametrize("rig", LIVENESS_MODES, indirect=True)``; ``lease``
   when it does not ask).
-* ``moto_app``: for the process tests, an application's tables on moto, its clients and stores, a journal file and
+* ``app``: for the process tests, an application's tables on moto, its clients and stores, a journal file and
   the arguments every ``shardlease`` process of it gets.
 """
 
@@ -152,14 +152,19 @@ class App:
         create_stream(self.kinesis, self.stream, shards)
 
     def fleet(
-        self, log_dir: Path, env: Mapping[str, str], *, worker_env: Mapping[str, str] | None = None
+        self,
+        log_dir: Path,
+        env: Mapping[str, str],
+        *,
+        worker_env: Mapping[str, str] | None = None,
+        labels: Mapping[str, Any] | None = None,
     ) -> ChaosFleet:
         """A process fleet of this application (use it as a context manager: it kills what is left)."""
-        return ChaosFleet(log_dir, args=self.args, env=env, journal=self.journal, worker_env=worker_env)
+        return ChaosFleet(log_dir, args=self.args, env=env, journal=self.journal, worker_env=worker_env, labels=labels)
 
 
 @pytest.fixture
-def moto_app(moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path) -> App:
+def app(moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path) -> App:
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     journal = tmp_path / "journal.txt"

@@ -24,6 +24,8 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,8 @@ from tests.support.chaos import (
     Line,
     chaos_rounds,
     chaos_seed,
-    check_journal,
     failover_s,
     fenced_after_stop,
-    record_figures,
     unserved_s,
     worker_liveness,
 )
@@ -63,6 +63,11 @@ SEED = chaos_seed()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 90 * ROUNDS)]
 
 
+def labels(liveness: str) -> dict[str, Any]:
+    """What each scenario's figures say about its run."""
+    return {"liveness": liveness, "seed": SEED, "rounds": ROUNDS}
+
+
 def worker_env(journal: Path, liveness: str) -> dict[str, str]:
     return {
         **liveness_env(liveness),
@@ -71,11 +76,19 @@ def worker_env(journal: Path, liveness: str) -> dict[str, str]:
     }
 
 
-def start_three_workers(fleet: ChaosFleet, app: App, liveness: str) -> None:
-    """Record the application's liveness mode (before any process starts), then start w1, w2 and w3."""
+@contextmanager
+def producing(fleet: ChaosFleet, app: App, liveness: str, *, shards: int) -> Iterator[Producer]:
+    """Record the application's liveness mode (before any process starts), start w1, w2 and w3, and produce 100
+    records/s; once every shard is processed and every worker says it runs in ``liveness``, the producer."""
     shardlease_liveness(app.name, app.endpoint, target=liveness)
     for worker_id in ("w1", "w2", "w3"):
         fleet.start_chaos_worker(worker_id)
+    with Producer(app.kinesis, app.stream) as producer:
+        assert wait_until(lambda: fleet.shards_processed() == shards, timeout_s=60)
+        assert wait_until(lambda: in_mode(app, fleet, liveness), timeout_s=10), worker_liveness(
+            app.rows, fleet.live_workers()
+        )
+        yield producer
 
 
 def in_mode(app: App, fleet: ChaosFleet, liveness: str) -> bool:
@@ -168,43 +181,37 @@ def _final_checkpoints_match(store: DynamoDBLeaseStore, lines: list[Line]) -> li
 
 
 def judge(
+    scenario: str,
     fleet: ChaosFleet,
     store: DynamoDBLeaseStore,
-    produced: list[str],
+    producer: Producer,
     *,
     served_until: float,
     parents: dict[str, list[str]] | None = None,
-) -> tuple[list[str], dict[str, Any]]:
-    """The journal invariants, the final checkpoints and the unserved times: (problems, figures)."""
+    **figures: Any,
+) -> list[str]:
+    """The journal invariants, the final checkpoints and the unserved times; what failed. The scenario's figures
+    are recorded with the verdict's."""
     lines = fleet.lines()
-    verdict = check_journal(
-        lines, produced, abnormal_pids=fleet.abnormal_pids(), parents=parents, lease_bound_s=LEASE_S
-    )
+    verdict = fleet.verdict(producer.produced, lease_bound_s=LEASE_S, parents=parents)
     problems = verdict.violations + _final_checkpoints_match(store, lines)
     unserved = unserved_s(lines, cut_at=fleet.cut_at(), until=served_until)
     problems += [f"{shard}: unserved for {s:.1f} s" for shard, s in sorted(unserved.items()) if s > MAX_UNSERVED_S]
-    figures = {"seed": SEED, "rounds": ROUNDS, "max_unserved_s": max(unserved.values(), default=0.0)}
-    return problems, {**figures, **verdict.figures()}
+    fleet.record(scenario, verdict, producer, **figures, max_unserved_s=max(unserved.values(), default=0.0))
+    return problems
 
 
 @pytest.mark.parametrize("liveness", LIVENESS_MODES)
-def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(moto_app: App, tmp_path: Path, liveness: str) -> None:
-    app = moto_app
+def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_path: Path, liveness: str) -> None:
     rng = random.Random(SEED)
     app.create_stream(4)
-    started = time.monotonic()
     kills: list[float | None] = []
     stops: list[float | None] = []
     problems: list[str] = []
-    with app.fleet(tmp_path, worker_env(app.journal, liveness)) as fleet:
+    with app.fleet(tmp_path, worker_env(app.journal, liveness), labels=labels(liveness)) as fleet:
         # GIVEN an application in liveness mode `liveness`, and 3 workers with embedded leaders sharing 4 shards
         # while a producer writes 100 records/s
-        start_three_workers(fleet, app, liveness)
-        with Producer(app.kinesis, app.stream) as producer:
-            assert wait_until(lambda: fleet.shards_processed() == 4, timeout_s=60)
-            assert wait_until(lambda: in_mode(app, fleet, liveness), timeout_s=10), worker_liveness(
-                app.rows, fleet.live_workers()
-            )
+        with producing(fleet, app, liveness, shards=4) as producer:
             # WHEN, round after round, a random busy worker is SIGKILLed and restarted, and another is frozen
             # with SIGSTOP past its lease duration and then resumed (order and victims from the seed)
             for _ in range(ROUNDS):
@@ -230,20 +237,16 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(moto_app: App, 
         # AND a graceful stop of every live worker exits 0
         served_until = time.monotonic()
         codes = fleet.stop_workers()
-    found, figures = judge(fleet, app.store, produced, served_until=served_until)
-    problems += found
-    record_figures(
+    problems += judge(
         "processes-moto",
-        {
-            "liveness": liveness,
-            "sigkill": len(kills),
-            "sigstop": len(stops),
-            "failover_kill_s": kills,
-            "failover_stop_s": stops,
-            "runtime_s": round(time.monotonic() - started, 1),
-            "producer_errors": producer.errors,
-            **figures,
-        },
+        fleet,
+        app.store,
+        producer,
+        served_until=served_until,
+        sigkill=len(kills),
+        sigstop=len(stops),
+        failover_kill_s=kills,
+        failover_stop_s=stops,
     )
     # AND the journal and the lease table satisfy every invariant; the fence held for the resumed worker
     assert not problems, f"seed={SEED}: {problems[:10]}"
@@ -263,24 +266,18 @@ def open_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
 @pytest.mark.kinesalite
 @pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_split_and_merge_while_producing_with_worker_processes(
-    kinesalite_endpoint: str, moto_app: App, tmp_path: Path, liveness: str
+    kinesalite_endpoint: str, app: App, tmp_path: Path, liveness: str
 ) -> None:
     rng = random.Random(SEED + 1)
     # (Kinesis on kinesalite: moto keeps routing records to a closed parent after a reshard)
-    app = replace(moto_app, kinesis=aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=3)))
+    app = replace(app, kinesis=aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=3)))
     app.create_stream(3)
     env = {**worker_env(app.journal, liveness), "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint}
-    started = time.monotonic()
     kills: list[float | None] = []
-    with app.fleet(tmp_path, env) as fleet:
+    with app.fleet(tmp_path, env, labels=labels(liveness)) as fleet:
         # GIVEN an application in liveness mode `liveness`, 3 worker processes (Kinesis on kinesalite, leases on
         # moto) and a steady producer
-        start_three_workers(fleet, app, liveness)
-        with Producer(app.kinesis, app.stream) as producer:
-            assert wait_until(lambda: fleet.shards_processed() == 3, timeout_s=60)
-            assert wait_until(lambda: in_mode(app, fleet, liveness), timeout_s=10), worker_liveness(
-                app.rows, fleet.live_workers()
-            )
+        with producing(fleet, app, liveness, shards=3) as producer:
             for _ in range(ROUNDS):
                 # WHEN a random open shard is split while records keep coming
                 split_shard(app.kinesis, app.stream, rng.choice(open_shards(app.kinesis, app.stream))["ShardId"])
@@ -302,19 +299,17 @@ def test_split_and_merge_while_producing_with_worker_processes(
         s["ShardId"]: [p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p]
         for s in list_all_shards(app.kinesis, app.stream)
     }
-    problems, figures = judge(fleet, app.store, produced, served_until=served_until, parents=parents)
-    record_figures(
+    problems = judge(
         "reshard-kinesalite",
-        {
-            "liveness": liveness,
-            "splits": ROUNDS,
-            "merges": ROUNDS,
-            "sigkill": len(kills),
-            "failover_kill_s": kills,
-            "runtime_s": round(time.monotonic() - started, 1),
-            "producer_errors": producer.errors,
-            **figures,
-        },
+        fleet,
+        app.store,
+        producer,
+        served_until=served_until,
+        parents=parents,
+        splits=ROUNDS,
+        merges=ROUNDS,
+        sigkill=len(kills),
+        failover_kill_s=kills,
     )
     assert not problems, f"seed={SEED}: {problems[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"

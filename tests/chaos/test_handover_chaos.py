@@ -42,11 +42,10 @@ import pytest
 
 from tests.chaos.conftest import App
 from tests.support.chaos import (
+    PROCESSOR,
     chaos_seed,
-    check_journal,
     failover_s,
     fenced_after_stop,
-    record_figures,
     worker_liveness,
 )
 from tests.support.chaos_fleet import ChaosFleet
@@ -57,7 +56,7 @@ from tests.support.handover import (
     OwnerLog,
     throttle_worker_rows_scans,
 )
-from tests.support.processes import LIVENESS_MODES, liveness_env, shardlease_liveness
+from tests.support.processes import LEADER_TIMINGS, LIVENESS_MODES, liveness_env, shardlease_liveness
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerState
 from worker_lib.leader.config import LeaderLockConfig
@@ -70,8 +69,8 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 SEED = chaos_seed()
 SHARDS = 4
 FAILOVER_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
-LOCK_S = 3.0
-SKEW_S = 0.5
+LOCK_S = 3.0  # SHARDLEASE_LEADER_LOCK_DURATION_MS in tests/support/processes.py LEADER_TIMINGS
+SKEW_S = 0.5  # SHARDLEASE_MAX_CLOCK_SKEW_MS there
 TICK_S = 1.0  # the fast tick's default
 NOTICE_S = 1.0  # a worker's heartbeat interval: the leader's notice comes back with its next beat
 # A loaded 2-core machine shared with other runs: process start, moto latency, GetShardIterator + INIT line.
@@ -80,21 +79,15 @@ SHUTDOWN_TIMEOUT_S = 25.0  # w1 hangs in shutdown_requested; it fences itself wh
 
 pytestmark = [pytest.mark.slow]
 
+WORKERS = ("w1", "w2", "w3")
+
 
 def env_for(journal: Path, *, cycle_ms: int, liveness: str) -> dict[str, str]:
     return {
         **liveness_env(liveness),
+        **LEADER_TIMINGS,  # lock LOCK_S, skew bound SKEW_S
         "SHARDLEASE_CHAOS_JOURNAL": str(journal),
-        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
-        "SHARDLEASE_LEADER_LOCK_DURATION_MS": str(int(LOCK_S * 1000)),
-        "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
-        "SHARDLEASE_MAX_CLOCK_SKEW_MS": str(int(SKEW_S * 1000)),
         "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": str(cycle_ms),  # fast tick: its default, 1 s
-        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
-        "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
-        "SHARDLEASE_CPU_METRIC": "process",
         # Balance by lease count: these scenarios are about departures and takeovers, and on a loaded machine the
         # CPU-based default may leave a worker (the victim-to-be) without a shard for longer than a wait allows.
         "SHARDLEASE_ASSIGNMENT_STRATEGY": "count",
@@ -106,7 +99,25 @@ def env_for(journal: Path, *, cycle_ms: int, liveness: str) -> dict[str, str]:
 def handover_fleet(app: App, log_dir: Path, *, cycle_s: float, liveness: str) -> ChaosFleet:
     """Workers without embedded leaders (leadership is in `shardlease leader` processes or in the test)."""
     env = env_for(app.journal, cycle_ms=int(cycle_s * 1000), liveness=liveness)
-    return app.fleet(log_dir, env, worker_env={"SHARDLEASE_LEADER_MODE": "none"})
+    labels = {"liveness": liveness, "seed": SEED, "cycle_s": cycle_s}
+    return app.fleet(log_dir, env, worker_env={"SHARDLEASE_LEADER_MODE": "none"}, labels=labels)
+
+
+@pytest.fixture(params=LIVENESS_MODES)
+def liveness(request: pytest.FixtureRequest) -> str:
+    """Scenarios 1–3 run in each liveness mode."""
+    return str(request.param)
+
+
+def start_workers(
+    fleet: ChaosFleet, app: App, liveness: str, *, processor: str = PROCESSOR, w1_env: dict[str, str] | None = None
+) -> int:
+    """Record the application's liveness mode (before any process starts), start w1, w2 and w3 (w1 with
+    ``w1_env`` on top) and wait until each beats in that mode; w1's pid."""
+    shardlease_liveness(app.name, app.endpoint, target=liveness)
+    pids = [fleet.start_chaos_worker(w, processor=processor, env=w1_env if w == "w1" else None) for w in WORKERS]
+    assert wait_until(lambda: heartbeating(app.rows, set(WORKERS), liveness), timeout_s=40)
+    return pids[0]
 
 
 def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) -> bool:
@@ -118,27 +129,17 @@ def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) 
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
-    moto_app: App, tmp_path: Path, liveness: str
+    app: App, tmp_path: Path, liveness: str
 ) -> None:
-    app = moto_app
     cycle_s = 4.0
     app.create_stream(SHARDS)
-    started = time.monotonic()
     problems: list[str] = []
     with handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet:
         # GIVEN an application in liveness mode `liveness`, three workers (w1's processor hangs in
         # shutdown_requested) and a leader process, 4 shards, a producer
-        shardlease_liveness(app.name, app.endpoint, target=liveness)
-        victim = fleet.start_chaos_worker(
-            "w1",
-            processor=HANGING_PROCESSOR,
-            env={HANG_ENV: "600", "SHARDLEASE_SHUTDOWN_TIMEOUT_MS": str(int(SHUTDOWN_TIMEOUT_S * 1000))},
-        )
-        for worker_id in ("w2", "w3"):
-            fleet.start_chaos_worker(worker_id, processor=HANGING_PROCESSOR)  # hang 0: the chaos processor
-        assert wait_until(lambda: heartbeating(app.rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
+        hang = {HANG_ENV: "600", "SHARDLEASE_SHUTDOWN_TIMEOUT_MS": str(int(SHUTDOWN_TIMEOUT_S * 1000))}
+        victim = start_workers(fleet, app, liveness, processor=HANGING_PROCESSOR, w1_env=hang)  # w2, w3: hang 0
         fleet.start_leader_process("L1")
         with Producer(app.kinesis, app.stream) as producer, OwnerLog(app.store) as owners:
             assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
@@ -191,25 +192,18 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
         # THEN every produced record is processed
         assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), f"seed={SEED}: records still missing"
         codes = fleet.stop(remaining)
-    lines = fleet.lines()
-    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal_pids(), lease_bound_s=FAILOVER_S)
+    verdict = fleet.verdict(produced, lease_bound_s=FAILOVER_S)
     problems += verdict.violations
     # AND the hanging worker journaled nothing on a shard once another process had started on it
-    problems += fenced_after_stop(lines, victim, term_at)
-    record_figures(
+    problems += fenced_after_stop(fleet.lines(), victim, term_at)
+    fleet.record(
         "handover-departing-hangs",
-        {
-            "liveness": liveness,
-            "seed": SEED,
-            "cycle_s": cycle_s,
-            "held_at_sigterm": len(held),
-            "failover_hang_s": hang_failover,
-            "failover_kill_s": kill_failover,
-            "hung_for_s": round(hung_for, 1),
-            "runtime_s": round(time.monotonic() - started, 1),
-            "producer_errors": producer.errors,
-            **verdict.figures(),
-        },
+        verdict,
+        producer,
+        held_at_sigterm=len(held),
+        failover_hang_s=hang_failover,
+        failover_kill_s=kill_failover,
+        hung_for_s=round(hung_for, 1),
     )
     assert not problems, f"seed={SEED}: {problems[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
@@ -231,23 +225,17 @@ def _beats(rows: WorkerMetricsStore, worker_id: str) -> int:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
-    moto_app: App, tmp_path: Path, liveness: str
+    app: App, tmp_path: Path, liveness: str
 ) -> None:
-    app = moto_app
     rng = random.Random(SEED + 2)
     cycle_s = 15.0  # long: a hand-over within a few seconds of the failover time is the fast path's, not a cycle's
     lock = DynamoDBLeaderLock(app.name, "observer", client=app.ddb)  # reads only: current_leader()
     app.create_stream(SHARDS)
-    started = time.monotonic()
     with handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet:
         # GIVEN an application in liveness mode `liveness`, three workers and a leader process L1 (started once the
         # workers beat, so its first cycle deals all four shards), a producer
-        shardlease_liveness(app.name, app.endpoint, target=liveness)
-        for worker_id in ("w1", "w2", "w3"):
-            fleet.start_chaos_worker(worker_id)
-        assert wait_until(lambda: heartbeating(app.rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
+        start_workers(fleet, app, liveness)
         fleet.start_leader_process("L1")
         with Producer(app.kinesis, app.stream) as producer:
             assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
@@ -255,7 +243,7 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
             # WHEN L1 is SIGKILLed between two fast ticks, a new leader L2 starts at once, and a busy worker is
             # SIGKILLed at the same moment
             time.sleep(rng.uniform(0.0, TICK_S))  # the phase within a tick; nothing to inject a clock into
-            first = fleet.busy(["w1", "w2", "w3"])[0]
+            first = fleet.busy(WORKERS)[0]
             first_pid = fleet.pid(first)
             fleet.signal("L1", signal.SIGKILL)
             fleet.start_leader_process("L2")
@@ -275,7 +263,7 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
             fleet.start_leader_process("L3")
             assert wait_until(lambda: lock.current_leader() == "L3", timeout_s=LOCK_S + SKEW_S + 10)
             time.sleep(rng.uniform(0.0, TICK_S))
-            survivors = [w for w in ("w1", "w2", "w3") if w != first]
+            survivors = [w for w in WORKERS if w != first]
             second = fleet.busy(survivors)[0]
             second_pid = fleet.pid(second)
             kill_b = fleet.signal(second, signal.SIGKILL)
@@ -295,20 +283,13 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
         assert fleet.holding(last) == {x.shard for x in fleet.lines()}
         codes = fleet.stop([last])
         codes.update(fleet.stop(["L3"], sig=signal.SIGINT))  # the leader CLI releases its lock on SIGINT
-    lines = fleet.lines()
-    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal_pids(), lease_bound_s=FAILOVER_S)
-    record_figures(
+    verdict = fleet.verdict(produced, lease_bound_s=FAILOVER_S)
+    fleet.record(
         "handover-leader-killed",
-        {
-            "liveness": liveness,
-            "seed": SEED,
-            "cycle_s": cycle_s,
-            "failover_leader_and_worker_killed_s": failover_a,
-            "failover_worker_killed_under_new_leader_s": failover_b,
-            "runtime_s": round(time.monotonic() - started, 1),
-            "producer_errors": producer.errors,
-            **verdict.figures(),
-        },
+        verdict,
+        producer,
+        failover_leader_and_worker_killed_s=failover_a,
+        failover_worker_killed_under_new_leader_s=failover_b,
     )
     assert not verdict.violations, f"seed={SEED}: {verdict.violations[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
@@ -342,17 +323,14 @@ def in_process_leader(app: App, *, max_attempts: int, cycle_s: float, liveness: 
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("liveness", LIVENESS_MODES)
 def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
-    moto_app: App, tmp_path: Path, liveness: str
+    app: App, tmp_path: Path, liveness: str
 ) -> None:
-    app = moto_app
     rng = random.Random(SEED + 3)
     cycle_s = 4.0
     app.create_stream(SHARDS)
     # The leader runs in this process, on its own client: that is where the throttling is injected.
     leader = in_process_leader(app, max_attempts=2, cycle_s=cycle_s, liveness=liveness)
-    started = time.monotonic()
     with (
         handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet,
         throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app.name), fast_only=True) as throttle,
@@ -360,10 +338,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
         try:
             # GIVEN an application in liveness mode `liveness`, three workers, the leader in this process, 4 shards
             # and a producer
-            shardlease_liveness(app.name, app.endpoint, target=liveness)
-            for worker_id in ("w1", "w2", "w3"):
-                fleet.start_chaos_worker(worker_id)
-            assert wait_until(lambda: heartbeating(app.rows, {"w1", "w2", "w3"}, liveness), timeout_s=40)
+            start_workers(fleet, app, liveness)
             leader.start()
             with Producer(app.kinesis, app.stream) as producer:
                 assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
@@ -375,7 +350,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
                 assert wait_until(lambda: throttle.throttled > 0, timeout_s=10), "the throttling never hit"
                 # AND a busy worker is SIGKILLed
                 time.sleep(rng.uniform(0.0, TICK_S))
-                first = fleet.busy(["w1", "w2", "w3"])[0]
+                first = fleet.busy(WORKERS)[0]
                 first_pid = fleet.pid(first)
                 kill_at = fleet.signal(first, signal.SIGKILL)
                 # THEN the full cycles move its shards: its heartbeat's last value is first seen at one cycle and
@@ -386,7 +361,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
                 )
                 failover_kill = failover_s(fleet.lines(), first_pid, kill_at)
                 # WHEN another busy worker stops gracefully (gives its leases up, announces STOPPED)
-                survivors = [w for w in ("w1", "w2", "w3") if w != first]
+                survivors = [w for w in WORKERS if w != first]
                 second = fleet.busy(survivors)[0]
                 second_pid = fleet.pid(second)
                 term_at = fleet.signal(second, signal.SIGTERM)
@@ -421,28 +396,21 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     full_cycles = [r for r in in_window if r.leader and not r.fast]
     marks = [window_start, *leader.full_cycle_times(window_start, window_end), window_end]
     cycle_gaps = [round(b - a, 2) for a, b in itertools.pairwise(marks)]
-    lines = fleet.lines()
-    verdict = check_journal(lines, produced, abnormal_pids=fleet.abnormal_pids(), lease_bound_s=FAILOVER_S)
-    record_figures(
+    verdict = fleet.verdict(produced, lease_bound_s=FAILOVER_S)
+    fleet.record(
         "handover-fast-reads-throttled",
-        {
-            "liveness": liveness,
-            "seed": SEED,
-            "cycle_s": cycle_s,
-            "window_s": round(window_s, 1),
-            "fast_reads_in_window": len(fast_reads),
-            "fast_read_gaps_s": gaps,
-            "throttled_attempts": throttle.throttled,
-            "full_cycles_in_window": len(full_cycles),
-            "full_cycle_gaps_s": cycle_gaps,
-            "failed_full_cycles": sum(1 for r in full_cycles if r.error),
-            "fast_passes_in_window": sum(1 for r in in_window if r.fast),
-            "failover_kill_s": failover_kill,
-            "failover_term_s": failover_term,
-            "runtime_s": round(time.monotonic() - started, 1),
-            "producer_errors": producer.errors,
-            **verdict.figures(),
-        },
+        verdict,
+        producer,
+        window_s=round(window_s, 1),
+        fast_reads_in_window=len(fast_reads),
+        fast_read_gaps_s=gaps,
+        throttled_attempts=throttle.throttled,
+        full_cycles_in_window=len(full_cycles),
+        full_cycle_gaps_s=cycle_gaps,
+        failed_full_cycles=sum(1 for r in full_cycles if r.error),
+        fast_passes_in_window=sum(1 for r in in_window if r.fast),
+        failover_kill_s=failover_kill,
+        failover_term_s=failover_term,
     )
     # AND every invariant holds (the graceful stop is not abnormal: no duplicate may come from it)
     assert not verdict.violations, f"seed={SEED}: {verdict.violations[:10]}"
@@ -467,14 +435,13 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
 
 
 @pytest.mark.timeout(90)
-def test_a_throttled_fast_read_does_not_cost_the_leader_its_lock(moto_app: App) -> None:
+def test_a_throttled_fast_read_does_not_cost_the_leader_its_lock(app: App) -> None:
     """The fast tick runs on the leader loop's thread, between lock heartbeats, with the leader's client and its
     retry budget. With the production default (AwsConfig().max_attempts = 5, i.e. 6 attempts in botocore's standard
     mode) one throttled Scan takes on average ~15 s (up to ~31 s) before FastPath.tick sees the error and backs off;
     meanwhile the lock is not heartbeaten. With the production lock (10 s, 3 s beats) the same run with
     LeaderLockConfig() lost the lock on 2 of 2 throttled reads (blocked 21.7 s and 20.4 s; "leader lock acquired
     (previous holder <itself>)" = a new term each time). Here with the suite's short lock (3 s / 1 s / 0.5 s skew)."""
-    app = moto_app
     app.create_stream(1)
     observer = DynamoDBLeaderLock(app.name, "observer", client=app.ddb)  # reads only
     leader = in_process_leader(app, max_attempts=AwsConfig().max_attempts, cycle_s=4.0)

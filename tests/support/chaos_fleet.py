@@ -8,19 +8,23 @@ what it killed or froze (``abnormal_pids()``, ``cut_at()``), which the journal i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from tests.support.chaos import PROCESSOR, Line, holding, read_lines
+from tests.support.chaos import PROCESSOR, Line, Verdict, check_journal, holding, read_lines, record_figures
 from tests.support.processes import REPO, repo_env
 from worker_lib.testing.processes import ProcessFleet
+from worker_lib.testing.producers import Producer
 from worker_lib.testing.waiting import wait_until
 
 
 class ChaosFleet(ProcessFleet):
     """Processes of one chaos scenario. ``args``: the ``--app … --stream … --endpoint-url …`` every process gets;
     ``env``: the environment of every process (over :data:`~tests.support.processes.FAST_ENV`); ``worker_env``:
-    what workers get on top (e.g. ``SHARDLEASE_LEADER_MODE=none`` when leaders run apart)."""
+    what workers get on top (e.g. ``SHARDLEASE_LEADER_MODE=none`` when leaders run apart); ``labels``: what the
+    scenario's figures say about it (:meth:`record`)."""
 
     def __init__(
         self,
@@ -30,9 +34,12 @@ class ChaosFleet(ProcessFleet):
         env: Mapping[str, str],
         journal: Path,
         worker_env: Mapping[str, str] | None = None,
+        labels: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(log_dir, env=repo_env(env), cwd=REPO)
         self.args, self.journal = args, journal
+        self.labels = dict(labels or {})  # figures every record() of the scenario starts with (mode, seed, …)
+        self.started = time.monotonic()
         self.worker_env = dict(worker_env or {})
         self.latest: dict[str, str] = {}  # worker id -> name of its latest process
         self.starts = 0  # worker processes started so far
@@ -98,3 +105,19 @@ class ChaosFleet(ProcessFleet):
     def shards_processed(self) -> int:
         """How many shards have a REC line."""
         return len({x.shard for x in self.lines() if x.kind == "REC"})
+
+    def verdict(
+        self, produced: list[str], *, lease_bound_s: float, parents: dict[str, list[str]] | None = None
+    ) -> Verdict:
+        """The suite's journal invariants (tests/support/chaos.py, ``check_journal``); duplicates are allowed only
+        after what this fleet killed or froze."""
+        return check_journal(
+            self.lines(), produced, abnormal_pids=self.abnormal_pids(), parents=parents, lease_bound_s=lease_bound_s
+        )
+
+    def record(self, scenario: str, verdict: Verdict, producer: Producer, **figures: Any) -> None:
+        """Record the scenario's figures (``record_figures``): its labels, ``figures``, its runtime since the fleet
+        was made, the producer's errors and the verdict's figures."""
+        runtime = round(time.monotonic() - self.started, 1)
+        extra = {"runtime_s": runtime, "producer_errors": producer.errors, **verdict.figures()}
+        record_figures(scenario, {**self.labels, **figures, **extra})

@@ -23,19 +23,25 @@ FAST_ENV = {
     "SHARDLEASE_PARENT_POLL_INTERVAL_MS": "500",
 }
 
-# Every worker process also runs the real leader loop (the lock picks one), with short timings for a test.
-EMBEDDED_LEADER_ENV = {
+# A leader's short timings for a test (lock 3 s, beat 1 s, skew bound 0.5 s, shard sync 1 s) and the workers'
+# reports it reads (every second, the first after 0.2 s; each process's own CPU, as several share the machine).
+LEADER_TIMINGS = {
     "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
-    "SHARDLEASE_LEADER_MODE": "embedded",
     "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
     "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
     "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
-    "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
     "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
     "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
     "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
     "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
     "SHARDLEASE_CPU_METRIC": "process",
+}
+
+# Every worker process also runs the real leader loop (the lock picks one), with short timings for a test.
+EMBEDDED_LEADER_ENV = {
+    **LEADER_TIMINGS,
+    "SHARDLEASE_LEADER_MODE": "embedded",
+    "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
 }
 
 
