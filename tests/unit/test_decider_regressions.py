@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from tests.support.assignment import NOW, snap
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.assignment.count import CountDecider
 from worker_lib.assignment.plan import AssignmentPlan, Decider, apply_plan
@@ -27,8 +28,6 @@ from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
 from worker_lib.tools.simulator.model import Event, FleetSpec, Simulation, parse_skew
 
-NOW = 1_700_000_000.0
-
 
 def cpu(wid: str, value: float, opr: float = 100.0) -> WorkerMetricStats:
     return WorkerMetricStats(
@@ -38,18 +37,6 @@ def cpu(wid: str, value: float, opr: float = 100.0) -> WorkerMetricStats:
 
 def owned(key: str, owner: str, tp: float | None = 10.0) -> Lease:
     return Lease(lease_key=key, lease_owner=owner, lease_counter=5, throughput_kbps=tp)
-
-
-def snap(
-    leases: Iterable[Lease], workers: Iterable[WorkerMetricStats], *, run: int = 1, expired: Iterable[str] = ()
-) -> AssignmentSnapshot:
-    return AssignmentSnapshot(
-        leases=tuple(leases),
-        workers=tuple(workers),
-        now_epoch_s=NOW,
-        expired_lease_keys=frozenset(expired),
-        run_number=run,
-    )
 
 
 def decide(decider: Decider, snapshot: AssignmentSnapshot, seed: int = 3) -> AssignmentPlan:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from tests.support.assignment import NOW, snap
 from worker_lib.assignment.config import AssignmentConfig, effective_cap
 from worker_lib.assignment.count import CountDecider, spread_quotas
 from worker_lib.assignment.deciders import make_decider
@@ -35,7 +36,6 @@ from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
 
-NOW = 1_700_000_000.0
 YIELD, TAKE = "workerIdYield", "workerIdTake"
 
 
@@ -66,24 +66,6 @@ def owned(key: str, owner: str, tp: float | None = 10.0, counter: int = 123) -> 
 
 def unassigned(key: str) -> Lease:
     return Lease(lease_key=key)
-
-
-def snap(
-    leases: Iterable[Lease],
-    workers: Iterable[WorkerMetricStats],
-    *,
-    run: int = 1,
-    expired: Iterable[str] = (),
-    shard_count: int | None = None,
-) -> AssignmentSnapshot:
-    return AssignmentSnapshot(
-        leases=tuple(leases),
-        workers=tuple(workers),
-        now_epoch_s=NOW,
-        expired_lease_keys=frozenset(expired),
-        shard_count=shard_count,
-        run_number=run,
-    )
 
 
 def kcl(**overrides: object) -> VarianceDecider:
@@ -260,14 +242,7 @@ def test_scenario_10_expiry_by_counter_observation_across_leader_runs() -> None:
     assert len(tracker) == 0
     # WHEN run 2 is the first as leader (t = 0.11 s)
     expired = tracker.observe(leases, 0.110)
-    s = AssignmentSnapshot(
-        leases=leases,
-        workers=(take_worker(),),
-        now_epoch_s=NOW,
-        expired_lease_keys=expired,
-        last_counter_increment=tracker.last_increments(),
-        run_number=1,
-    )
+    s = snap(leases, [take_worker()], expired=expired, last_increments=tracker.last_increments(), run=1)
     plan = decide(decider, s)
     # THEN only the unassigned lease is assigned; the owned one is on its first sight, not expired
     assert expired == {"unAssignedLease"}
@@ -275,14 +250,7 @@ def test_scenario_10_expiry_by_counter_observation_across_leader_runs() -> None:
     leases = apply_plan(leases, plan)
     # WHEN run 3 observes again after more than the failover time, lease-1's counter unchanged
     expired = tracker.observe(leases, 1.5)
-    s = AssignmentSnapshot(
-        leases=leases,
-        workers=(take_worker(),),
-        now_epoch_s=NOW,
-        expired_lease_keys=expired,
-        last_counter_increment=tracker.last_increments(),
-        run_number=2,
-    )
+    s = snap(leases, [take_worker()], expired=expired, last_increments=tracker.last_increments(), run=2)
     plan = decide(decider, s)
     # THEN lease-1 is expired and reassigned to take; the assigned lease (counter grew) is not expired
     assert expired == {"lease-1"}
@@ -297,13 +265,7 @@ def test_scenario_10b_unassigned_lease_is_assigned_before_expired_and_throughput
     tracker.observe([owned("expiredLease", "random-owner")], 0.100)
     leases = (owned("expiredLease", "random-owner"), unassigned("unAssignedLease"))
     expired = tracker.observe(leases, 0.110)
-    s = AssignmentSnapshot(
-        leases=leases,
-        workers=(take_worker(),),
-        now_epoch_s=NOW,
-        expired_lease_keys=expired,
-        last_counter_increment=tracker.last_increments(),
-    )
+    s = snap(leases, [take_worker()], expired=expired, last_increments=tracker.last_increments())
     # WHEN deciding
     plan = decide(kcl(max_throughput_per_host_kbps=9), s)
     # THEN the unassigned lease goes first; take is then over 9 KBps and gets no more

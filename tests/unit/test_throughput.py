@@ -13,19 +13,31 @@ from worker_lib.workermetrics.throughput import DEFAULT_WINDOW_MS, ThroughputRec
 WINDOW_S = DEFAULT_WINDOW_MS / 1000
 
 
-def _recorder(clock: ManualClock) -> ThroughputRecorder:
-    return ThroughputRecorder(clock=clock)
+def seeded(stored: float | None, key: str = "s") -> tuple[ManualClock, ThroughputRecorder]:
+    """A recorder on a manual clock tracking ``key``, seeded with ``stored`` (the lease's throughputKBps)."""
+    clock = ManualClock()
+    rec = ThroughputRecorder(clock=clock)
+    rec.seed(key, stored)
+    return clock, rec
+
+
+def at_1000_kbps() -> tuple[ManualClock, ThroughputRecorder]:
+    """Lease ``s``, seeded with nothing, after a first window of 3308 KiB in 3.308 s: 1000 KBps."""
+    clock, rec = seeded(None)
+    rec.record("s", 3308 * 1024)
+    clock.advance(WINDOW_S)
+    assert rec.renewal_value("s") == pytest.approx(1000.0)
+    return clock, rec
 
 
 def test_default_window_is_kcls_renewer_interval() -> None:
+    # GIVEN / WHEN / THEN the default window is KCL's renewer interval
     assert DEFAULT_WINDOW_MS == 3_308
 
 
 def test_first_window_without_seed_is_the_window_rate() -> None:
     # GIVEN a lease seeded with no stored throughput
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("shardId-0", None)
+    clock, rec = seeded(None, "shardId-0")
     # WHEN 3308 KiB are delivered during one 3.308 s window
     rec.record("shardId-0", 3308 * 1024)
     clock.advance(WINDOW_S)
@@ -35,12 +47,7 @@ def test_first_window_without_seed_is_the_window_rate() -> None:
 
 def test_ema_alpha_half_and_empty_windows_count_zero() -> None:
     # GIVEN a lease at 1000 KBps after its first window
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", None)
-    rec.record("s", 3308 * 1024)
-    clock.advance(WINDOW_S)
-    assert rec.renewal_value("s") == pytest.approx(1000.0)
+    clock, rec = at_1000_kbps()
     # WHEN the next window carries 500 KBps THEN 0.5 × 500 + 0.5 × 1000 = 750
     rec.record("s", 1654 * 1024)
     clock.advance(WINDOW_S)
@@ -54,9 +61,7 @@ def test_ema_alpha_half_and_empty_windows_count_zero() -> None:
 
 def test_new_owner_seeds_the_ema_with_the_stored_value() -> None:
     # GIVEN a lease taken over with throughputKBps 800 stored by the previous owner
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", 800.0)
+    clock, rec = seeded(800.0)
     assert rec.current("s") == 800.0
     # WHEN the first window carries 400 KBps THEN 0.5 × 400 + 0.5 × 800 = 600 (no drop to 400)
     rec.record("s", int(400 * 1024 * WINDOW_S))
@@ -66,18 +71,14 @@ def test_new_owner_seeds_the_ema_with_the_stored_value() -> None:
 
 def test_seeded_lease_with_empty_first_window_halves() -> None:
     # GIVEN a seeded lease WHEN nothing arrives in a window THEN the empty window counts 0: 800 → 400
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", 800.0)
+    clock, rec = seeded(800.0)
     clock.advance(WINDOW_S)
     assert rec.renewal_value("s") == pytest.approx(400.0)
 
 
 def test_window_length_is_the_actual_elapsed_time() -> None:
     # GIVEN a renewal that comes late (6.616 s instead of 3.308 s)
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", None)
+    clock, rec = seeded(None)
     rec.record("s", 3308 * 1024)
     clock.advance(2 * WINDOW_S)
     # THEN the bytes are spread over the real elapsed time: 500 KBps, not 1000
@@ -86,12 +87,7 @@ def test_window_length_is_the_actual_elapsed_time() -> None:
 
 def test_back_to_back_reading_does_not_close_the_window() -> None:
     # GIVEN a lease at 1000 KBps
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", None)
-    rec.record("s", 3308 * 1024)
-    clock.advance(WINDOW_S)
-    assert rec.renewal_value("s") == pytest.approx(1000.0)
+    clock, rec = at_1000_kbps()
     # WHEN another reading comes 10 ms later with a few bytes
     rec.record("s", 100 * 1024)
     clock.advance(0.01)
@@ -104,7 +100,7 @@ def test_back_to_back_reading_does_not_close_the_window() -> None:
 def test_unknown_lease_has_no_value_then_starts_measuring() -> None:
     # GIVEN a lease the recorder has never seen WHEN the renewer asks THEN None (write nothing)
     clock = ManualClock()
-    rec = _recorder(clock)
+    rec = ThroughputRecorder(clock=clock)
     assert rec.renewal_value("s") is None
     # AND its first window starts then
     rec.record("s", 3308 * 1024)
@@ -113,9 +109,8 @@ def test_unknown_lease_has_no_value_then_starts_measuring() -> None:
 
 
 def test_forget_drops_the_lease() -> None:
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("a", 10.0)
+    # GIVEN two seeded leases WHEN one (and one never seen) is forgotten THEN only the other is tracked
+    _, rec = seeded(10.0, "a")
     rec.seed("b", 20.0)
     rec.forget("a")
     rec.forget("missing")
@@ -125,16 +120,14 @@ def test_forget_drops_the_lease() -> None:
 
 @pytest.mark.parametrize("stored", [float("nan"), float("inf"), -1.0])
 def test_invalid_stored_values_are_not_used_as_seed(stored: float) -> None:
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", stored)
+    # GIVEN / WHEN a lease is seeded with a value that is no throughput THEN it has none
+    _, rec = seeded(stored)
     assert rec.current("s") is None
 
 
 def test_record_ignores_non_positive_counts() -> None:
-    clock = ManualClock()
-    rec = _recorder(clock)
-    rec.seed("s", None)
+    # GIVEN a lease WHEN nothing positive is recorded in a window THEN it carried nothing
+    clock, rec = seeded(None)
     rec.record("s", 0)
     rec.record("s", -5)
     clock.advance(WINDOW_S)
@@ -143,6 +136,7 @@ def test_record_ignores_non_positive_counts() -> None:
 
 @pytest.mark.parametrize("kwargs", [{"window_ms": 0}, {"alpha": 0.0}, {"alpha": 1.5}, {"min_window_fraction": 1.0}])
 def test_invalid_parameters_are_rejected(kwargs: dict[str, float]) -> None:
+    # GIVEN / WHEN a recorder is made with an impossible parameter THEN it refuses
     with pytest.raises(ValueError, match="must be"):
         ThroughputRecorder(**kwargs)  # type: ignore[arg-type]
 
