@@ -20,6 +20,7 @@ from aws_cdk.assertions import Template
 from packaging.requirements import Requirement
 
 from infra.stacks import ShardleaseStack
+from tests.support.processes import run_command
 from worker_lib.cdk import ShardleaseCoordination
 from worker_lib.tables.schema import BillingMode
 
@@ -83,14 +84,8 @@ def cdk_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.pop("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", None)  # the app itself deals with the banner
     env.pop("CDK_DEFAULT_ACCOUNT", None)
     env.pop("CDK_DEFAULT_REGION", None)
-    result = subprocess.run(
-        [npx, "--no-install", "cdk", "synth", "-q", "--no-notices", "-o", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    result = run_command(
+        [npx, "--no-install", "cdk", "synth", "-q", "--no-notices", "-o", out], cwd=REPO, env=env, timeout_s=180
     )
     assert result.returncode == 0, f"cdk synth failed:\n{result.stdout}\n{result.stderr}"
     (out / "synth-output.txt").write_text(result.stdout + result.stderr)

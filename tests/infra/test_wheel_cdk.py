@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import run_command
 from tests.support.wheel import build_wheel, clean_env, fresh_venv
 from worker_lib.cdk.bundling import asset_files
 
@@ -77,15 +78,7 @@ def test_given_the_wheel_with_the_cdk_extra_when_an_outside_app_synthesizes_then
     assert REPO.resolve() not in app_dir.resolve().parents
 
     # WHEN the venv's python runs the app from its own directory (node on PATH, nothing of the checkout)
-    result = subprocess.run(
-        [str(bin_dir / "python"), "app.py"],
-        cwd=app_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run_command([bin_dir / "python", "app.py"], cwd=app_dir, env=env, timeout_s=300)
 
     # THEN it synthesizes with no cdk-nag finding
     assert result.returncode == 0, f"synth failed:\n{result.stdout}\n{result.stderr}"

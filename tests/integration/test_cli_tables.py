@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
+from tests.support.processes import shardlease_run
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import TableSchemaError
@@ -15,20 +14,10 @@ from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import LEASE_OWNER_INDEX, all_specs
 
 
-def shardlease(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def test_create_tables_is_idempotent_and_waits_for_active_indexes(moto_endpoint: str, app_name: str) -> None:
     # WHEN create-tables runs twice
-    first = shardlease("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
-    second = shardlease("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
+    first = shardlease_run("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
+    second = shardlease_run("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
     # THEN it creates three tables, then finds them
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("created") == 3
@@ -69,7 +58,7 @@ def test_a_conflicting_table_is_one_clear_error(moto_endpoint: str, app_name: st
         BillingMode="PAY_PER_REQUEST",
     )
     # WHEN create-tables runs
-    result = shardlease("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
+    result = shardlease_run("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
     # THEN it fails with one line naming the table and the key it needs
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -87,7 +76,7 @@ def test_a_lease_table_without_the_owner_index_gets_it(moto_endpoint: str, app_n
     request["AttributeDefinitions"] = [{"AttributeName": "leaseKey", "AttributeType": "S"}]
     ddb.create_table(**request)
     # WHEN create-tables runs
-    result = shardlease("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
+    result = shardlease_run("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
     # THEN it succeeds, keeps the table and adds the index (docs/kcl-compatibility.md, adopting KCL 2.x)
     assert result.returncode == 0, result.stderr
     assert f"{app_name}: exists (ACTIVE)" in result.stdout
@@ -138,13 +127,13 @@ def test_an_owner_index_with_other_keys_is_refused(moto_endpoint: str, app_name:
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(args: list[str], fragment: str) -> None:
-    result = shardlease(*args)
+    result = shardlease_run(*args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert fragment in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_unreachable_endpoint_is_one_line_and_exit_1() -> None:
-    result = shardlease("create-tables", "--app", "good-app", "--endpoint-url", "http://127.0.0.1:9")
+    result = shardlease_run("create-tables", "--app", "good-app", "--endpoint-url", "http://127.0.0.1:9")
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "cannot reach endpoint" in result.stderr

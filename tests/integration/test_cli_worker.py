@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 
+from tests.support.processes import shardlease_run
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
 
 GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"
-
-
-def shardlease(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
@@ -41,12 +31,12 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, fragmen
     ],
 )
 def test_a_bad_processor_spec_is_one_line_and_exit_2(spec: str, fragment: str) -> None:
-    result = shardlease("worker", "--app", "good-app", "--stream", "s", "--processor", spec)
+    result = shardlease_run("worker", "--app", "good-app", "--stream", "s", "--processor", spec)
     assert_one_line(result, 2, fragment)
 
 
 def test_a_worker_without_tables_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:
-    result = shardlease(
+    result = shardlease_run(
         "worker", "--app", app_name, "--stream", "s", "--processor", GOOD_PROCESSOR, "--endpoint-url", moto_endpoint
     )
     assert_one_line(result, 1, "create-tables")
@@ -55,14 +45,14 @@ def test_a_worker_without_tables_is_one_line_and_exit_1(moto_endpoint: str, app_
 def test_a_worker_without_its_stream_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:
     ddb: Any = aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint))
     ensure_tables(app_name, ddb)
-    result = shardlease(
+    result = shardlease_run(
         "worker", "--app", app_name, "--stream", "nope", "--processor", GOOD_PROCESSOR, "--endpoint-url", moto_endpoint
     )
     assert_one_line(result, 1, "stream not found")
 
 
 def test_a_worker_with_an_unreachable_endpoint_is_one_line_and_exit_1() -> None:
-    result = shardlease(
+    result = shardlease_run(
         "worker",
         "--app",
         "good-app",
@@ -77,5 +67,5 @@ def test_a_worker_with_an_unreachable_endpoint_is_one_line_and_exit_1() -> None:
 
 
 def test_the_leader_without_tables_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:
-    result = shardlease("leader", "--app", app_name, "--stream", "s", "--once", "--endpoint-url", moto_endpoint)
+    result = shardlease_run("leader", "--app", app_name, "--stream", "s", "--once", "--endpoint-url", moto_endpoint)
     assert_one_line(result, 1, "create-tables")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.processes import run_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,14 +22,7 @@ def test_the_documented_example_test_passes(tmp_path: Path) -> None:
     (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     (tmp_path / "test_example.py").write_text(example)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "test_example.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "test_example.py"]
+    result = run_command(command, cwd=tmp_path, env=env, timeout_s=240)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "1 passed" in result.stdout

@@ -6,7 +6,8 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,27 @@ def process_group(log_dir: Path) -> Iterator[ProcessFleet]:
     :data:`FAST_ENV`); whatever is left is killed (SIGKILL to each process group) at the end."""
     with ProcessFleet(log_dir, env=repo_env(), cwd=REPO) as group:
         yield group
+
+
+def run_command(
+    command: Sequence[str | Path], *, timeout_s: float, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` to its end (bounded by ``timeout_s``), capturing its output as text; never raises on a
+    non-zero exit (the test asserts on ``returncode``)."""
+    return subprocess.run(
+        [str(part) for part in command],
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def shardlease_run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``shardlease <args>`` with this interpreter, run to its end."""
+    return run_command([sys.executable, "-m", "worker_lib.cli", *args], timeout_s=timeout)
 
 
 # --- liveness modes (docs/liveness-modes.md) ----------------------------------------------------------------------
