@@ -7,19 +7,16 @@ produce on demand (expired iterators, throttling) are injected with botocore hoo
 
 from __future__ import annotations
 
-import functools
-import importlib
-import sys
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from tests.support.kinesis_faults import add_child_shards, fail_calls, record_calls
-from worker_lib.core import aws
+from tests.support.kinesis_faults import add_child_shards, fail_calls, new_stream, one_attempt_kinesis, record_calls
+from tests.support.kpl import reference_encoder
 from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
-from worker_lib.core.config import AwsConfig, InitialPosition
+from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint
 from worker_lib.processing.config import RetrievalConfig
@@ -30,34 +27,20 @@ from worker_lib.testing.streams import create_stream, list_all_shards, split_sha
 SHARD = "shardId-000000000000"
 
 
-@functools.cache
-def reference_encoder() -> Any:
-    """``aws_kinesis_agg.aggregator`` (the independent KPL encoder), imported without keeping the entries the
-    package inserts at the front of ``sys.path`` on import."""
-    saved = list(sys.path)
-    try:
-        return importlib.import_module("aws_kinesis_agg.aggregator")
-    finally:
-        sys.path[:] = saved
-
-
 @pytest.fixture(params=["moto", pytest.param("kinesalite", marks=pytest.mark.kinesalite)])
 def kinesis(request: pytest.FixtureRequest) -> Any:
     """A Kinesis client on moto, then on kinesalite; one attempt per call, so faults reach the fetcher."""
-    endpoint = str(request.getfixturevalue(f"{request.param}_endpoint"))
-    return aws.client("kinesis", AwsConfig(endpoint_url=endpoint, max_attempts=1, connect_timeout_s=2))
+    return one_attempt_kinesis(str(request.getfixturevalue(f"{request.param}_endpoint")))
 
 
 @pytest.fixture
 def kinesalite(kinesalite_endpoint: str) -> Any:
-    return aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=1, connect_timeout_s=2))
+    return one_attempt_kinesis(kinesalite_endpoint)
 
 
 @pytest.fixture
 def stream(kinesis: Any) -> str:
-    name = f"retrieval-{uuid.uuid4().hex[:10]}"
-    create_stream(kinesis, name, 1)
-    return name
+    return new_stream(kinesis, "retrieval")
 
 
 @pytest.fixture

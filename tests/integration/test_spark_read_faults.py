@@ -14,15 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.kinesis_faults import fail_calls, record_calls
-from worker_lib.core import aws
+from tests.support.kinesis_faults import fail_calls, new_stream, one_attempt_kinesis, record_calls
 from worker_lib.core.clock import ManualClock
-from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import DependencyError, StreamMissingError
 from worker_lib.core.models import TRIM_HORIZON, Checkpoint
 from worker_lib.spark.planning import ReadSettings, ShardReadTask
 from worker_lib.spark.reading import read_up_to
-from worker_lib.testing.streams import create_stream
 
 SHARD = "shardId-000000000000"
 
@@ -30,14 +27,12 @@ SHARD = "shardId-000000000000"
 @pytest.fixture
 def kinesis(moto_endpoint: str) -> Any:
     """One attempt per call, so an injected failure reaches the read."""
-    return aws.client("kinesis", AwsConfig(endpoint_url=moto_endpoint, max_attempts=1, connect_timeout_s=2))
+    return one_attempt_kinesis(moto_endpoint)
 
 
 @pytest.fixture
 def stream(kinesis: Any) -> str:
-    name = f"spark-faults-{uuid.uuid4().hex[:10]}"
-    create_stream(kinesis, name, 1)
-    return name
+    return new_stream(kinesis, "spark-faults")
 
 
 def put_records(kinesis: Any, stream: str, count: int) -> list[str]:

@@ -6,10 +6,13 @@
 * ``record_calls(client, "GetRecords", clock)``: the time (on ``clock``) and parameters of every call.
 * ``add_child_shards(client, ["shardId-…"])``: adds ``ChildShards`` to the shard-end GetRecords reply, for
   emulators that omit the field.
+* ``one_attempt_kinesis(endpoint)``, ``new_stream(kinesis, prefix)``: a client that does not retry faults away, and
+  a fresh one-shard stream to read.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,11 +20,40 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
+from worker_lib.core import aws
 from worker_lib.core.clock import Clock
+from worker_lib.core.config import AwsConfig
+from worker_lib.testing.streams import create_stream
 
 
 def _event(client: Any, kind: str, operation: str) -> str:
     return f"{kind}.{client.meta.service_model.service_id.hyphenize()}.{operation}"
+
+
+@contextmanager
+def _hooked(client: Any, event: str, handler: Any, unique_id: str, *, first: bool = True) -> Iterator[None]:
+    """``handler`` on ``event`` of ``client`` (before the other handlers if ``first``) while the block runs."""
+    if first:
+        client.meta.events.register_first(event, handler, unique_id=unique_id)
+    else:
+        client.meta.events.register(event, handler, unique_id=unique_id)
+    try:
+        yield
+    finally:
+        client.meta.events.unregister(event, unique_id=unique_id)
+
+
+def one_attempt_kinesis(endpoint: str) -> Any:
+    """A Kinesis client on ``endpoint`` that tries each call once, so that an injected failure reaches the code
+    under test (botocore does not retry it away)."""
+    return aws.client("kinesis", AwsConfig(endpoint_url=endpoint, max_attempts=1, connect_timeout_s=2))
+
+
+def new_stream(kinesis: Any, prefix: str) -> str:
+    """A new one-shard stream ``<prefix>-<random>``, ACTIVE."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    create_stream(kinesis, name, 1)
+    return name
 
 
 @dataclass
@@ -53,11 +85,8 @@ def fail_calls(
         }
         return response, parsed
 
-    client.meta.events.register_first(event, handler, unique_id=unique_id)
-    try:
+    with _hooked(client, event, handler, unique_id):
         yield injected
-    finally:
-        client.meta.events.unregister(event, unique_id=unique_id)
 
 
 @dataclass
@@ -86,11 +115,8 @@ def record_calls(client: Any, operation: str, clock: Clock) -> Iterator[CallLog]
         log.times.append(clock.monotonic())
         log.params.append(dict(params))
 
-    client.meta.events.register_first(event, handler, unique_id=unique_id)
-    try:
+    with _hooked(client, event, handler, unique_id):
         yield log
-    finally:
-        client.meta.events.unregister(event, unique_id=unique_id)
 
 
 @contextmanager
@@ -106,8 +132,5 @@ def add_child_shards(client: Any, child_ids: list[str]) -> Iterator[None]:
                 for child in child_ids
             ]
 
-    client.meta.events.register(event, handler, unique_id=unique_id)
-    try:
+    with _hooked(client, event, handler, unique_id, first=False):
         yield
-    finally:
-        client.meta.events.unregister(event, unique_id=unique_id)

@@ -3,11 +3,8 @@ messages), including corrupt aggregates, which must be delivered as they are."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib
 import logging
-import sys
 from datetime import datetime, timezone
 from typing import Any
 
@@ -15,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.kpl import reference_encoder
 from worker_lib.processing.deaggregation import (
     MAGIC,
     AggregateFormatError,
@@ -27,17 +25,6 @@ from worker_lib.processing.deaggregation import (
 from worker_lib.processing.processor import KinesisRecord
 
 ARRIVAL = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)
-
-
-@functools.cache
-def reference_encoder() -> Any:
-    """``aws_kinesis_agg.aggregator`` (the independent KPL encoder), imported without keeping the entries the
-    package inserts at the front of ``sys.path`` on import."""
-    saved = list(sys.path)
-    try:
-        return importlib.import_module("aws_kinesis_agg.aggregator")
-    finally:
-        sys.path[:] = saved
 
 
 def kpl_aggregate(user_records: list[tuple[str, bytes, str | None]]) -> bytes:
