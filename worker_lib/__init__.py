@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "MissingExtraError": "worker_lib.core.errors",
     "InvalidStateError": "worker_lib.core.errors",
     "CorruptItemError": "worker_lib.core.errors",
+    "SupersededError": "worker_lib.core.errors",
 }
 
 # A literal list, so that type checkers and IDEs see the public names without running __getattr__.
@@ -80,6 +81,7 @@ __all__ = [
     "ShutdownRequestedInput",
     "StreamIdentifier",
     "StreamMissingError",
+    "SupersededError",
     "TableLayout",
     "TableMissingError",
     "TableSchemaError",
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
         MissingExtraError,
         ShardleaseError,
         StreamMissingError,
+        SupersededError,
         TableMissingError,
         TableSchemaError,
         ThrottledError,

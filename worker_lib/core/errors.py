@@ -68,3 +68,8 @@ class CorruptItemError(ShardleaseError):
         super().__init__(f"item {key!r} is not a valid record: {reason}")
         self.key = key
         self.reason = reason
+
+
+class SupersededError(ShardleaseError):
+    """A newer process runs under this worker id (docs/failover.md, "Two processes under one worker id"): this one
+    holds nothing and has stopped."""

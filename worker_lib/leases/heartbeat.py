@@ -102,6 +102,9 @@ class HeartbeatLoop:
         self._on_notice = on_notice
         self._clock = clock
         self._beat_lock = threading.Lock()
+        # The event counter has a lock of its own: note_event may be called from inside a beat (a hand-off completed
+        # while handling the reply's requests releases a lease, and a release notes an event).
+        self._events_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -155,7 +158,7 @@ class HeartbeatLoop:
                     self.worker_id,
                     interval_ms=self._interval_ms,
                     state=self.state,
-                    events=self.events,
+                    events=self._events(),
                     done_requests=done,
                     liveness=self.liveness,
                     session=self.session,
@@ -281,10 +284,14 @@ class HeartbeatLoop:
         log.info("worker %s announces %s", self.worker_id, state.value)
         return self.beat()
 
+    def _events(self) -> int:
+        with self._events_lock:
+            return self.events
+
     def note_event(self) -> None:
         """Something the leader should look at soon (a lease given up, child leases created): bump ``evc`` and
         beat at the next opportunity (the beat thread is woken; no I/O in the caller's thread)."""
-        with self._beat_lock:
+        with self._events_lock:
             self.events += 1
         self._wake.set()
 

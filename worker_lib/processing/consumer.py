@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
-from worker_lib.core.streams import related_lease_key, split_lease_key
+from worker_lib.core.models import SHARD_END, Checkpoint, ShardInfo
+from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy, RetrievalConfig
@@ -43,7 +43,7 @@ from worker_lib.processing.processor import (
     validate_checkpoint_value,
 )
 from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
-from worker_lib.shardsync.children import ensure_child_leases
+from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 
 log = logging.getLogger(__name__)
 
@@ -219,14 +219,6 @@ class ShardConsumer:
         except DependencyError:
             return False
 
-    def _parents_ended(self, lease: Lease) -> bool:
-        """A child is processed only after every parent reached SHARD_END (or its lease is already gone)."""
-        for parent in sorted(lease.parent_shard_ids):
-            parent_lease = self._store.get_lease(related_lease_key(self.lease_key, parent))
-            if parent_lease is not None and not parent_lease.is_finished:
-                return False
-        return True
-
     # --- main -----------------------------------------------------------------------------------------------
 
     def run(self) -> ConsumerOutcome:
@@ -244,7 +236,8 @@ class ShardConsumer:
             self._holder.drop(self.lease_key)
             return ConsumerOutcome.FINISHED
 
-        while not self._parents_ended(lease):
+        parents = ParentsEnded(self._store)
+        while not parents.ended(lease):
             if self._stop.is_set():
                 self._holder.evict(self.lease_key)
                 return ConsumerOutcome.SHUTDOWN

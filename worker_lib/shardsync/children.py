@@ -1,4 +1,6 @@
-"""Child-lease creation at SHARD_END, shared by the worker's shard consumer and the Spark driver.
+"""The lease table's parent/child rules for a holder of leases, shared by the worker's shard consumer and the Spark
+driver: a child is read only once its parents ended (:class:`ParentsEnded`), and child leases are created at
+SHARD_END (:func:`ensure_child_leases`).
 
 KCL's rule: create each missing child lease (TRIM_HORIZON, parents and hash range set); for a merge child only
 once the merge partner's lease exists too — otherwise shard sync creates the partner's lease first (it must be
@@ -11,12 +13,32 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from worker_lib.core.models import TRIM_HORIZON, ShardInfo
+from worker_lib.core.models import TRIM_HORIZON, Lease, ShardInfo
 from worker_lib.core.streams import related_lease_key, split_lease_key
 from worker_lib.leases.store import LeaseStore
 from worker_lib.shardsync.hierarchy import new_lease
 
 log = logging.getLogger(__name__)
+
+
+class ParentsEnded:
+    """Whether a lease's parents all reached SHARD_END (or their leases are gone), so that it may be read — KCL's
+    rule. A parent once seen finished stays finished, so it is read again never."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+        self._finished: set[str] = set()
+
+    def ended(self, lease: Lease) -> bool:
+        for parent in sorted(lease.parent_shard_ids):
+            key = related_lease_key(lease.lease_key, parent)
+            if key in self._finished:
+                continue
+            parent_lease = self._store.get_lease(key)
+            if parent_lease is not None and not parent_lease.is_finished:
+                return False
+            self._finished.add(key)
+        return True
 
 
 def ensure_child_leases(

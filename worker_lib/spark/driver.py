@@ -6,10 +6,10 @@ mode) and discovers leases on a background thread, writes the load metric, plans
 holds, and writes checkpoints once Spark has committed a batch. See :mod:`worker_lib.spark.planning` for the offset
 and commit rules.
 
-It is composed like a worker's :class:`~worker_lib.worker.coordinator.LeaseCoordinator` (docs/failover.md,
+Its leases are kept by the same :class:`~worker_lib.leases.keeper.LeaseKeeper` as a worker's (docs/failover.md,
 docs/liveness-modes.md): the heartbeat is one UpdateItem per interval on the application's own
-``<app>-WorkerMetricStats`` row (the row its load metric goes to), the :class:`LeaseHolder` is its fence, leases are
-taken only once a beat landed, and the stored liveness mode decides whether leases are renewed at all.
+``<app>-WorkerMetricStats`` row (the row its load metric goes to), the keeper's :class:`LeaseHolder` is its fence,
+leases are taken only once a beat landed, and the stored liveness mode decides whether leases are renewed at all.
 """
 
 from __future__ import annotations
@@ -18,28 +18,20 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo, WorkerState
-from worker_lib.core.streams import related_lease_key, stream_name_of
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.core.streams import stream_name_of
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.leases.keeping import (
-    NoticeBox,
-    apply_liveness_mode,
-    heartbeat_loop,
-    mode_follower,
-    released,
-)
+from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
-from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.retrieval import ShardRecordFetcher
-from worker_lib.shardsync.children import ensure_child_leases
+from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
@@ -92,39 +84,32 @@ class SparkLeaseCoordinator:
         self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
         self._batches = BatchEndStore(options.app, self._dynamodb, layout=options.table_layout)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
-        self._notices = NoticeBox()
-        self._holder = LeaseHolder(
-            self._store,
-            self.worker_id,
-            config=options.lease,
-            clock=clock,
-            throughput=self._throughput.renewal_value,
-            on_release=self._on_release,
-        )
-        self._discoverer = LeaseDiscoverer(self._store, self.worker_id)
         # One row per application in <app>-WorkerMetricStats: the heartbeat's UpdateItem and the load metric's
         # (WorkerMetricsStore.put, also an UpdateItem) each keep the other's attributes.
         self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock, layout=options.table_layout)
         self._stop = threading.Event()
-        self._heartbeat = heartbeat_loop(
-            options.lease,
+        discovery_s = options.discovery_interval_ms / 1000
+        self._keeper = LeaseKeeper(
+            self._store,
             self._rows,
             self.worker_id,
-            holder=self._holder,
-            on_notice=self._notices.put,
-            clock=clock,
-            # a restarted query's runner took over our worker id: stop coordinating (the loop already fenced us)
-            on_superseded=self._stop.set,
-        )
-        self._modes = mode_follower(
-            options.lease,
-            LivenessModeStore(
+            config=options.lease,
+            options=KeeperOptions(
+                discovery_interval_s=lambda _notices_seen: discovery_s,
+                on_superseded=self._superseded,
+            ),
+            modes=LivenessModeStore(
                 CoordinatorStateStore(options.app, client=self._dynamodb, clock=clock, layout=options.table_layout),
                 clock=clock,
             ),
             who=f"spark source {self.worker_id} (shardlease option liveness_mode)",
+            default_stream=options.stream,
             clock=clock,
+            throughput=self._throughput,
+            on_taken=self._taken,
         )
+        self._holder = self._keeper.holder
+        self._parents = ParentsEnded(self._store)
         self.executor_cpu = ExecutorCpu(slots=options.executor_slots, clock=clock, own_cpu_seconds=time.process_time)
         self._reporter: WorkerMetricsReporter | None = None
         if options.metrics:
@@ -143,8 +128,6 @@ class SparkLeaseCoordinator:
         self._takes = 0
         self._epochs: dict[str, str] = {}
         self._guard = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._finished_parents: set[str] = set()
         self._last_planned: dict[str, int] = {}
         self._planned_shards: dict[tuple[str, int], list[str]] = {}
         self._ends: dict[tuple[str, int], dict[str, BatchEnd]] = {}
@@ -170,7 +153,7 @@ class SparkLeaseCoordinator:
     @property
     def liveness(self) -> StoredMode:
         """The liveness mode this coordinator follows (``lease`` until it has read one)."""
-        return self._modes.current
+        return self._keeper.liveness
 
     @property
     def renewing(self) -> bool:
@@ -184,20 +167,16 @@ class SparkLeaseCoordinator:
         background."""
         if self.started:
             return
-        apply_liveness_mode(self._modes.start(), self._holder, self._heartbeat, self.options.lease)
+        # The first beat from this thread: no lease may be taken before one landed (from then on the fence protects
+        # them), and the first batch should see the leases. The loop then beats on its own (one extra write per
+        # query start).
+        self._keeper.start_heartbeat(beat_now=True)
         self.started = True
-        if self._heartbeat is not None:
-            # The first beat from this thread: no lease may be taken before one landed (from then on the fence
-            # protects them), and the first batch should see the leases. The loop then beats on its own (one extra
-            # write per query start).
-            self._heartbeat.beat()
-            self._heartbeat.start()
         try:
-            self._discover()
+            self._keeper.discover()
         except DependencyError as exc:
             log.warning("initial lease discovery for %s failed: %s", self.worker_id, exc)
-        self._thread = threading.Thread(target=self._coordinate, name=f"spark-leases-{self.worker_id}", daemon=True)
-        self._thread.start()
+        self._keeper.start(name=f"spark-leases-{self.worker_id}")
         if self._reporter is not None:
             self._reporter.start()
         log.info(
@@ -205,7 +184,7 @@ class SparkLeaseCoordinator:
             self.worker_id,
             self.options.app,
             ",".join(self.options.streams),
-            self._modes.current.describe(),
+            self._keeper.liveness.describe(),
         )
 
     def stop(self) -> None:
@@ -215,100 +194,28 @@ class SparkLeaseCoordinator:
         if not self.started or self._stop.is_set():
             return  # stopped already, or stood down for a newer runner under our worker id (the row is its own)
         log.info("spark source %s departing: giving up %d leases", self.worker_id, len(self._holder.held_keys()))
-        if self._heartbeat is not None:
-            self._heartbeat.announce(WorkerState.DEPARTING)
+        self._keeper.depart()
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-        for key in self._holder.held_keys():
-            self._holder.evict(key)  # conditional on the counter we hold: a successor's take is never undone
+        self._keeper.stop(timeout_s=10)
+        self._keeper.give_up(self._holder.held_keys())
         # Unlike a worker, leases assigned to us that we do not hold are not given up: a query's worker id is the
         # same across restarts, and a restarted query (a new runner, started while this one is still leaving) holds
         # them under that same id. The leader moves what is left once it reads STOPPED.
-        if self._heartbeat is not None:
-            # Fence first, then say so: nothing we held may be processed by us once the leader reads STOPPED.
-            self._holder.fence_all("spark source stopped")
-            self._heartbeat.stop()
-            self._heartbeat.announce(WorkerState.STOPPED)
+        self._keeper.leave("spark source stopped")
         if self._reporter is not None:
             self._reporter.stop()
-        self._holder.close()
+        self._keeper.close()
         log.info("spark source stopped worker=%s", self.worker_id)
 
-    def _coordinate(self) -> None:
-        lease_config = self.options.lease
-        renew_s = lease_config.renewer_interval_ms / 1000
-        discover_s = self.options.discovery_interval_ms / 1000
-        throughput_s = lease_config.throughput_update_interval_ms / 1000
-        now = self._clock.monotonic()
-        next_renewal, next_discovery, next_throughput = now + renew_s, now + discover_s, now + throughput_s
-        while not self._stop.is_set():
-            now = self._clock.monotonic()
-            try:
-                changed = self._modes.poll()
-                if changed is not None and apply_liveness_mode(
-                    changed, self._holder, self._heartbeat, self.options.lease
-                ):
-                    next_renewal = now
-                if self._heartbeat is not None and not self._heartbeat.established.is_set():
-                    # No lease is taken before the first beat landed; discover as soon as one has.
-                    next_discovery = now
-                    self._stop.wait(0.05)
-                    continue
-                if now >= next_renewal:
-                    next_renewal = now + renew_s
-                    if self._holder.renewing:
-                        self._holder.renew_all()
-                if now >= next_throughput:
-                    next_throughput = now + throughput_s
-                    if not self._holder.renewing:  # worker mode: throughput rides on no renewal
-                        self._holder.refresh_throughput()
-                noticed = self._notices.take()
-                if noticed is not None and now < next_discovery:
-                    if noticed:
-                        self._discover(keys=noticed)
-                    else:
-                        next_discovery = now
-                if now >= next_discovery:
-                    next_discovery = now + discover_s
-                    self._discover()
-            except DependencyError as exc:
-                log.warning("lease coordination step of %s failed: %s", self.worker_id, exc)
-            except Exception:
-                log.exception("lease coordination step of %s raised", self.worker_id)
-            self._stop.wait(max(0.0, min(0.2, min(next_renewal, next_discovery) - self._clock.monotonic())))
+    def _superseded(self) -> None:
+        """A restarted query's runner took over our worker id (the heartbeat fenced us): stop coordinating."""
+        self._stop.set()
+        self._keeper.stop(timeout_s=0)
 
-    def _discover(self, keys: list[str] | None = None) -> None:
-        """Take the leases assigned to us (``keys``: the ones the leader's notice named, else ask the index)."""
-        if self._heartbeat is not None and not self._heartbeat.established.is_set():
-            return  # the fence is not in force yet
-        if self._holder.fenced:
-            return  # the fence ran out: nothing may be taken until a beat lands (which asks for a look again)
-        held = set(self._holder.held_keys())
-        found = self._discoverer.discover(held) if keys is None else self._discoverer.discover_keys(keys, held)
-        if len(found) > 1:
-            # Each take is one conditional write; at a query's start (every lease at once) they would otherwise
-            # delay the first batch one round trip each.
-            with ThreadPoolExecutor(max_workers=min(8, len(found)), thread_name_prefix="spark-take") as pool:
-                list(pool.map(self._take, found))
-        else:
-            for lease in found:
-                self._take(lease)
-
-    def _take(self, lease: Lease) -> None:
-        if self._stop.is_set():
-            return
-        self._throughput.seed(lease.lease_key, lease.throughput_kbps)
-        if self._holder.take(lease):
-            with self._guard:
-                self._takes += 1
-                self._epochs[lease.lease_key] = f"{self._session}:{self._takes}"
-
-    # --- notices (docs/failover.md) ---------------------------------------------------------------------------
-
-    def _on_release(self, lease_key: str, new_owner: str | None) -> None:
-        released(lease_key, new_owner, notices=self._rows, heartbeat=self._heartbeat)
+    def _taken(self, lease: Lease) -> None:
+        with self._guard:
+            self._takes += 1
+            self._epochs[lease.lease_key] = f"{self._session}:{self._takes}"
 
     def _held_epochs(self) -> dict[str, str]:
         held = set(self._holder.held_keys())
@@ -333,16 +240,6 @@ class SparkLeaseCoordinator:
             table_layout=self.options.table_layout.value,
         )
 
-    def _parents_ended(self, lease: Lease) -> bool:
-        for parent in sorted(lease.parent_shard_ids):
-            if related_lease_key(lease.lease_key, parent) in self._finished_parents:
-                continue
-            parent_lease = self._store.get_lease(related_lease_key(lease.lease_key, parent))
-            if parent_lease is not None and not parent_lease.is_finished:
-                return False
-            self._finished_parents.add(related_lease_key(lease.lease_key, parent))
-        return True
-
     def held_leases(self) -> list[LeaseForPlanning]:
         epochs = self._held_epochs()
         views: list[LeaseForPlanning] = []
@@ -356,7 +253,7 @@ class SparkLeaseCoordinator:
                 and not self._holder.handoff_requested(key)
                 and not lease.is_finished
                 and key not in self._pending_shard_ends
-                and self._parents_ended(lease)
+                and self._parents.ended(lease)
             )
             views.append(LeaseForPlanning(lease_key=key, checkpoint=lease.checkpoint, epoch=epoch, readable=readable))
         return views
@@ -394,7 +291,7 @@ class SparkLeaseCoordinator:
                 # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be
                 # taken (a take can lose a race with the previous holder's last renewal and only succeed a moment
                 # later).
-                self._discover()
+                self._keeper.discover()
                 held = self.held_leases()
                 now = self._clock.wall()
                 candidate = without_shards(
@@ -533,8 +430,7 @@ class SparkLeaseCoordinator:
                     self.checkpoints_written += 1
                     self._holder.drop(key)
                     self._throughput.forget(key)
-                    if self._heartbeat is not None:
-                        self._heartbeat.note_event()  # child leases exist now: the leader assigns them at once
+                    self._keeper.note_event()  # child leases exist now: the leader assigns them at once
                     log.info("shard ended lease=%s children=%s", key, ",".join(end.children) or "-")
                 self._pending_shard_ends.pop(key, None)
             except DependencyError as exc:

@@ -34,12 +34,14 @@ from worker_lib.core.errors import (
     ConfigError,
     EndpointUnreachableError,
     StreamMissingError,
+    SupersededError,
     TableMissingError,
     ThrottledError,
 )
 from worker_lib.core.streams import StreamSelection, StreamTracker, load_stream_tracker, parse_stream_entry
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.leases.keeper import ThroughputTracker
 from worker_lib.leases.mode import LivenessMode, check_start
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
@@ -55,7 +57,7 @@ from worker_lib.tables.schema import (
 )
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make_publisher
-from worker_lib.worker.coordinator import LeaseCoordinator, ThroughputTracker
+from worker_lib.worker.coordinator import LeaseCoordinator
 from worker_lib.worker.signals import install_shutdown_handlers
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.cpu import available_cpus, cpu_metric_from_env
@@ -319,8 +321,10 @@ class Worker:
             clock=clock,
             modes=self._modes,
             cpu_percent=self._latest_cpu,
+            on_superseded=self._on_superseded,
         )
         self._leader_thread: threading.Thread | None = None
+        self._superseded = False
 
     def _current_lags(self) -> dict[str, int]:
         return self._coordinator.lags()
@@ -440,6 +444,15 @@ class Worker:
         self.start()
         while not self._stopped.wait(0.5):
             pass
+        if self._superseded:
+            raise SupersededError(f"worker id {self.worker_id} is used by a newer process: this one stopped")
+
+    def _on_superseded(self) -> None:
+        """A newer process beat under our worker id (the heartbeat fenced us and beats no more): this process can
+        never hold a lease again, so it shuts down — on a thread of its own, the heartbeat's must not wait for
+        itself — and :meth:`run` raises :class:`SupersededError`."""
+        self._superseded = True
+        threading.Thread(target=self.shutdown, name=f"superseded-{self.worker_id}", daemon=True).start()
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """Graceful: each consumer finishes its batch, the processor checkpoints, leases are given up at once.
