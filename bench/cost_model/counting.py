@@ -62,8 +62,9 @@ PURPOSES: tuple[tuple[str, str], ...] = (
     ("LeaseHolder.checkpoint", "checkpoint"),
     ("LeaseDiscoverer.discover_keys", "notice discovery"),
     ("LeaseDiscoverer.discover", "discovery"),
+    ("LeaseKeeper.discover", "discovery"),  # the index query; the reads of what it found are the line above
     ("LeaseHolder.take", "take"),
-    ("Worker._on_release", "handoff notice"),
+    ("LeaseKeeper._released", "handoff notice"),
 )
 TAKEOVER_POLL = "takeover poll"
 
