@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.kinesis_faults import new_stream
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
@@ -19,6 +20,18 @@ def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
     client = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, client)
     return client
+
+
+@pytest.fixture
+def kinesis(moto_aws: AwsConfig) -> Any:
+    """A Kinesis client on moto (a module that needs another one defines its own)."""
+    return aws.client("kinesis", moto_aws)
+
+
+@pytest.fixture
+def stream(kinesis: Any) -> str:
+    """A new one-shard stream, ACTIVE, on the module's ``kinesis`` client."""
+    return new_stream(kinesis, "stream")
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.support.processes import shardlease_run
+from tests.support.tables import create_foreign_table
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import TableSchemaError
@@ -51,12 +52,7 @@ def test_tables_are_created_on_dynalite_too(dynalite_endpoint: str, app_name: st
 def test_a_conflicting_table_is_one_clear_error(moto_endpoint: str, app_name: str) -> None:
     # GIVEN a table with the app's name but another key
     ddb: Any = aws.client("dynamodb", AwsConfig(endpoint_url=moto_endpoint))
-    ddb.create_table(
-        TableName=app_name,
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_foreign_table(ddb, app_name)
     # WHEN create-tables runs
     result = shardlease_run("create-tables", "--app", app_name, "--endpoint-url", moto_endpoint)
     # THEN it fails with one line naming the table and the key it needs

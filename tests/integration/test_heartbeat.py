@@ -18,9 +18,7 @@ import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
 from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards
-from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
-from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -547,11 +545,6 @@ def test_a_request_for_a_lease_no_longer_in_handoff_from_us_is_only_removed(rig:
 # ----------------------------------------------------------------------------------------------- the Worker
 
 FAST_LEASES = LeaseConfig(failover_time_ms=3_000)  # heartbeat every 1 s (a third of the failover time)
-
-
-@pytest.fixture
-def kinesis(moto_aws: AwsConfig) -> Any:
-    return aws.client("kinesis", moto_aws)
 
 
 def start_worker(app: str, stream: str, ddb: Any, kinesis: Any, workers: list[Worker], **config: Any) -> Worker:

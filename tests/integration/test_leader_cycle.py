@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.tables import create_foreign_table
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -108,13 +109,7 @@ def test_scenario_14_three_failed_cycles_release_leadership_once(env: dict[str, 
 def test_the_leader_start_check_refuses_a_table_with_other_keys(env: dict[str, Any]) -> None:
     # GIVEN the CoordinatorState table replaced by one keyed on another attribute
     ddb, table = env["ddb"], f"{env['app']}-CoordinatorState"
-    ddb.delete_table(TableName=table)
-    ddb.create_table(
-        TableName=table,
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_foreign_table(ddb, table, replace=True)
     parts = leader_for(env, ManualClock())
     # WHEN a host checks before leading THEN one line names the table and the key the lock needs
     with pytest.raises(TableSchemaError, match=rf"^table {table} exists with key .* needs hash key 'key' only$"):

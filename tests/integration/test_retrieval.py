@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.kinesis_faults import add_child_shards, fail_calls, new_stream, one_attempt_kinesis, record_calls
+from tests.support.kinesis_faults import add_child_shards, fail_calls, one_attempt_kinesis, record_calls
 from tests.support.kpl import reference_encoder
 from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint
+from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint, KinesisRecord
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.processor import KinesisRecord
 from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
 from worker_lib.testing.streams import create_stream, list_all_shards, split_shard
 
@@ -36,11 +35,6 @@ def kinesis(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def kinesalite(kinesalite_endpoint: str) -> Any:
     return one_attempt_kinesis(kinesalite_endpoint)
-
-
-@pytest.fixture
-def stream(kinesis: Any) -> str:
-    return new_stream(kinesis, "retrieval")
 
 
 @pytest.fixture

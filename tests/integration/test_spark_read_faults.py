@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.kinesis_faults import fail_calls, new_stream, one_attempt_kinesis, record_calls
+from tests.support.kinesis_faults import fail_calls, one_attempt_kinesis, record_calls
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError, StreamMissingError
 from worker_lib.core.models import TRIM_HORIZON, Checkpoint
@@ -28,11 +28,6 @@ SHARD = "shardId-000000000000"
 def kinesis(moto_endpoint: str) -> Any:
     """One attempt per call, so an injected failure reaches the read."""
     return one_attempt_kinesis(moto_endpoint)
-
-
-@pytest.fixture
-def stream(kinesis: Any) -> str:
-    return new_stream(kinesis, "spark-faults")
 
 
 def put_records(kinesis: Any, stream: str, count: int) -> list[str]:

@@ -15,6 +15,7 @@ from tests.support.recording import (
     assign_unowned,
     create_leases_for_open_shards,
 )
+from tests.support.tables import create_foreign_table
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -356,13 +357,7 @@ def test_a_table_with_other_keys_at_start_is_one_schema_error(
     # GIVEN the worker-metrics table replaced by one with another key (made by hand or another tool)
     ddb, kinesis = moto_clients
     metrics_table = f"{app_name}-WorkerMetricStats"
-    ddb.delete_table(TableName=metrics_table)
-    ddb.create_table(
-        TableName=metrics_table,
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_foreign_table(ddb, metrics_table, replace=True)
     create_stream(kinesis, f"{app_name}-s", 1)
     worker = _blank_worker(app_name, f"{app_name}-s", moto_aws, ManualClock())
     # WHEN it starts THEN one line names the table and the key it needs, before anything is written

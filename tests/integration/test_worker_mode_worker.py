@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards
-from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
-from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
@@ -35,11 +33,6 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 # Failover 6 s: the worker-mode beat is 2 s (its default), the lease-mode beat 1 s, renewals every 1.975 s.
 FAILOVER_MS = 6_000
-
-
-@pytest.fixture
-def kinesis(moto_aws: AwsConfig) -> Any:
-    return aws.client("kinesis", moto_aws)
 
 
 def modes(app: str, ddb: Any) -> LivenessModeStore:
