@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     "FunctionProcessor": "worker_lib.processing.processor",
     "RecordProcessor": "worker_lib.processing.processor",
     "Checkpointer": "worker_lib.processing.processor",
-    "KinesisRecord": "worker_lib.processing.processor",
+    "KinesisRecord": "worker_lib.core.models",
     "InitializationInput": "worker_lib.processing.processor",
     "ProcessRecordsInput": "worker_lib.processing.processor",
     "LeaseLostInput": "worker_lib.processing.processor",
@@ -109,6 +109,7 @@ if TYPE_CHECKING:
         TableSchemaError,
         ThrottledError,
     )
+    from worker_lib.core.models import KinesisRecord
     from worker_lib.core.streams import StreamIdentifier, split_lease_key
     from worker_lib.processing.processor import (
         Checkpointer,
@@ -116,7 +117,6 @@ if TYPE_CHECKING:
         FunctionProcessor,
         InitializationInput,
         InvalidCheckpointError,
-        KinesisRecord,
         LeaseLostInput,
         ProcessRecordsInput,
         RecordProcessor,

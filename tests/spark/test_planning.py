@@ -6,9 +6,8 @@ import pytest
 
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import ConfigError
-from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
+from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, KinesisRecord
 from worker_lib.leases.mode import LivenessMode
-from worker_lib.processing.processor import KinesisRecord
 from worker_lib.spark.load import ExecutorCpu
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (

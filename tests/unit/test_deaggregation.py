@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.kpl import reference_encoder
+from worker_lib.core.models import KinesisRecord
 from worker_lib.processing.deaggregation import (
     MAGIC,
     AggregateFormatError,
@@ -22,7 +23,6 @@ from worker_lib.processing.deaggregation import (
     effective_hash_key,
     is_aggregate,
 )
-from worker_lib.processing.processor import KinesisRecord
 
 ARRIVAL = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)
 

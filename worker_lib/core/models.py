@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 
@@ -216,3 +217,27 @@ class WorkerMetricStats:
     def has_failed_metric(self) -> bool:
         """KCL excludes a worker from assignment when any metric list ends in −1."""
         return any(values and values[-1] == -1 for values in self.stats.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class KinesisRecord:
+    """One user record as delivered to a processor.
+
+    For a KPL aggregate, every user record inside it shares the aggregate's ``sequence_number`` and carries its
+    index in the aggregate as ``sub_sequence_number`` (``aggregated`` is True); a plain record has sub-sequence 0.
+    ``data`` is excluded from ``repr`` so that records can be logged without their payload.
+    """
+
+    data: bytes = field(repr=False)
+    partition_key: str
+    sequence_number: str
+    sub_sequence_number: int = 0
+    approximate_arrival_timestamp: datetime | None = None
+    explicit_hash_key: str | None = None
+    aggregated: bool = False
+    encryption_type: str | None = None
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint value that marks this record (and everything before it) as processed."""
+        return Checkpoint(sequence=self.sequence_number, sub_sequence=self.sub_sequence_number)

@@ -322,41 +322,24 @@ class DynamoDBLeaseStore:
         return [lease for lease in leases if self.create_lease_if_absent(lease)]
 
     def renew_lease(self, lease: Lease, owner: str, *, throughput_kbps: float | None = None) -> Lease | None:
-        in_handoff = lease.checkpoint_owner == owner
-        result = self._renew_once(lease, owner, in_handoff=in_handoff, throughput_kbps=throughput_kbps)
-        if result is not None:
-            return result
-        current = self.get_lease(lease.lease_key)
-        if current is None:
-            return None
-        if (
-            not in_handoff
-            and current.checkpoint_owner == owner
-            and current.lease_owner != owner
-            and current.lease_counter == lease.lease_counter
-        ):
-            # The leader started a graceful handoff away from us (counter untouched): keep renewing as the
-            # checkpoint owner so the lease does not expire while we finish and checkpoint.
-            return self._renew_once(current, owner, in_handoff=True, throughput_kbps=throughput_kbps)
-        if (
-            current.lease_counter == lease.lease_counter + 1
-            and current.actual_owner == owner
-            and (throughput_kbps is None or _close(current.throughput_kbps, throughput_kbps))
-            and current.checkpoint == lease.checkpoint
-        ):
-            return current  # our write was applied and its reply lost
-        return None
+        def renewal(base: Lease) -> _Update:
+            update = self._fenced_by_processing_owner(base, owner)
+            if throughput_kbps is not None:
+                update.set(A.THROUGHPUT_KBPS, number(throughput_kbps))
+            return update
 
-    def _renew_once(self, lease: Lease, owner: str, *, in_handoff: bool, throughput_kbps: float | None) -> Lease | None:
-        update = _Update().require_equal(A.LEASE_COUNTER, number(lease.lease_counter))
-        if in_handoff:
-            update.require_equal(A.CHECKPOINT_OWNER, {"S": owner})
-        else:
-            update.require_equal(A.LEASE_OWNER, {"S": owner}).require_absent(A.CHECKPOINT_OWNER)
-        update.set(A.LEASE_COUNTER, number(lease.lease_counter + 1))
-        if throughput_kbps is not None:
-            update.set(A.THROUGHPUT_KBPS, number(throughput_kbps))
-        return self._update(lease.lease_key, update, operation="renew")
+        return self._processing_owner_write(
+            lease,
+            owner,
+            renewal,
+            operation="renew",
+            applied=lambda cur: (
+                cur.lease_counter == lease.lease_counter + 1
+                and cur.actual_owner == owner
+                and (throughput_kbps is None or _close(cur.throughput_kbps, throughput_kbps))
+                and cur.checkpoint == lease.checkpoint
+            ),
+        )
 
     def update_throughput(self, lease: Lease, owner: str, throughput_kbps: float) -> Lease | None:
         """``worker`` liveness mode: write ``throughputKBps`` alone, conditioned on the counter and on ``owner``
@@ -371,15 +354,20 @@ class DynamoDBLeaseStore:
         return self._update(lease.lease_key, update, operation="update throughput")
 
     def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
-        update = self._fenced_by_processing_owner(lease, owner)
-        update.set(A.CHECKPOINT, {"S": checkpoint.sequence})
-        update.set(A.CHECKPOINT_SUB_SEQUENCE, number(checkpoint.sub_sequence))
-        update.set(A.OWNER_SWITCHES, number(0))
-        # KCL's updateLease removes the three together: application state must not outlive its pending checkpoint.
-        update.remove(A.PENDING_CHECKPOINT).remove(A.PENDING_CHECKPOINT_SUB_SEQUENCE).remove(A.PENDING_CHECKPOINT_STATE)
-        return self._update_or_recognise(
+        def write(base: Lease) -> _Update:
+            update = self._fenced_by_processing_owner(base, owner)
+            update.set(A.CHECKPOINT, {"S": checkpoint.sequence})
+            update.set(A.CHECKPOINT_SUB_SEQUENCE, number(checkpoint.sub_sequence))
+            update.set(A.OWNER_SWITCHES, number(0))
+            # KCL's updateLease removes the three together: application state must not outlive its pending
+            # checkpoint.
+            update.remove(A.PENDING_CHECKPOINT).remove(A.PENDING_CHECKPOINT_SUB_SEQUENCE)
+            return update.remove(A.PENDING_CHECKPOINT_STATE)
+
+        return self._processing_owner_write(
             lease,
-            update,
+            owner,
+            write,
             operation="checkpoint",
             applied=lambda cur: (
                 cur.lease_counter == lease.lease_counter + 1
@@ -390,14 +378,17 @@ class DynamoDBLeaseStore:
         )
 
     def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
-        update = self._fenced_by_processing_owner(lease, owner)
-        update.set(A.PENDING_CHECKPOINT, {"S": pending.sequence})
-        update.set(A.PENDING_CHECKPOINT_SUB_SEQUENCE, number(pending.sub_sequence))
-        # No application state is given with it: KCL's prepareCheckpoint without state removes any earlier one.
-        update.remove(A.PENDING_CHECKPOINT_STATE)
-        return self._update_or_recognise(
+        def write(base: Lease) -> _Update:
+            update = self._fenced_by_processing_owner(base, owner)
+            update.set(A.PENDING_CHECKPOINT, {"S": pending.sequence})
+            update.set(A.PENDING_CHECKPOINT_SUB_SEQUENCE, number(pending.sub_sequence))
+            # No application state is given with it: KCL's prepareCheckpoint without state removes any earlier one.
+            return update.remove(A.PENDING_CHECKPOINT_STATE)
+
+        return self._processing_owner_write(
             lease,
-            update,
+            owner,
+            write,
             operation="prepare_checkpoint",
             applied=lambda cur: (
                 cur.lease_counter == lease.lease_counter + 1
@@ -405,6 +396,42 @@ class DynamoDBLeaseStore:
                 and cur.actual_owner == owner
             ),
         )
+
+    def _processing_owner_write(
+        self,
+        lease: Lease,
+        owner: str,
+        build: Callable[[Lease], _Update],
+        *,
+        operation: str,
+        applied: Callable[[Lease], bool],
+    ) -> Lease | None:
+        """A counter-moving write by the owner processing the shard (renewal, checkpoint, prepared checkpoint), with
+        the one re-read and the one retry of the whole checkpoint path.
+
+        After a lost condition the item is read once (consistently), and the write is either recognised as applied
+        with its reply lost (``applied``), or — when the leader started a graceful hand-off away from us since our
+        view (``leaseOwner`` moved, ``checkpointOwner`` = us, counter untouched) — sent once more as the checkpoint
+        owner, on the item as read: we are still the one processing until we complete the hand-off. Anything else
+        is the normal outcome of a race: ``None``. The returned lease shows a hand-off in progress by its owners."""
+        result = self._update(lease.lease_key, build(lease), operation=operation)
+        if result is not None:
+            return result
+        current = self.get_lease(lease.lease_key)
+        if current is None:
+            return None
+        if applied(current):
+            log.info("lease %s: %s reply was lost but the write was applied", lease.lease_key, operation)
+            return current
+        handoff_since = (
+            lease.checkpoint_owner != owner
+            and current.checkpoint_owner == owner
+            and current.lease_owner != owner
+            and current.lease_counter == lease.lease_counter
+        )
+        if handoff_since:
+            return self._update(lease.lease_key, build(current), operation=f"{operation} as checkpoint owner")
+        return None
 
     def _fenced_by_processing_owner(self, lease: Lease, owner: str) -> _Update:
         """Counter unchanged since the caller's view, and the caller is the one processing the shard."""

@@ -416,38 +416,30 @@ class LeaseHolder:
     def _fenced_write(
         self, lease_key: str, write: Callable[[Lease], Lease | None], what: str, *, moves_counter: bool = True
     ) -> Lease | None:
+        """One write on behalf of the consumer, while the lease is valid. The store re-reads once after a lost
+        condition and retries once as checkpoint owner when the leader started a hand-off meanwhile
+        (:meth:`~worker_lib.leases.dynamodb.DynamoDBLeaseStore.checkpoint`); here the outcome is only recorded."""
         entry = self._entry(lease_key)
         if entry is None or not self.is_valid(lease_key):
             return None
         with entry.lock:
-            for _ in range(2):
-                sent = self._clock.monotonic()
-                updated = write(entry.lease)
-                if updated is not None:
-                    entry.lease = updated
-                    if moves_counter:  # a counter increment is a renewal: validity restarts from the send time
-                        entry.sent_at = sent
-                    return updated
-                # The leader may have started a graceful handoff since our last renewal (leaseOwner moved to the
-                # new owner, checkpointOwner = us, counter untouched): we are still the one processing, so the
-                # write is retried once as checkpoint owner — exactly as a renewal would be.
-                current = self._store.get_lease(lease_key)
-                if not (
-                    current is not None
-                    and current.checkpoint_owner == self.worker_id
-                    and current.lease_owner != self.worker_id
-                    and current.lease_counter == entry.lease.lease_counter
-                    and entry.lease.checkpoint_owner != self.worker_id
-                ):
-                    break
-                log.info(
-                    "graceful handoff requested lease=%s from=%s to=%s (seen at %s)",
-                    lease_key,
-                    self.worker_id,
-                    current.lease_owner,
-                    what,
-                )
-                entry.lease, entry.handoff_requested = current, True
+            sent = self._clock.monotonic()
+            updated = write(entry.lease)
+            if updated is not None:
+                entry.lease = updated
+                if moves_counter:  # a counter increment is a renewal: validity restarts from the send time
+                    entry.sent_at = sent
+                away = updated.lease_owner != self.worker_id and updated.checkpoint_owner == self.worker_id
+                if away and not entry.handoff_requested:
+                    log.info(
+                        "graceful handoff requested lease=%s from=%s to=%s (seen at %s)",
+                        lease_key,
+                        self.worker_id,
+                        updated.lease_owner,
+                        what,
+                    )
+                    entry.handoff_requested = True
+                return updated
         self._mark_lost(lease_key, f"{what} condition failed")
         return None
 

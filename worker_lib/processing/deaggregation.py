@@ -32,7 +32,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from worker_lib.processing.processor import KinesisRecord
+from worker_lib.core.models import KinesisRecord
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeAlias, cast, runtime_checkable
 
 from worker_lib.core.errors import ConfigError, ShardleaseError
 from worker_lib.core.imports import import_attr
-from worker_lib.core.models import Checkpoint
+from worker_lib.core.models import Checkpoint, KinesisRecord
 
 log = logging.getLogger(__name__)
 
@@ -76,30 +76,6 @@ class InvalidCheckpointError(CheckpointError, ValueError):
 
 
 # --- records -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class KinesisRecord:
-    """One user record as delivered to a processor.
-
-    For a KPL aggregate, every user record inside it shares the aggregate's ``sequence_number`` and carries its
-    index in the aggregate as ``sub_sequence_number`` (``aggregated`` is True); a plain record has sub-sequence 0.
-    ``data`` is excluded from ``repr`` so that records can be logged without their payload.
-    """
-
-    data: bytes = field(repr=False)
-    partition_key: str
-    sequence_number: str
-    sub_sequence_number: int = 0
-    approximate_arrival_timestamp: datetime | None = None
-    explicit_hash_key: str | None = None
-    aggregated: bool = False
-    encryption_type: str | None = None
-
-    @property
-    def checkpoint(self) -> Checkpoint:
-        """The checkpoint value that marks this record (and everything before it) as processed."""
-        return Checkpoint(sequence=self.sequence_number, sub_sequence=self.sub_sequence_number)
 
 
 # --- checkpointer --------------------------------------------------------------------------------------------

@@ -39,10 +39,9 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError
-from worker_lib.core.models import Checkpoint, SentinelCheckpoint
+from worker_lib.core.models import Checkpoint, KinesisRecord, SentinelCheckpoint
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.deaggregation import deaggregate
-from worker_lib.processing.processor import KinesisRecord
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,9 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, Checkpoint
+from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.core.streams import stream_name_of
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.processor import KinesisRecord
 from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore

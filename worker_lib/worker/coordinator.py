@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker_lib.core.clock import Clock
-from worker_lib.core.models import Lease, ShardInfo
+from worker_lib.core.models import KinesisRecord, Lease, ShardInfo
 from worker_lib.core.streams import stream_name_of
 from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper, ThroughputTracker
 from worker_lib.leases.mode import StoredMode
@@ -26,7 +26,7 @@ from worker_lib.leases.mode_store import LivenessModeSource
 from worker_lib.leases.renewer import RenewalReport
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
-from worker_lib.processing.processor import KinesisRecord, ProcessorFactory, RecordProcessor
+from worker_lib.processing.processor import ProcessorFactory, RecordProcessor
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.telemetry.names import WorkerMetric as MetricName
 from worker_lib.telemetry.publisher import MetricsPublisher

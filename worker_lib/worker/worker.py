@@ -38,6 +38,7 @@ from worker_lib.core.errors import (
     TableMissingError,
     ThrottledError,
 )
+from worker_lib.core.models import KinesisRecord
 from worker_lib.core.streams import StreamSelection, StreamTracker, load_stream_tracker, parse_stream_entry
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -47,7 +48,7 @@ from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
-from worker_lib.processing.processor import KinesisRecord, ProcessorFactory
+from worker_lib.processing.processor import ProcessorFactory
 from worker_lib.tables.admin import check_layout, check_schema
 from worker_lib.tables.schema import (
     TableLayout,
