@@ -20,13 +20,13 @@ Its imports stay within what the leader needs, so that the Lambda asset can hold
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from worker_lib.core.clock import SYSTEM_CLOCK
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.env import environ
 from worker_lib.leader.cycle_metrics import run_outcome
 from worker_lib.leader.factory import ClientCache, app_and_stream, build_leader_from_env
 from worker_lib.leader.leader import CycleReport
@@ -52,7 +52,7 @@ def invoke(
     context: LambdaContext, *, clients: ClientCache = warm_clients, stop: threading.Event | None = None
 ) -> dict[str, Any]:
     """One invocation; ``clients`` and ``stop`` are seams for benchmarks (the handler uses the container's)."""
-    env = os.environ
+    env = environ()
     app, stream = app_and_stream(env)
     owner = env.get("SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
     report = observer.begin(env, app=app, stream=stream.describe(), owner=owner)

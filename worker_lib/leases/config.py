@@ -19,7 +19,6 @@ class LeaseConfig:
 
     failover_time_ms: lease duration; a lease whose counter has not moved for this long is expired (10 000).
     epsilon_ms: safety margin subtracted from the renewal interval (25).
-    max_leases_for_worker: hard cap per worker (None = unlimited, as KCL).
     heartbeat_interval_ms: the worker heartbeat (docs/failover.md): one write per worker per interval that lets
       the leader see a departed or dead worker within about a second and brings back its notices of new leases
       (default 1000, or a third of the failover time if that is shorter; ``SHARDLEASE_HEARTBEAT_INTERVAL_MS``;
@@ -38,7 +37,6 @@ class LeaseConfig:
 
     failover_time_ms: int = 10_000
     epsilon_ms: int = 25
-    max_leases_for_worker: int | None = None
     graceful_handoff_timeout_ms: int = 30_000
     graceful_handoff_enabled: bool = True
     heartbeat_interval_ms: int = -1  # -1: by mode, min(1000 | 2000, failover / 3)
@@ -67,8 +65,6 @@ class LeaseConfig:
             )
         if not 0 <= self.epsilon_ms < self.failover_time_ms // 3:
             raise ConfigError("epsilon_ms must be between 0 and a third of failover_time_ms")
-        if self.max_leases_for_worker is not None and self.max_leases_for_worker < 1:
-            raise ConfigError("max_leases_for_worker must be at least 1")
         if self.graceful_handoff_timeout_ms < 0:
             raise ConfigError("graceful_handoff_timeout_ms must not be negative")
 
@@ -103,10 +99,8 @@ class LeaseConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseConfig:
         e = environ(env)
-        cap = env_int(e, "SHARDLEASE_MAX_LEASES_FOR_WORKER", 0)
         return cls(
             failover_time_ms=env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
-            max_leases_for_worker=cap or None,
             graceful_handoff_timeout_ms=env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
             heartbeat_interval_ms=env_int(e, "SHARDLEASE_HEARTBEAT_INTERVAL_MS", -1),
             liveness_mode=e.get("SHARDLEASE_LIVENESS_MODE") or LivenessMode.LEASE.value,

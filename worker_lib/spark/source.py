@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from worker_lib.core.env import env_str, environ
 from worker_lib.core.streams import stream_name_of
 from worker_lib.spark import trace
 from worker_lib.spark.driver import SparkLeaseCoordinator
@@ -83,7 +84,7 @@ class ShardleaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _driver(self) -> SparkLeaseCoordinator:
         if self._coordinator is None:
-            level = os.environ.get("SHARDLEASE_SPARK_LOG_LEVEL")
+            level = env_str(environ(), "SHARDLEASE_SPARK_LOG_LEVEL")
             if level:  # the source runner is a Python process of its own: nobody configured its logging
                 logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
             with trace.step("coordinator_start"):

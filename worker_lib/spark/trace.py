@@ -18,12 +18,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from worker_lib.core.env import env_str, environ
+
 TRACE_DIR_VARIABLE = "SHARDLEASE_SPARK_TRACE_DIR"
 _START = "shardlease_trace_started"
 
 
 def trace_dir(env: Mapping[str, str] | None = None) -> str | None:
-    return (os.environ if env is None else env).get(TRACE_DIR_VARIABLE) or None
+    return env_str(environ(env), TRACE_DIR_VARIABLE) or None
 
 
 class CallCounter:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -487,7 +486,7 @@ class Worker:
         # The leader's metrics go where this worker's go (SHARDLEASE_METRICS), as the Lambda's would.
         publisher = LeaderMetricsPublisher(self.config.metrics, app=self.config.app, aws_config=self._aws_config)
         parts = build_leader_from_env(
-            os.environ,
+            environ(),
             app=self.config.app,
             stream=self.config.stream_selection,
             owner=f"{self.worker_id}:leader",
