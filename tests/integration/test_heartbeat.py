@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
-from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards
+from tests.support.recording import Journal, RecordingProcessor, stream_with_leases
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leases.config import LeaseConfig
@@ -28,7 +28,6 @@ from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.schema import worker_metrics_table_name
-from worker_lib.testing.streams import create_stream
 from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
 from worker_lib.workermetrics.stats_serializer import from_item
@@ -590,13 +589,7 @@ def test_shutdown_announces_departing_then_stopped_and_gives_the_leases_up(
     ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
     # GIVEN a worker holding both leases of a 2-shard stream, every UpdateItem of its client recorded
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 2)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    keys = create_leases_for_open_shards(store, kinesis, stream)
-    for key in keys:
-        lease = store.get_lease(key)
-        assert lease is not None and store.assign_lease(lease, "w1") is not None
+    stream, store, keys = stream_with_leases(app_name, ddb, kinesis, 2, owner="w1")
     writes = HeartbeatWrites(ddb)
     worker = start_worker(app_name, stream, ddb, kinesis, workers)
     assert wait_until(lambda: sorted(worker.held_leases) == sorted(keys), timeout_s=15)
@@ -628,10 +621,8 @@ def test_a_notified_lease_is_taken_within_a_beat_despite_a_30_s_discovery_interv
     ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
     # GIVEN a running worker with the default 30 s safety-net discovery, two unowned leases
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 2)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    notified_key, quiet_key = sorted(create_leases_for_open_shards(store, kinesis, stream))
+    stream, store, keys = stream_with_leases(app_name, ddb, kinesis, 2)
+    notified_key, quiet_key = sorted(keys)
     rows = WorkerMetricsStore(app_name, client=ddb)
     worker = start_worker(app_name, stream, ddb, kinesis, workers)
     assert worker.config.discovery_interval_ms is None  # KCL's pace until a notice arrives, 30 s after
@@ -656,12 +647,9 @@ def test_no_lease_is_taken_before_the_first_heartbeat_succeeded(
     ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
     # GIVEN a lease assigned to w1 and w1's heartbeat writes failing (throttled)
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 1)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    (key,) = create_leases_for_open_shards(store, kinesis, stream)
-    lease = store.get_lease(key)
-    assert lease is not None and store.assign_lease(lease, "w1") is not None
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    assigned = store.get_lease(key)
+    assert assigned is not None
     blackout = HeartbeatBlackout(ddb)
     blackout.failing = True
     # WHEN the worker starts and its heartbeats keep failing for 2 s
@@ -670,7 +658,7 @@ def test_no_lease_is_taken_before_the_first_heartbeat_succeeded(
     # THEN it has not taken (nor renewed) the lease: its counter is untouched
     assert worker.held_leases == []
     current = store.get_lease(key)
-    assert current is not None and current.lease_counter == lease.lease_counter + 1
+    assert current is not None and current.lease_counter == assigned.lease_counter
     # WHEN the heartbeat gets through THEN it takes the lease
     blackout.failing = False
     assert wait_until(lambda: worker.held_leases == [key], timeout_s=5)

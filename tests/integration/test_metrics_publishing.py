@@ -11,19 +11,16 @@ import pytest
 from tests.support.recording import (
     Journal,
     RecordingProcessor,
-    assign_unowned,
-    create_leases_for_open_shards,
+    stream_with_leases,
 )
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.publisher import EmfPublisher, MetricsConfig, make_publisher
-from worker_lib.testing.streams import create_stream
 from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 
@@ -62,11 +59,7 @@ def test_a_worker_publishes_put_metric_data_to_cloudwatch(moto_aws: AwsConfig, a
     kinesis: Any = aws.client("kinesis", moto_aws)
     cloudwatch: Any = aws.client("cloudwatch", moto_aws)
     ensure_tables(app_name, ddb)
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 1)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    create_leases_for_open_shards(store, kinesis, stream)
-    assign_unowned(store, lambda lease: "w1")
+    stream, _, _ = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     kinesis.put_records(StreamName=stream, Records=[{"Data": b"x" * 100, "PartitionKey": str(n)} for n in range(25)])
     namespace = f"test-{app_name}"
     config = WorkerConfig(

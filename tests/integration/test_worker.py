@@ -13,7 +13,7 @@ from tests.support.recording import (
     Journal,
     RecordingProcessor,
     assign_unowned,
-    create_leases_for_open_shards,
+    stream_with_leases,
 )
 from tests.support.tables import create_foreign_table
 from worker_lib.core import aws
@@ -22,7 +22,6 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError, TableMissingError, TableSchemaError
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
@@ -43,7 +42,10 @@ def put(kinesis: Any, stream: str, start: int, count: int) -> list[bytes]:
     return datas
 
 
-def make_worker(app: str, stream: str, worker_id: str, journal: Journal, *, ddb: Any, kinesis: Any) -> Worker:
+def start_worker(
+    app: str, stream: str, worker_id: str, journal: Journal, *, ddb: Any, kinesis: Any, workers: list[Worker]
+) -> Worker:
+    """An in-process worker recording into ``journal``, started (and shut down at the end of the test)."""
     config = WorkerConfig(
         app=app,
         stream=stream,
@@ -54,32 +56,21 @@ def make_worker(app: str, stream: str, worker_id: str, journal: Journal, *, ddb:
         shutdown_timeout_ms=10_000,
         worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
     )
-    return Worker(config, lambda: RecordingProcessor(journal), dynamodb=ddb, kinesis=kinesis)
-
-
-@pytest.fixture
-def moto_clients(moto_aws: AwsConfig, app_name: str) -> tuple[Any, Any]:
-    ddb = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, ddb)
-    return ddb, aws.client("kinesis", moto_aws)
+    worker = Worker(config, lambda: RecordingProcessor(journal), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    worker.start()
+    return worker
 
 
 def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpoints(
-    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
-    ddb, kinesis = moto_clients
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 4)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
     # GIVEN 4 leases assigned to w1 and 300 records
-    create_leases_for_open_shards(store, kinesis, stream)
-    assign_unowned(store, lambda lease: "w1")
+    stream, store, _ = stream_with_leases(app_name, ddb, kinesis, 4, owner="w1")
     produced = put(kinesis, stream, 0, 300)
     journal = Journal()
-    w1 = make_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis)
-    workers.append(w1)
     # WHEN w1 runs
-    w1.start()
+    w1 = start_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis, workers=workers)
     # THEN every record is processed exactly once
     assert wait_until(lambda: len(journal.datas()) >= 300, timeout_s=30)
     assert sorted(journal.datas()) == sorted(produced)
@@ -101,9 +92,7 @@ def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpo
     # WHEN 100 more records arrive and w2 takes over
     produced += put(kinesis, stream, 300, 100)
     assign_unowned(store, lambda lease: "w2")
-    w2 = make_worker(app_name, stream, "w2", journal, ddb=ddb, kinesis=kinesis)
-    workers.append(w2)
-    w2.start()
+    w2 = start_worker(app_name, stream, "w2", journal, ddb=ddb, kinesis=kinesis, workers=workers)
     # THEN w2 processes only the new records: nothing lost, nothing twice
     assert wait_until(lambda: len(journal.datas()) >= 400, timeout_s=30)
     assert w2.shutdown(timeout_s=10)  # drains in-flight batches: a duplicate would show up now
@@ -111,19 +100,13 @@ def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpo
 
 
 def test_a_lease_taken_away_stops_processing_and_never_checkpoints_again(
-    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
-    ddb, kinesis = moto_clients
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 1)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    (key,) = create_leases_for_open_shards(store, kinesis, stream)
-    assign_unowned(store, lambda lease: "w1")
+    # GIVEN w1 processing the one lease of a 1-shard stream
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     put(kinesis, stream, 0, 10)
     journal = Journal()
-    w1 = make_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis)
-    workers.append(w1)
-    w1.start()
+    start_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis, workers=workers)
     assert wait_until(lambda: len(journal.datas()) >= 10, timeout_s=20)
     # WHEN the leader reassigns the lease to w2 (as after an expiry)
     lease = store.get_lease(key)
@@ -145,16 +128,11 @@ def test_split_and_merge_while_producing_keep_order_and_lose_nothing(
     ddb = aws.client("dynamodb", moto_aws)
     ensure_tables(app_name, ddb)
     kinesis = aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=2))
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 3)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    create_leases_for_open_shards(store, kinesis, stream)
+    stream, store, _ = stream_with_leases(app_name, ddb, kinesis, 3)
     journal = Journal()
     names = ["w1", "w2"]
     for name in names:
-        worker = make_worker(app_name, stream, name, journal, ddb=ddb, kinesis=kinesis)
-        workers.append(worker)
-        worker.start()
+        start_worker(app_name, stream, name, journal, ddb=ddb, kinesis=kinesis, workers=workers)
     stop = threading.Event()
 
     def assigner() -> None:  # stand-in for the leader: round-robin every unowned lease
@@ -205,20 +183,14 @@ def test_split_and_merge_while_producing_keep_order_and_lose_nothing(
 
 
 def test_a_graceful_handoff_moves_a_lease_at_a_batch_boundary_without_loss_or_duplicates(
-    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
-    ddb, kinesis = moto_clients
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 1)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    (key,) = create_leases_for_open_shards(store, kinesis, stream)
-    assign_unowned(store, lambda lease: "w1")
+    # GIVEN w1 holding the one lease of a 1-shard stream, w2 running beside it, 100 records processed
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     journal = Journal()
-    w1 = make_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis)
-    w2 = make_worker(app_name, stream, "w2", journal, ddb=ddb, kinesis=kinesis)
-    workers.extend([w1, w2])
-    w1.start()
-    w2.start()
+    w1, w2 = (
+        start_worker(app_name, stream, w, journal, ddb=ddb, kinesis=kinesis, workers=workers) for w in ("w1", "w2")
+    )
     produced = put(kinesis, stream, 0, 100)
     assert wait_until(lambda: len(journal.datas()) >= 100, timeout_s=20)
     # WHEN the leader starts a graceful handoff from w1 to w2
@@ -237,14 +209,10 @@ def test_a_graceful_handoff_moves_a_lease_at_a_batch_boundary_without_loss_or_du
 
 
 def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_batch(
-    moto_clients: tuple[Any, Any], app_name: str, workers: list[Worker]
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
-    ddb, kinesis = moto_clients
-    stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 1)
-    store = DynamoDBLeaseStore(app_name, client=ddb)
-    (key,) = create_leases_for_open_shards(store, kinesis, stream)
-    assign_unowned(store, lambda lease: "w1")
+    # GIVEN w1's one lease with 20 records, and a processor that raises on every batch (2 retries)
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     put(kinesis, stream, 0, 20)
     attempts: list[int] = []
 
@@ -326,9 +294,7 @@ def test_a_missing_table_at_start_fails_at_once_naming_create_tables(moto_aws: A
     assert str(err.value) == expected
 
 
-def test_a_missing_stream_at_start_fails_at_once(
-    moto_clients: tuple[Any, Any], app_name: str, moto_aws: AwsConfig
-) -> None:
+def test_a_missing_stream_at_start_fails_at_once(ddb: Any, kinesis: Any, app_name: str, moto_aws: AwsConfig) -> None:
     # GIVEN the application's tables but no stream
     worker = _blank_worker(app_name, "no-such-stream", moto_aws, ManualClock())
     # WHEN the worker is run THEN it fails at once with one line naming the stream
@@ -339,10 +305,9 @@ def test_a_missing_stream_at_start_fails_at_once(
 
 
 def test_an_embedded_leader_needs_the_coordinator_table_at_start(
-    moto_clients: tuple[Any, Any], app_name: str, moto_aws: AwsConfig
+    ddb: Any, kinesis: Any, app_name: str, moto_aws: AwsConfig
 ) -> None:
     # GIVEN the tables without CoordinatorState, and a worker that would also lead
-    ddb, kinesis = moto_clients
     ddb.delete_table(TableName=f"{app_name}-CoordinatorState")
     create_stream(kinesis, f"{app_name}-s", 1)
     worker = _blank_worker(app_name, f"{app_name}-s", moto_aws, ManualClock(), leader_mode="embedded")
@@ -352,10 +317,9 @@ def test_an_embedded_leader_needs_the_coordinator_table_at_start(
 
 
 def test_a_table_with_other_keys_at_start_is_one_schema_error(
-    moto_clients: tuple[Any, Any], app_name: str, moto_aws: AwsConfig
+    ddb: Any, kinesis: Any, app_name: str, moto_aws: AwsConfig
 ) -> None:
     # GIVEN the worker-metrics table replaced by one with another key (made by hand or another tool)
-    ddb, kinesis = moto_clients
     metrics_table = f"{app_name}-WorkerMetricStats"
     create_foreign_table(ddb, metrics_table, replace=True)
     create_stream(kinesis, f"{app_name}-s", 1)

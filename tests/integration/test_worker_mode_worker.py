@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import Journal, RecordingProcessor, create_leases_for_open_shards
+from tests.support.recording import Journal, RecordingProcessor, stream_with_leases
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import EndpointUnreachableError
 from worker_lib.core.models import Lease
@@ -56,16 +56,6 @@ def make_worker(app: str, stream: str, ddb: Any, kinesis: Any, *, setting: str) 
     )
 
 
-def leases_assigned_to_w1(app: str, stream: str, ddb: Any, kinesis: Any, shards: int) -> list[str]:
-    create_stream(kinesis, stream, shards)
-    store = DynamoDBLeaseStore(app, client=ddb)
-    keys = create_leases_for_open_shards(store, kinesis, stream)
-    for key in keys:
-        lease = store.get_lease(key)
-        assert lease is not None and store.assign_lease(lease, "w1") is not None
-    return sorted(keys)
-
-
 def counters(app: str, ddb: Any) -> dict[str, int]:
     return {lease.lease_key: lease.lease_counter for lease in DynamoDBLeaseStore(app, client=ddb).list_leases()}
 
@@ -81,7 +71,8 @@ def test_a_worker_mode_worker_holds_its_leases_without_renewing_them(
 ) -> None:
     # GIVEN an application in worker mode and two leases assigned to w1
     modes(app_name, ddb).record_if_absent(LivenessMode.WORKER, by="test")
-    keys = leases_assigned_to_w1(app_name, f"{app_name}-s", ddb, kinesis, 2)
+    _, _, keys = stream_with_leases(app_name, ddb, kinesis, 2, owner="w1")
+    keys.sort()
     # WHEN w1 (configured for worker mode) runs
     worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="worker")
     workers.append(worker)
@@ -103,7 +94,7 @@ def test_a_handoff_asked_for_on_the_workers_item_is_completed(
 ) -> None:
     # GIVEN a worker-mode worker holding one lease
     modes(app_name, ddb).record_if_absent(LivenessMode.WORKER, by="test")
-    (key,) = leases_assigned_to_w1(app_name, f"{app_name}-s", ddb, kinesis, 1)
+    _, _, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="worker")
     workers.append(worker)
     worker.start()
@@ -134,7 +125,7 @@ def test_an_auto_worker_follows_a_switch_in_both_directions(
     # GIVEN an application in lease mode and an auto worker holding its lease, renewing it
     store = modes(app_name, ddb)
     store.record_if_absent(LivenessMode.LEASE, by="test")
-    (key,) = leases_assigned_to_w1(app_name, f"{app_name}-s", ddb, kinesis, 1)
+    _, _, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="auto")
     workers.append(worker)
     worker.start()

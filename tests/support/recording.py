@@ -17,6 +17,7 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.testing.streams import create_stream
 
 
 @dataclass
@@ -87,6 +88,20 @@ def create_leases_for_open_shards(store: DynamoDBLeaseStore, kinesis: Any, strea
         store.create_lease_if_absent(lease)
         keys.append(shard["ShardId"])
     return keys
+
+
+def stream_with_leases(
+    app: str, ddb: Any, kinesis: Any, shards: int, *, owner: str | None = None
+) -> tuple[str, DynamoDBLeaseStore, list[str]]:
+    """A stream ``<app>-s`` of ``shards`` shards and a TRIM_HORIZON lease per shard, each assigned to ``owner`` if
+    one is named (stand-ins for the leader's shard sync and assignment); (stream, lease store, lease keys)."""
+    stream = f"{app}-s"
+    create_stream(kinesis, stream, shards)
+    store = DynamoDBLeaseStore(app, client=ddb)
+    keys = create_leases_for_open_shards(store, kinesis, stream)
+    if owner is not None:
+        assert assign_unowned(store, lambda lease: owner) == len(keys)
+    return stream, store, keys
 
 
 def owners(store: DynamoDBLeaseStore) -> dict[str, str | None]:
