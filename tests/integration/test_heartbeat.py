@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
-from tests.support.recording import Journal, RecordingProcessor, stream_with_leases
+from tests.support.recording import recording_worker, stream_with_leases
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leases.config import LeaseConfig
@@ -26,7 +26,6 @@ from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.renewer import LeaseHolder
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
@@ -547,20 +546,8 @@ FAST_LEASES = LeaseConfig(failover_time_ms=3_000)  # heartbeat every 1 s (a thir
 
 
 def start_worker(app: str, stream: str, ddb: Any, kinesis: Any, workers: list[Worker], **config: Any) -> Worker:
-    worker = Worker(
-        WorkerConfig(
-            app=app,
-            stream=stream,
-            worker_id="w1",
-            lease=FAST_LEASES,
-            retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-            shutdown_timeout_ms=10_000,
-            report_worker_metrics=False,
-            **config,
-        ),
-        lambda: RecordingProcessor(Journal()),
-        dynamodb=ddb,
-        kinesis=kinesis,
+    worker = recording_worker(
+        app, stream, ddb=ddb, kinesis=kinesis, lease=FAST_LEASES, report_worker_metrics=False, **config
     )
     workers.append(worker)
     worker.start()

@@ -9,12 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import (
-    Journal,
-    RecordingProcessor,
-    assign_unowned,
-    stream_with_leases,
-)
+from tests.support.recording import Journal, RecordingProcessor, assign_unowned, recording_worker, stream_with_leases
 from tests.support.tables import create_foreign_table
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
@@ -46,17 +41,18 @@ def start_worker(
     app: str, stream: str, worker_id: str, journal: Journal, *, ddb: Any, kinesis: Any, workers: list[Worker]
 ) -> Worker:
     """An in-process worker recording into ``journal``, started (and shut down at the end of the test)."""
-    config = WorkerConfig(
-        app=app,
-        stream=stream,
+    metrics = WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200)
+    worker = recording_worker(
+        app,
+        stream,
+        ddb=ddb,
+        kinesis=kinesis,
+        journal=journal,
         worker_id=worker_id,
         lease=FAST_LEASES,
-        retrieval=FAST_READS,
         discovery_interval_ms=200,
-        shutdown_timeout_ms=10_000,
-        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
+        worker_metrics=metrics,
     )
-    worker = Worker(config, lambda: RecordingProcessor(journal), dynamodb=ddb, kinesis=kinesis)
     workers.append(worker)
     worker.start()
     return worker

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import Journal, RecordingProcessor, stream_with_leases
+from tests.support.recording import recording_worker, stream_with_leases
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import EndpointUnreachableError
 from worker_lib.core.models import Lease
@@ -24,11 +24,10 @@ from worker_lib.leases.heartbeat import HeartbeatLoop
 from worker_lib.leases.mode import LivenessMode, LivenessModeMismatchError, StoredMode, handoff_request
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.renewer import LeaseHolder
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
 from worker_lib.testing.waiting import wait_until
-from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.worker.worker import Worker
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 # Failover 6 s: the worker-mode beat is 2 s (its default), the lease-mode beat 1 s, renewals every 1.975 s.
@@ -40,20 +39,8 @@ def modes(app: str, ddb: Any) -> LivenessModeStore:
 
 
 def make_worker(app: str, stream: str, ddb: Any, kinesis: Any, *, setting: str) -> Worker:
-    return Worker(
-        WorkerConfig(
-            app=app,
-            stream=stream,
-            worker_id="w1",
-            lease=LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=setting, mode_check_interval_ms=1_000),
-            retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-            shutdown_timeout_ms=10_000,
-            report_worker_metrics=False,
-        ),
-        lambda: RecordingProcessor(Journal()),
-        dynamodb=ddb,
-        kinesis=kinesis,
-    )
+    lease = LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=setting, mode_check_interval_ms=1_000)
+    return recording_worker(app, stream, ddb=ddb, kinesis=kinesis, lease=lease, report_worker_metrics=False)
 
 
 def counters(app: str, ddb: Any) -> dict[str, int]:

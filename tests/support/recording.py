@@ -10,6 +10,7 @@ from typing import Any
 
 from worker_lib.core.models import TRIM_HORIZON, Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -18,6 +19,7 @@ from worker_lib.processing.processor import (
     ShutdownRequestedInput,
 )
 from worker_lib.testing.streams import create_stream
+from worker_lib.worker.worker import Worker, WorkerConfig
 
 
 @dataclass
@@ -88,6 +90,32 @@ def create_leases_for_open_shards(store: DynamoDBLeaseStore, kinesis: Any, strea
         store.create_lease_if_absent(lease)
         keys.append(shard["ShardId"])
     return keys
+
+
+def recording_worker(
+    app: str,
+    stream: str,
+    *,
+    ddb: Any,
+    kinesis: Any,
+    journal: Journal | None = None,
+    worker_id: str = "w1",
+    **config: Any,
+) -> Worker:
+    """An in-process Worker on the test's clients whose processors record into ``journal``: 100 ms between reads
+    and a 10 s shutdown timeout unless ``config`` (any other :class:`WorkerConfig` field) says otherwise."""
+    settings: dict[str, Any] = {
+        "retrieval": RetrievalConfig(idle_time_between_reads_ms=100),
+        "shutdown_timeout_ms": 10_000,
+        **config,
+    }
+    recorded = journal if journal is not None else Journal()
+    return Worker(
+        WorkerConfig(app=app, stream=stream, worker_id=worker_id, **settings),
+        lambda: RecordingProcessor(recorded),
+        dynamodb=ddb,
+        kinesis=kinesis,
+    )
 
 
 def stream_with_leases(
