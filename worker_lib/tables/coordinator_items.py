@@ -50,6 +50,7 @@ def key_of(item_key: str) -> Item:
 # --- the leader lock ------------------------------------------------------------------------------------------------
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "The leader lock".
 class LockAttr:
     OWNER = "ownerName"
     DURATION = "leaseDuration"
@@ -211,6 +212,7 @@ TABLE_MIGRATION_STATUS = "tm"
 TABLE_MIGRATION_COMPLETE = "TABLE_MIGRATION_STATUS_COMPLETE"
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "Migration3.0".
 class MigrationAttr:
     """KCL 3.x ``MigrationState`` (coordinator/migration/MigrationState.java): the client version the fleet runs in."""
 
@@ -250,6 +252,7 @@ def migration_version(attrs: Mapping[str, Any]) -> str | None:
 # --- plain-valued items (the leader's state store) ----------------------------------------------------------------
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "MaxLeasesPerWorker".
 class LeaseCapAttr:
     CAP = "cap"  # -1: no cap
     SHARDS = "shards"
@@ -257,11 +260,13 @@ class LeaseCapAttr:
     VERSION = "version"
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "LeaseExpiryObservations".
 class ExpiryObservationsAttr:
     OBSERVATIONS = "obs"  # zlib-compressed JSON
     COUNT = "count"
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "LivenessMode".
 class LivenessModeAttr:
     MODE = "mode"  # "lease" | "worker"
     TARGET = "target"  # absent unless a switch is under way
@@ -313,6 +318,7 @@ def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
 # --- Spark batch ends -----------------------------------------------------------------------------------------------
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "Spark batch ends".
 class BatchEndAttr:
     LEASE_KEY = "lk"
     SEQUENCE = "seq"

@@ -24,6 +24,7 @@ class TableKind(enum.Enum):
 
 
 # --- lease table attributes (KCL names; do not rename) -------------------------------------------------------
+# Every attribute, who writes and reads it: docs/attributes.md, "Lease item".
 class LeaseAttr:
     LEASE_KEY = "leaseKey"
     LEASE_COUNTER = "leaseCounter"
@@ -50,13 +51,14 @@ class LeaseAttr:
 LEASE_ENTITY_TYPE = "LEASE"
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "Worker-metrics item".
 class WorkerMetricsAttr:
     WORKER_ID = "wid"
     LAST_UPDATE = "lut"
     STATS = "sts"
     OPERATING_RANGE = "opr"
     ENTITY_TYPE = "entityType"
-    # Ours (docs/failover.md): the worker heartbeat and the leader's assignment notice. KCL readers ignore them.
+    # Ours (docs/attributes.md): the worker heartbeat and the leader's assignment notice. KCL readers ignore them.
     HEARTBEAT_COUNTER = "hbc"
     HEARTBEAT_WALL_MS = "hbt"
     HEARTBEAT_INTERVAL_MS = "hbi"
@@ -74,6 +76,7 @@ class WorkerMetricsAttr:
 WORKER_METRICS_ENTITY_TYPE = "WORKER_METRIC_STATS"
 
 
+# Every attribute, who writes and reads it: docs/attributes.md, "CoordinatorState items".
 class CoordinatorAttr:
     KEY = "key"
 
