@@ -170,9 +170,13 @@ class LeaseCoordinator:
 
     def _spawn_for(self, lease: Lease) -> None:
         self._spawn(lease.lease_key)
+        self._leases_held()  # the gauge moves when the set does, not only at the next renewal
+
+    def _leases_held(self) -> None:
+        self._metrics.add(MetricName.LEASES_HELD, len(self.keeper.held_keys()), aggregation="last")
 
     def _renewed(self, report: RenewalReport | None) -> None:
-        self._metrics.add(MetricName.LEASES_HELD, len(self.keeper.held_keys()), aggregation="last")
+        self._leases_held()
         if report is None:
             return
         if report.failed:
@@ -245,6 +249,8 @@ class LeaseCoordinator:
                     self.keeper.notice()
             if outcome is ConsumerOutcome.FINISHED:
                 self.keeper.note_event()  # child leases were created: the leader assigns them at once
+        if finished:
+            self._leases_held()
 
     def _on_records(self, lease_key: str, records: Sequence[KinesisRecord], millis_behind: int | None) -> None:
         self._metrics.add(MetricName.RECORDS_PROCESSED, len(records))
