@@ -100,7 +100,6 @@ def main() -> int:
             "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "2000",
             "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "5000",
             "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "5000",
-            "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "5",
             "SHARDLEASE_CPU_METRIC": "process",
             "SHARDLEASE_DEMO_JOURNAL": str(workdir),
         }

@@ -42,7 +42,7 @@ LEADER_ENV = {
     "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
     "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
     "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "1000",
-    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "1",
+    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
     # Two in-process workers share one process's CPU: balance by lease count, so that each surely holds a shard.
     "SHARDLEASE_ASSIGNMENT_STRATEGY": "count",
 }

@@ -71,7 +71,12 @@ def test_unassigned_leases_are_assigned_and_expired_ones_only_after_a_full_lease
     assert store.create_lease_if_absent(Lease(lease_key="unassigned"))
     assert store.create_lease_if_absent(Lease(lease_key="stale", lease_owner="dead", lease_counter=5))
     assigner = LeaseAssigner(
-        store, metrics, config=AssignmentConfig(failover_ms=10_000, balancing_frequency=1), clock=clock, seed=1
+        store,
+        metrics,
+        config=AssignmentConfig(balancing_frequency=1),
+        lease_config=LeaseConfig(failover_time_ms=10_000),
+        clock=clock,
+        seed=1,
     )
     # WHEN the first run happens
     first = assigner.run(run_number=1)
@@ -92,7 +97,7 @@ def test_a_lease_renewed_between_scan_and_write_is_not_taken(store: DynamoDBLeas
     clock = ManualClock()
     metrics = MemoryMetrics([cpu_worker("take", 10, clock)])
     assert store.create_lease_if_absent(Lease(lease_key="l", lease_owner="slow", lease_counter=3))
-    assigner = LeaseAssigner(store, metrics, config=AssignmentConfig(failover_ms=2_000), clock=clock, seed=1)
+    assigner = LeaseAssigner(store, metrics, lease_config=LeaseConfig(failover_time_ms=2_000), clock=clock, seed=1)
     assigner.run(run_number=1)
     clock.advance(3)
     metrics.workers = [cpu_worker("take", 10, clock)]
@@ -121,8 +126,9 @@ def test_rebalancing_starts_a_graceful_handoff_and_an_overdue_one_is_forced(stor
             Lease(lease_key=f"l{n}", lease_owner="yield", lease_counter=1, throughput_kbps=10.0)
         )
     metrics = MemoryMetrics([cpu_worker("yield", 90, clock), cpu_worker("take", 10, clock)])
-    config = AssignmentConfig(balancing_frequency=1, graceful_handoff_timeout_ms=30_000, failover_ms=10_000)
-    assigner = LeaseAssigner(store, metrics, config=config, clock=clock, seed=3)
+    config = AssignmentConfig(balancing_frequency=1)
+    lease_config = LeaseConfig(graceful_handoff_timeout_ms=30_000, failover_time_ms=10_000)
+    assigner = LeaseAssigner(store, metrics, config=config, lease_config=lease_config, clock=clock, seed=3)
     # WHEN the leader runs
     report = assigner.run(run_number=1)
     # THEN leases move by graceful handoff: leaseOwner = take, checkpointOwner = yield, counter untouched
@@ -212,7 +218,7 @@ def test_a_worker_that_let_its_leases_expire_gets_nothing_until_it_reports_again
     clock = ManualClock()
     metrics = MemoryMetrics([cpu_worker("dead", 5, clock), cpu_worker("live", 60, clock)])
     assert store.create_lease_if_absent(Lease(lease_key="a", lease_owner="dead", lease_counter=1))
-    assigner = LeaseAssigner(store, metrics, config=AssignmentConfig(failover_ms=10_000), clock=clock, seed=1)
+    assigner = LeaseAssigner(store, metrics, lease_config=LeaseConfig(failover_time_ms=10_000), clock=clock, seed=1)
     assigner.run(run_number=1)
     clock.advance(11)
     # WHEN the lease expires it moves to "live" (never back to "dead")

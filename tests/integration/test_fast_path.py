@@ -31,6 +31,7 @@ from worker_lib.leader.factory import build_leader
 from worker_lib.leader.fast_path import FastPath, LivenessWatch
 from worker_lib.leader.leader import CycleReport, Leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.state_store import CoordinatorStateStore, ExpiryObservationStore
@@ -88,7 +89,8 @@ def make_world(ddb: Any, app: str, *, balancing_frequency: int = 3) -> World:
     assigner = LeaseAssigner(
         leases,
         rows,
-        config=AssignmentConfig(failover_ms=FAILOVER_MS, balancing_frequency=balancing_frequency),
+        config=AssignmentConfig(balancing_frequency=balancing_frequency),
+        lease_config=LeaseConfig(failover_time_ms=FAILOVER_MS),
         liveness=watch,
         notifier=rows,
         clock=clock,
@@ -375,7 +377,7 @@ def observing_assigner(
     assigner = LeaseAssigner(
         DynamoDBLeaseStore(app, client=ddb, clock=clock),
         WorkerMetricsStore(app, client=ddb, clock=clock),
-        config=AssignmentConfig(failover_ms=FAILOVER_MS),
+        lease_config=LeaseConfig(failover_time_ms=FAILOVER_MS),
         observations=observations if keep else None,
         clock=clock,
         seed=1,
@@ -438,7 +440,7 @@ def test_the_leaders_loop_ticks_between_cycles_and_moves_a_dead_workers_leases_w
         owner="leader",
         leader_config=LeaderConfig(cycle_interval_ms=20_000),
         lock_config=LeaderLockConfig(),
-        assignment=AssignmentConfig(failover_ms=FAILOVER_MS),
+        lease_config=LeaseConfig(failover_time_ms=FAILOVER_MS),
         dynamodb=ddb,
         kinesis=kinesis,
         clock=clock,

@@ -86,11 +86,8 @@ def make_world(ddb: Any, app: str, *, setting: str, balancing_frequency: int = 3
     assigner = LeaseAssigner(
         leases,
         rows,
-        config=AssignmentConfig(
-            failover_ms=FAILOVER_MS,
-            balancing_frequency=balancing_frequency,
-            graceful_handoff_timeout_ms=HANDOFF_TIMEOUT_MS,
-        ),
+        config=AssignmentConfig(balancing_frequency=balancing_frequency),
+        lease_config=LeaseConfig(failover_time_ms=FAILOVER_MS, graceful_handoff_timeout_ms=HANDOFF_TIMEOUT_MS),
         liveness=watch,
         notifier=rows,
         modes=LeaderModeKeeper(modes, setting=setting),
@@ -410,7 +407,7 @@ def test_a_fast_pass_before_the_mode_was_read_in_a_term_judges_per_owner(ddb: An
     first = LeaseAssigner(
         world.leases,
         world.rows,
-        config=AssignmentConfig(failover_ms=FAILOVER_MS),
+        lease_config=LeaseConfig(failover_time_ms=FAILOVER_MS),
         notifier=world.rows,
         modes=LeaderModeKeeper(world.modes, setting="worker"),
         observations=kept,
@@ -427,7 +424,7 @@ def test_a_fast_pass_before_the_mode_was_read_in_a_term_judges_per_owner(ddb: An
     second = LeaseAssigner(
         world.leases,
         world.rows,
-        config=AssignmentConfig(failover_ms=FAILOVER_MS),
+        lease_config=LeaseConfig(failover_time_ms=FAILOVER_MS),
         liveness=watch,
         notifier=world.rows,
         modes=LeaderModeKeeper(reads, setting="worker"),

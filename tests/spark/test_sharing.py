@@ -101,7 +101,6 @@ def shared(moto_endpoint: str, app_name: str, tmp_path: Path) -> dict[str, Any]:
         "SHARDLEASE_SHARD_SYNC_INTERVAL_MS": "2000",
         "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "2000",
         "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "500",
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S": "2",
         "SHARDLEASE_CPU_METRIC": "process",
         "SHARDLEASE_SPARK_LOG_LEVEL": "INFO",
     }

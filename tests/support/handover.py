@@ -88,7 +88,7 @@ class InProcessLeader:
             owner=owner,
             leader_config=LeaderConfig(cycle_interval_ms=cycle_ms),
             lock_config=lock,
-            assignment=AssignmentConfig(failover_ms=failover_ms, worker_report_interval_s=1.0),
+            assignment=AssignmentConfig(worker_report_interval_s=1.0),
             lease_config=LeaseConfig(failover_time_ms=failover_ms, liveness_mode=liveness),
             dynamodb=self.ddb,
             kinesis=kinesis,

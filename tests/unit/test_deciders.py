@@ -34,6 +34,7 @@ from worker_lib.assignment.snapshot import (
 from worker_lib.assignment.variance import VarianceDecider
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import Lease, WorkerMetricStats
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.tools.kcl2_baseline import KCL2StealingDecider
 
 YIELD, TAKE = "workerIdYield", "workerIdTake"
@@ -752,9 +753,14 @@ def test_expiry_tracker_first_sight_growth_and_forgetting() -> None:
 def test_config_defaults_match_kcl() -> None:
     config = AssignmentConfig()
     assert (config.rebalance_threshold_pct, config.dampening_pct, config.balancing_frequency) == (10, 60, 3)
-    assert (config.ema_alpha, config.failover_ms, config.graceful_handoff_timeout_ms) == (0.5, 10_000, 30_000)
+    assert (config.ema_alpha, config.worker_report_interval_s) == (0.5, 30.0)
     assert config.dynamic_cap is None and config.max_leases_for_worker is None
-    assert config.handoff_deadline_ms == 40_000
+    lease = LeaseConfig()  # the leader's lease duration and hand-off timeout are the lease settings'
+    assert (lease.failover_time_ms, lease.graceful_handoff_timeout_ms, lease.handoff_deadline_ms) == (
+        10_000,
+        30_000,
+        40_000,
+    )
     assert [config.is_balancing_run(r) for r in range(1, 8)] == [True, False, False, True, False, False, True]
 
 
@@ -769,11 +775,14 @@ def test_config_from_env() -> None:
         "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT": "false",
         "SHARDLEASE_DYNAMIC_MAX_LEASES": "80",
         "SHARDLEASE_KCL_COMPATIBLE": "yes",
+        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "5000",
     }
     config = AssignmentConfig.from_env(env)
     assert config.strategy == "count" and config.rebalance_threshold_pct == 20 and config.dampening_pct == 80
     assert config.max_leases_for_worker is None and config.max_throughput_per_host_kbps == 1024.5
     assert not config.allow_throughput_overshoot and config.dynamic_cap == 80 and config.kcl_compatible
+    # AND the leader judges worker reports by the workers' own report interval (one variable, one reader)
+    assert config.worker_report_interval_s == 5.0
     assert AssignmentConfig.from_env({}) == AssignmentConfig()
 
 
@@ -786,7 +795,7 @@ def test_config_from_env() -> None:
         ({"SHARDLEASE_BALANCING_FREQUENCY": "0"}, "balancing_frequency"),
         ({"SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT": "maybe"}, "not a boolean"),
         ({"SHARDLEASE_DYNAMIC_MAX_LEASES": "-3"}, "dynamic_cap"),
-        ({"SHARDLEASE_FAILOVER_TIME_MS": "10"}, "failover_ms"),
+        ({"SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "10"}, "report_interval_ms"),
     ],
 )
 def test_config_errors_are_one_clear_line(env: dict[str, str], message: str) -> None:

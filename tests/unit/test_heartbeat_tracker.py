@@ -26,6 +26,7 @@ from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease, WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leader.handoffs import HandoffTracker
 from worker_lib.leader.housekeeping import KeptObservations, Suspects, WorkerRowSweeper
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.workermetrics.stats_serializer import from_item, heartbeat_of
 
 FAILOVER_S = 10.0
@@ -465,7 +466,7 @@ def test_an_unknown_state_reads_as_active_and_a_malformed_event_counter_as_zero(
 
 # ----------------------------------------------------------------------------------------------- the leader's hand-offs
 
-HANDOFF_CONFIG = AssignmentConfig(failover_ms=10_000, graceful_handoff_timeout_ms=30_000)  # forced after 40 s
+HANDOFF_CONFIG = LeaseConfig(failover_time_ms=10_000, graceful_handoff_timeout_ms=30_000)  # forced after 40 s
 
 
 class FakeLeases:

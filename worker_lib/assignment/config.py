@@ -9,6 +9,7 @@ from typing import Literal
 
 from worker_lib.core.env import env_bool, env_float, env_int, env_optional_float, env_optional_int, environ
 from worker_lib.core.errors import ConfigError
+from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 Strategy = Literal["variance", "count"]
 STRATEGIES: tuple[str, ...] = ("variance", "count")
@@ -39,11 +40,11 @@ class AssignmentConfig:
       so it follows resharding and fleet changes without restarts). None = off (default). Under the variance
       strategy it is a strict count cap on top of load balancing — see docs/assignment.md before enabling;
       ``SHARDLEASE_DYNAMIC_MAX_LEASES`` (e.g. 80).
-    worker_report_interval_s: how often workers write metrics (30); a worker is inactive after 2 missed reports;
-      ``SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S``.
-    failover_ms: lease duration used for expiry by counter observation (10 000); ``SHARDLEASE_FAILOVER_TIME_MS``.
-    graceful_handoff_timeout_ms: how long a graceful handoff may take before the leader forces it (30 000; the
-      leader adds the failover time, as KCL); ``SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS``.
+    worker_report_interval_s: how often workers write metrics (30); a worker is inactive after 2 missed reports.
+      From the workers' own setting, ``SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS``
+      (:class:`~worker_lib.workermetrics.config.WorkerMetricsConfig`), so that leader and workers agree.
+    The lease duration and the hand-off timeout are the lease settings' (:class:`~worker_lib.leases.config.
+    LeaseConfig`: ``failover_time_ms``, ``graceful_handoff_timeout_ms``): the leader is given both.
     kcl_compatible: False (default) uses this project's refinements of the variance decider (docs/assignment.md,
       "Where we differ"); True reproduces KCL 3.x decisions, quirks included; ``SHARDLEASE_KCL_COMPATIBLE``.
     """
@@ -59,8 +60,6 @@ class AssignmentConfig:
     allow_throughput_overshoot: bool = True
     dynamic_cap: int | None = None
     worker_report_interval_s: float = 30.0
-    failover_ms: int = 10_000
-    graceful_handoff_timeout_ms: int = 30_000
     kcl_compatible: bool = False
 
     def __post_init__(self) -> None:
@@ -86,19 +85,6 @@ class AssignmentConfig:
             raise ConfigError(f"dynamic_cap={self.dynamic_cap} must be at least 1 (or None to disable)")
         if not self.worker_report_interval_s > 0:
             raise ConfigError(f"worker_report_interval_s={self.worker_report_interval_s} must be positive")
-        if self.failover_ms < 1_000:
-            raise ConfigError(f"failover_ms={self.failover_ms} is too short (minimum 1000)")
-        if self.graceful_handoff_timeout_ms < 0:
-            raise ConfigError("graceful_handoff_timeout_ms must not be negative")
-
-    @property
-    def failover_s(self) -> float:
-        return self.failover_ms / 1000.0
-
-    @property
-    def handoff_deadline_ms(self) -> int:
-        """KCL: a graceful handoff is forced after the handoff timeout plus the failover time (40 s)."""
-        return self.graceful_handoff_timeout_ms + self.failover_ms
 
     def is_balancing_run(self, run_number: int) -> bool:
         """KCL's run counter: balance on runs 1, 1 + f, 1 + 2f, … of a leadership term."""
@@ -121,9 +107,7 @@ class AssignmentConfig:
             "max_throughput_per_host_kbps": env_optional_float(e, "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS"),
             "allow_throughput_overshoot": env_bool(e, "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT", True),
             "dynamic_cap": env_optional_int(e, "SHARDLEASE_DYNAMIC_MAX_LEASES"),
-            "worker_report_interval_s": env_float(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_S", 30.0),
-            "failover_ms": env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
-            "graceful_handoff_timeout_ms": env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
+            "worker_report_interval_s": WorkerMetricsConfig.from_env(e).report_interval_ms / 1000,
             "kcl_compatible": env_bool(e, "SHARDLEASE_KCL_COMPATIBLE", False),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -136,7 +136,7 @@ class LeaseAssigner:
         self._store = lease_store
         self._metrics = worker_metrics
         self._config = config or AssignmentConfig()
-        self._lease_config = lease_config or LeaseConfig(failover_time_ms=self._config.failover_ms)
+        self._lease_config = lease_config or LeaseConfig()
         self._decider = decider or make_decider(self._config)
         self._cap_recorder = cap_recorder
         self._decision_recorder = decision_recorder
@@ -146,9 +146,11 @@ class LeaseAssigner:
         self._warned_foreign: set[str] = set()
         self._clock = clock
         self._rng = random.Random(seed)
-        self._expiry = ExpiryTracker(self._config.failover_s)
+        self._expiry = ExpiryTracker(self._lease_config.failover_s)
         self._kept = KeptObservations(self._expiry, observations, clock=clock)
-        self._handoffs = HandoffTracker(lease_store, notifier, config=self._config, clock=clock, decisions=decision_log)
+        self._handoffs = HandoffTracker(
+            lease_store, notifier, config=self._lease_config, clock=clock, decisions=decision_log
+        )
         self._sweeper = WorkerRowSweeper(worker_metrics)
         self._suspects = Suspects(self._config)
         self._last_lease_count = 0

@@ -157,14 +157,14 @@ def build_leader(
         syncer = ShardSyncer(store, detector, config=shard_sync, clock=clock)
     assigner = None
     fast_path = None
-    lease_config = lease_config or LeaseConfig(failover_time_ms=(assignment or AssignmentConfig()).failover_ms)
+    lease_config = lease_config or LeaseConfig()
     modes = LivenessModeStore(CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout), clock=clock)
     if with_assignment:
         assignment = assignment or AssignmentConfig()
         worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock, layout=layout)
         watch = LivenessWatch(
             worker_rows,
-            failover_ms=assignment.failover_ms,
+            failover_ms=lease_config.failover_time_ms,
             max_clock_skew_ms=lock_config.max_clock_skew_ms,
             clock=clock,
         )

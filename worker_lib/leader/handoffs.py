@@ -22,10 +22,10 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core.clock import Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import Lease
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import handoff_request
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class HandoffTracker:
         store: HandoffCompleter,
         requester: HandoffRequester | None,
         *,
-        config: AssignmentConfig,
+        config: LeaseConfig,
         clock: Clock,
         decisions: logging.Logger,
     ) -> None:

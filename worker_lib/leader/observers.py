@@ -53,6 +53,11 @@ class _LoggingInvocation:
         log.info("leader invocation done", extra={**self._extra, **outcome.headline()})
 
 
+def per_worker_metrics(env: Mapping[str, str]) -> bool:
+    """``SHARDLEASE_PER_WORKER_METRICS`` (true): the Lambda leader also publishes one metric per worker."""
+    return env_bool(env, "SHARDLEASE_PER_WORKER_METRICS", True)
+
+
 class LoggingObserver:
     """No Powertools: log lines through :mod:`logging`, no metrics."""
 
@@ -62,7 +67,7 @@ class LoggingObserver:
         return handler
 
     def begin(self, env: Mapping[str, str], *, app: str, stream: str, owner: str) -> InvocationLog:
-        env_bool(env, "SHARDLEASE_PER_WORKER_METRICS", True)  # a bad value fails the same with or without Powertools
+        per_worker_metrics(env)  # a bad value fails the same with or without Powertools
         if not LoggingObserver._warned:
             LoggingObserver._warned = True
             log.warning("aws-lambda-powertools is not installed (extra 'powertools'): leader metrics not published")
@@ -116,7 +121,7 @@ class PowertoolsObserver:
 
     def begin(self, env: Mapping[str, str], *, app: str, stream: str, owner: str) -> InvocationLog:
         namespace = env.get("POWERTOOLS_METRICS_NAMESPACE") or DEFAULT_NAMESPACE
-        per_worker = env_bool(env, "SHARDLEASE_PER_WORKER_METRICS", True)
+        per_worker = per_worker_metrics(env)
         self.logger.append_keys(application=app, stream=stream, owner=owner)
         return _PowertoolsInvocation(self, namespace=namespace, app=app, per_worker=per_worker)
 

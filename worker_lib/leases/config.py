@@ -87,6 +87,15 @@ class LeaseConfig:
         return self.liveness_mode == AUTO
 
     @property
+    def failover_s(self) -> float:
+        return self.failover_time_ms / 1000
+
+    @property
+    def handoff_deadline_ms(self) -> int:
+        """KCL: the leader forces a graceful hand-off after the hand-off timeout plus the failover time (40 s)."""
+        return self.graceful_handoff_timeout_ms + self.failover_time_ms
+
+    @property
     def renewer_interval_ms(self) -> int:
         """KCL: failover / 3 − epsilon (3308 ms by default)."""
         return self.failover_time_ms // 3 - self.epsilon_ms

@@ -26,6 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker_lib.core.env import env_str, environ
 from worker_lib.core.errors import ShardleaseError
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class NodePackage:
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/shardlease/node`` (``~/.cache/shardlease/node`` when XDG_CACHE_HOME is unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = env_str(environ(), "XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "shardlease" / "node"
 
 
@@ -62,12 +63,13 @@ def _is_package(path: Path) -> bool:
 
 
 def _from_environment(name: str) -> NodePackage | None:
-    if explicit := os.environ.get(_env_var(name)):
+    env = environ()
+    if explicit := env_str(env, _env_var(name)):
         path = Path(explicit).expanduser()
         if not _is_package(path):
             raise NodePackageError(f"${_env_var(name)}={explicit} is not a {name} package directory (no package.json)")
         return NodePackage(name, path, f"${_env_var(name)}")
-    if modules := os.environ.get("SHARDLEASE_NODE_MODULES"):
+    if modules := env_str(env, "SHARDLEASE_NODE_MODULES"):
         path = Path(modules).expanduser() / name
         if not _is_package(path):
             raise NodePackageError(f"$SHARDLEASE_NODE_MODULES={modules} holds no {name}")

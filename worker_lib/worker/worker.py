@@ -27,7 +27,7 @@ import boto3
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig, InitialPosition, default_owner, parse_timestamp, validate_app_name
+from worker_lib.core.config import AwsConfig, InitialPosition, default_owner, validate_app_name
 from worker_lib.core.env import env_bool, env_int, env_str, environ
 from worker_lib.core.errors import (
     ConfigError,
@@ -48,6 +48,7 @@ from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
 from worker_lib.processing.processor import ProcessorFactory
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import check_layout, check_schema
 from worker_lib.tables.schema import (
     TableLayout,
@@ -80,19 +81,16 @@ def _worker_id(env: Mapping[str, str]) -> str:
     return env_str(env, "SHARDLEASE_WORKER_ID") or default_owner()
 
 
-def _initial_timestamp(env: Mapping[str, str]) -> datetime | None:
-    raw = env_str(env, "SHARDLEASE_INITIAL_TIMESTAMP")
-    return parse_timestamp(raw) if raw else None
-
-
 # The worker's own settings that the environment may give: one reader per field, used by ``WorkerConfig.from_env``
 # and as the default of every field the caller leaves out (so both paths parse a variable the same way).
 _ENV_READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
     "worker_id": _worker_id,
     "multi_stream": lambda e: env_bool(e, "SHARDLEASE_MULTI_STREAM", False),
     "table_layout": TableLayout.from_env,
-    "initial_position": lambda e: InitialPosition.parse(env_str(e, "SHARDLEASE_INITIAL_POSITION", "LATEST")),
-    "initial_timestamp": _initial_timestamp,
+    # Where new leases start is the leader's setting (ShardSyncConfig reads it); a worker needs the timestamp of
+    # AT_TIMESTAMP checkpoints.
+    "initial_position": lambda e: ShardSyncConfig.from_env(e).initial_position,
+    "initial_timestamp": lambda e: ShardSyncConfig.from_env(e).initial_timestamp,
     "discovery_interval_ms": lambda e: env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
     "shutdown_timeout_ms": lambda e: env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
     "leader_mode": lambda e: env_str(e, "SHARDLEASE_LEADER_MODE", "none").lower(),

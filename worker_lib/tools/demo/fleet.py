@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from worker_lib.core.clock import Clock
+from worker_lib.core.env import environ
 from worker_lib.core.errors import ShardleaseError
 from worker_lib.testing.emulators import Emulator
 from worker_lib.testing.processes import FleetProcess, ProcessFleet
@@ -301,7 +302,7 @@ class LeaderSchedule:
 def _run_in_process_leader(budget_ms: int, clock: Clock) -> dict[str, Any]:
     from worker_lib.leader.factory import build_leader_from_env
 
-    parts = build_leader_from_env(os.environ)
+    parts = build_leader_from_env(environ())
     deadline = clock.monotonic() + budget_ms / 1000
     reports = parts.leader.run(deadline_monotonic=deadline)
     return {"cycles": [r.to_dict() for r in reports]}

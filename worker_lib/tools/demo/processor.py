@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from worker_lib.core.clock import SYSTEM_CLOCK
+from worker_lib.core.env import env_int, env_str, environ
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -33,9 +34,10 @@ def record_id(data: bytes) -> str:
 
 class DemoProcessor:
     def __init__(self) -> None:
-        directory = Path(os.environ.get(JOURNAL_ENV, "."))
+        env = environ()
+        directory = Path(env_str(env, JOURNAL_ENV, "."))
         self.path = directory / f"{os.getpid()}.log"
-        self.work_per_kb = int(os.environ.get(WORK_ENV, "200"))
+        self.work_per_kb = env_int(env, WORK_ENV, 200)
         self.shard_id = ""
 
     def _append(self, text: str) -> None:

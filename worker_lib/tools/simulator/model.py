@@ -44,6 +44,7 @@ from worker_lib.assignment.plan import Decider, apply_plan
 from worker_lib.assignment.snapshot import AssignmentSnapshot, ExpiryTracker
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.tools.kcl2_baseline import KCL2, kcl2_decider
 from worker_lib.tools.simulator.measures import lpt_loads, max_over_mean, min_over_mean, p95_over_mean
 
@@ -352,7 +353,7 @@ class Simulation:
         self.workers: dict[str, _Worker] = {}
         for _ in range(spec.workers):
             self._add_worker(joined_cycle=1)
-        self.tracker = ExpiryTracker(self.config.failover_s)
+        self.tracker = ExpiryTracker(LeaseConfig().failover_s)  # KCL's lease duration: a cycle is two of them
         self.cycle = 0
         self.history: list[CycleStats] = []
 
