@@ -101,7 +101,7 @@ class AssignmentNotifier(HandoffRequester, Protocol):
 
 
 class CapRecorder(Protocol):
-    """Where the effective per-worker cap is published (the ``MaxLeasesPerWorker`` item), for status and workers."""
+    """Where the effective per-worker cap is published (the ``MaxLeasesPerWorker`` item), for ``shardlease status``."""
 
     def record(self, cap: int | None, *, shards: int, workers: int) -> None: ...
 

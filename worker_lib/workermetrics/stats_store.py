@@ -1,7 +1,7 @@
 """``<app>-WorkerMetricStats`` in KCL 3.x's format (docs/kcl-compatibility.md; items in :mod:`.stats_serializer`).
 
 Workers write their metrics unconditionally, as KCL does (each worker owns exactly one item) — as an UpdateItem
-that sets ``lut``/``sts``/``opr``, so that the heartbeat and notice attributes of docs/failover.md (``hbc``,
+that sets ``lut``/``sts``/``opr``, so that the heartbeat and notice attributes (docs/attributes.md: ``hbc``,
 ``hbt``, ``hbi``, ``wst``, ``evc``, ``asv``, ``asl``) in the same item survive a metrics report. The leader scans all
 items and deletes stale ones conditionally on the ``lut`` it saw, so a worker that came back in between keeps its
 entry. Items of another ``entityType`` are skipped silently; corrupt items are skipped with one log line naming
