@@ -109,20 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     demo = sub.add_parser("demo", help="run the system on local emulators (no AWS account needed)")
-    demo.add_argument(
-        "--workers",
-        type=_bounded_int(demo_bounds.WORKERS_MIN, demo_bounds.WORKERS_MAX),
-        default=3,
-        metavar="N",
-        help=f"worker processes, {demo_bounds.WORKERS_MIN}-{demo_bounds.WORKERS_MAX} (default 3)",
-    )
-    demo.add_argument(
-        "--shards",
-        type=_bounded_int(demo_bounds.SHARDS_MIN, demo_bounds.SHARDS_MAX),
-        default=8,
-        metavar="N",
-        help=f"stream shards, {demo_bounds.SHARDS_MIN}-{demo_bounds.SHARDS_MAX} (default 8)",
-    )
+    for flag, low, high, default, what in (
+        ("--workers", demo_bounds.WORKERS_MIN, demo_bounds.WORKERS_MAX, 3, "worker processes"),
+        ("--shards", demo_bounds.SHARDS_MIN, demo_bounds.SHARDS_MAX, 8, "stream shards"),
+    ):
+        demo.add_argument(
+            flag,
+            type=_bounded_int(low, high),
+            default=default,
+            metavar="N",
+            help=f"{what}, {low}-{high} (default {default})",
+        )
     demo.add_argument(
         "--duration",
         type=_positive_float,

@@ -18,18 +18,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from worker_lib.core import aws
-from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CorruptItemError, DependencyError, InvalidStateError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases import serializer
 from worker_lib.leases.serializer import Item, number
 from worker_lib.leases.store import LeaseScan
-from worker_lib.tables.schema import LEASE_ENTITY_TYPE, LEASE_OWNER_INDEX, lease_table_name
+from worker_lib.tables.schema import LEASE_ENTITY_TYPE, LEASE_OWNER_INDEX, ItemPlace, TableLayout, lease_table_name
 from worker_lib.tables.schema import LeaseAttr as A
+from worker_lib.tables.store import TableStore
 
 if TYPE_CHECKING:
-    import boto3
+    pass
 
 BATCH_GET_LIMIT = 100  # keys per BatchGetItem
 BATCH_GET_ATTEMPTS = 4  # requests per batch while the service leaves keys unprocessed; then one GetItem each
@@ -114,23 +113,21 @@ class _Update:
         return request
 
 
-class DynamoDBLeaseStore:
-    """:class:`~worker_lib.leases.store.LeaseStore` over the ``<app>`` lease table."""
+_SUB_SEQUENCE = {A.CHECKPOINT: A.CHECKPOINT_SUB_SEQUENCE, A.PENDING_CHECKPOINT: A.PENDING_CHECKPOINT_SUB_SEQUENCE}
+"""Where a checkpoint's sub-sequence number is stored, beside it."""
 
-    def __init__(
-        self,
-        app: str,
-        *,
-        aws_config: AwsConfig | None = None,
-        boto3_session: boto3.Session | None = None,
-        client: Any = None,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self.table_name = lease_table_name(app)
-        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
-        self._clock = clock
-        self._owner_index_usable = True
-        self._owner_index_retry_at = 0.0
+
+class DynamoDBLeaseStore(TableStore):
+    """:class:`~worker_lib.leases.store.LeaseStore` over the ``<app>`` lease table (the same in every layout)."""
+
+    # The owner index (GSI) is queried until it fails as missing (an adopted KCL 2.x table before create-tables
+    # added it); then the owner's keys come from a scan, and the index is tried again after a while.
+    _owner_index_usable = True
+    _owner_index_retry_at = 0.0
+
+    @classmethod
+    def place(cls, app: str, layout: TableLayout) -> ItemPlace:
+        return ItemPlace(table_name=lease_table_name(app), key_attr=A.LEASE_KEY)
 
     # --- reading ---------------------------------------------------------------------------------------------
     def get_lease(self, lease_key: str) -> Lease | None:
@@ -354,46 +351,59 @@ class DynamoDBLeaseStore:
         return self._update(lease.lease_key, update, operation="update throughput")
 
     def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
-        def write(base: Lease) -> _Update:
-            update = self._fenced_by_processing_owner(base, owner)
-            update.set(A.CHECKPOINT, {"S": checkpoint.sequence})
-            update.set(A.CHECKPOINT_SUB_SEQUENCE, number(checkpoint.sub_sequence))
-            update.set(A.OWNER_SWITCHES, number(0))
-            # KCL's updateLease removes the three together: application state must not outlive its pending
-            # checkpoint.
-            update.remove(A.PENDING_CHECKPOINT).remove(A.PENDING_CHECKPOINT_SUB_SEQUENCE)
-            return update.remove(A.PENDING_CHECKPOINT_STATE)
-
-        return self._processing_owner_write(
+        # KCL's updateLease removes the pending checkpoint's three attributes together: application state must not
+        # outlive its pending checkpoint.
+        return self._checkpoint_write(
             lease,
             owner,
-            write,
+            {A.CHECKPOINT: checkpoint, A.OWNER_SWITCHES: 0},
+            removes=(A.PENDING_CHECKPOINT, A.PENDING_CHECKPOINT_SUB_SEQUENCE, A.PENDING_CHECKPOINT_STATE),
             operation="checkpoint",
-            applied=lambda cur: (
-                cur.lease_counter == lease.lease_counter + 1
-                and cur.checkpoint == checkpoint
-                and cur.pending_checkpoint is None
-                and cur.actual_owner == owner
-            ),
+            stored=lambda cur: cur.checkpoint == checkpoint and cur.pending_checkpoint is None,
         )
 
     def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
+        # No application state is given with it: KCL's prepareCheckpoint without state removes any earlier one.
+        return self._checkpoint_write(
+            lease,
+            owner,
+            {A.PENDING_CHECKPOINT: pending},
+            removes=(A.PENDING_CHECKPOINT_STATE,),
+            operation="prepare_checkpoint",
+            stored=lambda cur: cur.pending_checkpoint == pending,
+        )
+
+    def _checkpoint_write(
+        self,
+        lease: Lease,
+        owner: str,
+        sets: dict[str, Checkpoint | int],
+        *,
+        removes: tuple[str, ...],
+        operation: str,
+        stored: Callable[[Lease], bool],
+    ) -> Lease | None:
+        """A (pending) checkpoint by the processing owner: each :class:`Checkpoint` in ``sets`` is written with its
+        sub-sequence number beside it; ``stored`` recognises the values in an item read back after a lost reply."""
+
         def write(base: Lease) -> _Update:
             update = self._fenced_by_processing_owner(base, owner)
-            update.set(A.PENDING_CHECKPOINT, {"S": pending.sequence})
-            update.set(A.PENDING_CHECKPOINT_SUB_SEQUENCE, number(pending.sub_sequence))
-            # No application state is given with it: KCL's prepareCheckpoint without state removes any earlier one.
-            return update.remove(A.PENDING_CHECKPOINT_STATE)
+            for attr, value in sets.items():
+                if isinstance(value, Checkpoint):
+                    update.set(attr, {"S": value.sequence}).set(_SUB_SEQUENCE[attr], number(value.sub_sequence))
+                else:
+                    update.set(attr, number(value))
+            for attr in removes:
+                update.remove(attr)
+            return update
 
         return self._processing_owner_write(
             lease,
             owner,
             write,
-            operation="prepare_checkpoint",
+            operation=operation,
             applied=lambda cur: (
-                cur.lease_counter == lease.lease_counter + 1
-                and cur.pending_checkpoint == pending
-                and cur.actual_owner == owner
+                cur.lease_counter == lease.lease_counter + 1 and stored(cur) and cur.actual_owner == owner
             ),
         )
 

@@ -372,19 +372,28 @@ class LeaseHolder:
             if renewed is None:
                 outcome = "lost"
             else:
-                entry.lease, entry.sent_at = renewed, sent
-                away = renewed.lease_owner != self.worker_id and renewed.checkpoint_owner == self.worker_id
-                if away and not entry.handoff_requested:
-                    log.info(
-                        "graceful handoff requested lease=%s from=%s to=%s",
-                        lease_key,
-                        self.worker_id,
-                        renewed.lease_owner,
-                    )
-                entry.handoff_requested = away
-                return "handoff" if away else "renewed"
+                return "handoff" if self._written(entry, renewed, sent=sent, what="renewal") else "renewed"
         self._mark_lost(lease_key, "renewal condition failed (another owner or counter moved)")
         return outcome
+
+    def _written(self, entry: HeldLease, updated: Lease, *, sent: float | None, what: str) -> bool:
+        """A write of ours to a held lease succeeded: keep the item as it now is (and, for a counter-moving write,
+        restart the lease's validity from ``sent``). True when the item shows the leader handing the lease away from
+        us (``leaseOwner`` moved, ``checkpointOwner`` = us): we process until we complete the hand-off."""
+        entry.lease = updated
+        if sent is not None:
+            entry.sent_at = sent
+        away = updated.lease_owner != self.worker_id and updated.checkpoint_owner == self.worker_id
+        if away and not entry.handoff_requested:
+            log.info(
+                "graceful handoff requested lease=%s from=%s to=%s (seen at %s)",
+                updated.lease_key,
+                self.worker_id,
+                updated.lease_owner,
+                what,
+            )
+        entry.handoff_requested = away
+        return away
 
     def renew_all(self) -> RenewalReport:
         keys = self.held_keys()
@@ -426,19 +435,8 @@ class LeaseHolder:
             sent = self._clock.monotonic()
             updated = write(entry.lease)
             if updated is not None:
-                entry.lease = updated
-                if moves_counter:  # a counter increment is a renewal: validity restarts from the send time
-                    entry.sent_at = sent
-                away = updated.lease_owner != self.worker_id and updated.checkpoint_owner == self.worker_id
-                if away and not entry.handoff_requested:
-                    log.info(
-                        "graceful handoff requested lease=%s from=%s to=%s (seen at %s)",
-                        lease_key,
-                        self.worker_id,
-                        updated.lease_owner,
-                        what,
-                    )
-                    entry.handoff_requested = True
+                # a counter increment is a renewal: validity restarts from the send time
+                self._written(entry, updated, sent=sent if moves_counter else None, what=what)
                 return updated
         self._mark_lost(lease_key, f"{what} condition failed")
         return None

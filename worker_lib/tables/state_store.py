@@ -21,7 +21,6 @@ import botocore.exceptions
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig
 from worker_lib.tables.coordinator_items import (
     EXPIRY_OBSERVATIONS_KEY,
     KEY,
@@ -33,30 +32,22 @@ from worker_lib.tables.coordinator_items import (
     plain_item,
     to_attribute,
 )
-from worker_lib.tables.schema import TableLayout
+from worker_lib.tables.schema import ItemPlace, TableLayout
+from worker_lib.tables.store import TableStore
 
 if TYPE_CHECKING:
-    import boto3
+    pass
 
 log = logging.getLogger(__name__)
 
 
-class CoordinatorStateStore:
-    def __init__(
-        self,
-        app: str,
-        *,
-        aws_config: AwsConfig | None = None,
-        boto3_session: boto3.Session | None = None,
-        client: Any = None,
-        clock: Clock = SYSTEM_CLOCK,
-        layout: TableLayout | None = None,
-    ) -> None:
-        # In KCL 3.5's single-table mode these items live in the lease table, keyed by leaseKey.
-        self._place = (layout or TableLayout.from_env()).coordinator(app)
-        self.table_name = self._place.table_name
-        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
-        self._clock = clock
+class CoordinatorStateStore(TableStore):
+    """Small state items keyed by name (see the module); in KCL 3.5's single-table mode in the lease table, keyed by
+    ``leaseKey``."""
+
+    @classmethod
+    def place(cls, app: str, layout: TableLayout) -> ItemPlace:
+        return layout.coordinator(app)
 
     def get(self, key: str) -> dict[str, Any] | None:
         """A strongly consistent read of one item (plain values), or ``None``."""
@@ -92,21 +83,10 @@ class CoordinatorStateStore:
             raise ValueError(f"the key attribute {KEY!r} cannot be updated")
         names: dict[str, str] = {"#k": self._place.key_attr}
         values: dict[str, Any] = {}
-        sets, removes, conditions = [], [], ["attribute_exists(#k)"]
-        for i, (name, value) in enumerate(attrs.items()):
-            names[f"#a{i}"] = name
-            if value is None:
-                removes.append(f"#a{i}")
-            else:
-                values[f":a{i}"] = to_attribute(value)
-                sets.append(f"#a{i} = :a{i}")
-        for i, (name, value) in enumerate(expected.items()):
-            names[f"#e{i}"] = name
-            if value is None:
-                conditions.append(f"attribute_not_exists(#e{i})")
-            else:
-                values[f":e{i}"] = to_attribute(value)
-                conditions.append(f"#e{i} = :e{i}")
+        written = _bind("a", attrs, names, values)
+        sets = [f"#{p} = :{p}" for p, present in written if present]
+        removes = [f"#{p}" for p, present in written if not present]
+        conditions = _expected(expected, names, values)
         expression = " ".join(
             part
             for part in (f"SET {', '.join(sets)}" if sets else "", f"REMOVE {', '.join(removes)}" if removes else "")
@@ -127,14 +107,7 @@ class CoordinatorStateStore:
         """Delete the item if it exists and every ``expected`` attribute has the given value (``None``: absent)."""
         names: dict[str, str] = {"#k": self._place.key_attr}
         values: dict[str, Any] = {}
-        conditions = ["attribute_exists(#k)"]
-        for i, (name, value) in enumerate(expected.items()):
-            names[f"#e{i}"] = name
-            if value is None:
-                conditions.append(f"attribute_not_exists(#e{i})")
-            else:
-                values[f":e{i}"] = to_attribute(value)
-                conditions.append(f"#e{i} = :e{i}")
+        conditions = _expected(expected, names, values)
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "Key": self._place.key(key),
@@ -153,6 +126,29 @@ class CoordinatorStateStore:
                 return False
             aws.raise_translated(exc, operation=f"dynamodb {operation}", resource=self.table_name)
         return True
+
+
+def _bind(
+    prefix: str, attrs: Mapping[str, Any], names: dict[str, str], values: dict[str, Any]
+) -> list[tuple[str, bool]]:
+    """Name each attribute ``#<prefix>i`` (and its value ``:<prefix>i``, unless it is ``None``) in ``names`` and
+    ``values``; returns each placeholder with whether it has a value."""
+    bound: list[tuple[str, bool]] = []
+    for i, (name, value) in enumerate(attrs.items()):
+        names[f"#{prefix}{i}"] = name
+        if value is not None:
+            values[f":{prefix}{i}"] = to_attribute(value)
+        bound.append((f"{prefix}{i}", value is not None))
+    return bound
+
+
+def _expected(expected: Mapping[str, Any], names: dict[str, str], values: dict[str, Any]) -> list[str]:
+    """The conditions of a write on an existing item (``#k`` in ``names``) whose ``expected`` attributes have the given
+    values (``None``: absent)."""
+    return ["attribute_exists(#k)"] + [
+        f"#{p} = :{p}" if present else f"attribute_not_exists(#{p})"
+        for p, present in _bind("e", expected, names, values)
+    ]
 
 
 class LeaseCapRecorder:

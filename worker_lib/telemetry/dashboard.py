@@ -35,6 +35,11 @@ def _per_worker(title: str, metric: str, statistic: str) -> Graph:
     return Graph(title=title, left=(Series(metric, statistic, per_worker=True),))
 
 
+def _each(statistic: str, *metrics: str) -> tuple[Series, ...]:
+    """One fleet-wide line per metric, all with ``statistic``."""
+    return tuple(Series(metric, statistic) for metric in metrics)
+
+
 ROWS: tuple[tuple[Graph, ...], ...] = (
     (
         _per_worker("Leases per worker", WorkerMetric.LEASES, "Maximum"),
@@ -58,11 +63,12 @@ ROWS: tuple[tuple[Graph, ...], ...] = (
         ),
         Graph(
             title="Assignment moves",
-            left=(
-                Series(LeaderMetric.LEASE_MOVES, "Sum"),
-                Series(LeaderMetric.LEASES_ASSIGNED, "Sum"),
-                Series(LeaderMetric.HANDOFFS_FORCED, "Sum"),
-                Series(LeaderMetric.WRITE_CONFLICTS, "Sum"),
+            left=_each(
+                "Sum",
+                LeaderMetric.LEASE_MOVES,
+                LeaderMetric.LEASES_ASSIGNED,
+                LeaderMetric.HANDOFFS_FORCED,
+                LeaderMetric.WRITE_CONFLICTS,
             ),
             right=(Series(LeaderMetric.LOAD_MAX_OVER_MEAN, "Average"),),
         ),
@@ -72,25 +78,17 @@ ROWS: tuple[tuple[Graph, ...], ...] = (
             title="Leader cycle time (ms)",
             left=(Series(LeaderMetric.CYCLE_TIME, "Average"), Series(LeaderMetric.CYCLE_TIME, "Maximum")),
             right=(
-                Series(LeaderMetric.CYCLES, "Sum"),
-                Series(LeaderMetric.CYCLE_FAILURES, "Sum"),
-                Series(LeaderMetric.NOT_LEADER, "Sum"),
+                *_each("Sum", LeaderMetric.CYCLES, LeaderMetric.CYCLE_FAILURES, LeaderMetric.NOT_LEADER),
                 Series(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
             ),
         ),
         Graph(
             title="Leases: total, expired, unassigned",
             left=(
-                Series(LeaderMetric.EXPIRED_LEASES, "Maximum"),
-                Series(LeaderMetric.UNASSIGNED_LEASES, "Maximum"),
-                Series(LeaderMetric.LEASES_CREATED, "Sum"),
-                Series(LeaderMetric.LEASES_DELETED, "Sum"),
+                *_each("Maximum", LeaderMetric.EXPIRED_LEASES, LeaderMetric.UNASSIGNED_LEASES),
+                *_each("Sum", LeaderMetric.LEASES_CREATED, LeaderMetric.LEASES_DELETED),
             ),
-            right=(
-                Series(LeaderMetric.LEASES, "Maximum"),
-                Series(LeaderMetric.SHARDS, "Maximum"),
-                Series(LeaderMetric.WORKERS, "Maximum"),
-            ),
+            right=_each("Maximum", LeaderMetric.LEASES, LeaderMetric.SHARDS, LeaderMetric.WORKERS),
         ),
         Graph(title="Leader Lambda", aws_left="lambda"),
     ),

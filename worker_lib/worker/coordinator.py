@@ -21,7 +21,6 @@ from worker_lib.core.clock import Clock
 from worker_lib.core.models import KinesisRecord, Lease, ShardInfo
 from worker_lib.core.streams import stream_name_of
 from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper, ThroughputTracker
-from worker_lib.leases.mode import StoredMode
 from worker_lib.leases.mode_store import LivenessModeSource
 from worker_lib.leases.renewer import RenewalReport
 from worker_lib.leases.store import LeaseStore
@@ -107,29 +106,9 @@ class LeaseCoordinator:
         )
         self._holder = self.keeper.holder
 
-    @property
-    def held_leases(self) -> list[str]:
-        return self.keeper.held_keys()
-
-    @property
-    def renewal_failures(self) -> int:
-        return self.keeper.renewal_failures
-
     def lags(self) -> dict[str, int]:
         """MillisBehindLatest of each lease's last batch, for the worker-metrics report (``shardlease status``)."""
         return dict(self._lags)
-
-    @property
-    def started(self) -> bool:
-        return self.keeper.started
-
-    @property
-    def liveness(self) -> StoredMode:
-        return self.keeper.liveness
-
-    def start_heartbeat(self) -> None:
-        """Read the liveness mode (refusing a configured one that disagrees), then start beating."""
-        self.keeper.start_heartbeat()
 
     def start(self) -> None:
         self.keeper.start(name=f"worker-{self.worker_id}")

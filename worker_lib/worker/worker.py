@@ -339,7 +339,7 @@ class Worker:
     @property
     def held_leases(self) -> list[str]:
         """The lease keys this worker holds now."""
-        return self._coordinator.held_leases
+        return self._coordinator.keeper.held_keys()
 
     @property
     def outcomes(self) -> dict[str, ConsumerOutcome]:
@@ -349,7 +349,7 @@ class Worker:
     @property
     def renewal_failures(self) -> int:
         """Lease renewals that failed since start (a lease lost to another owner, or a renewal that errored)."""
-        return self._coordinator.renewal_failures
+        return self._coordinator.keeper.renewal_failures
 
     def preflight(self) -> None:
         """Check, before anything starts, that the worker's tables and stream can be reached; else raise one typed
@@ -422,9 +422,9 @@ class Worker:
                 delay = min(delay * 2, 4.0)
 
     def start(self) -> None:
-        if self._coordinator.started:
+        if self._coordinator.keeper.started:
             raise RuntimeError("worker already started")
-        self._coordinator.start_heartbeat()
+        self._coordinator.keeper.start_heartbeat()  # refuses a configured liveness mode the application is not in
         if self._reporter is not None:
             self._reporter.start()
         self._coordinator.start()

@@ -17,15 +17,14 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions
 
 from worker_lib.core import aws
-from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CorruptItemError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
-from worker_lib.tables.schema import TableLayout, WorkerMetricsAttr
+from worker_lib.tables.schema import ItemPlace, TableLayout, WorkerMetricsAttr
+from worker_lib.tables.store import TableStore
 from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
 
 if TYPE_CHECKING:
-    import boto3
+    pass
 
 __all__ = ["WorkerMetricsStore", "from_item", "is_foreign", "to_item"]
 
@@ -36,24 +35,13 @@ MAX_NOTICE_KEYS = 100
 """A notice names at most this many leases (keeps the item small); a larger batch is announced without keys."""
 
 
-class WorkerMetricsStore:
+class WorkerMetricsStore(TableStore):
     """The worker-metrics table. Satisfies the reporter's ``WorkerMetricsSink`` and the leader's source."""
 
-    def __init__(
-        self,
-        app: str,
-        *,
-        aws_config: AwsConfig | None = None,
-        boto3_session: boto3.Session | None = None,
-        client: Any = None,
-        clock: Clock = SYSTEM_CLOCK,
-        layout: TableLayout | None = None,
-    ) -> None:
+    @classmethod
+    def place(cls, app: str, layout: TableLayout) -> ItemPlace:
         # In KCL 3.5's single-table mode the rows live in the lease table, keyed by leaseKey = worker id.
-        self._place = (layout or TableLayout.from_env()).worker_metrics(app)
-        self.table_name = self._place.table_name
-        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
-        self._clock = clock
+        return layout.worker_metrics(app)
 
     def put(self, stats: WorkerMetricStats) -> None:
         """Write this worker's metrics (``lut``, ``sts``, ``opr``), unconditionally as KCL does; other attributes

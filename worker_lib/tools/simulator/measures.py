@@ -145,14 +145,9 @@ def min_moves_upper_bound(
                 if receiver == donor:
                     continue
                 i = pick(held[donor], over[donor], max_load - load[receiver])
-                if i is None:
-                    continue
-                rate = held[donor].pop(i)
-                bisect.insort(held[receiver], rate)
-                load[donor] -= rate
-                load[receiver] += rate
-                moved = True
-                break
+                if i is not None:
+                    moved = _move(held, load, donor, receiver, i)
+                    break
         else:
             receiver = max(under, key=lambda w: (under[w], w))
             for donor in sorted(load, key=lambda w: (-load[w], w)):
@@ -160,14 +155,9 @@ def min_moves_upper_bound(
                     continue
                 spare = min(load[donor] - min_load, max_load - load[receiver])
                 i = pick(held[donor], under[receiver], spare)
-                if i is None:
-                    continue
-                rate = held[donor].pop(i)
-                bisect.insort(held[receiver], rate)
-                load[donor] -= rate
-                load[receiver] += rate
-                moved = True
-                break
+                if i is not None:
+                    moved = _move(held, load, donor, receiver, i)
+                    break
         if not moved:
             return None
         moves += 1
@@ -202,3 +192,12 @@ def convergence_band(reference: Sequence[float], tolerance: float = 0.10) -> tup
     ceiling = 1.0 + tolerance if ref_max <= 1.0 + tolerance else (1.0 + tolerance) * ref_max
     floor = 1.0 - tolerance if ref_min >= 1.0 - tolerance else (1.0 - tolerance) * ref_min
     return ceiling, floor
+
+
+def _move(held: dict[str, list[float]], load: dict[str, float], donor: str, receiver: str, i: int) -> bool:
+    """Move the ``i``-th rate ``donor`` holds to ``receiver`` (kept sorted), with both loads."""
+    rate = held[donor].pop(i)
+    bisect.insort(held[receiver], rate)
+    load[donor] -= rate
+    load[receiver] += rate
+    return True

@@ -113,6 +113,17 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if not text.startswith(type(exc).__name__) else text
 
 
+def busy_percent(previous: tuple[float, float] | None, total: float, idle: float) -> float:
+    """The busy share (%) of the time between two cumulative ``(total, idle)`` readings of a CPU-time counter
+    (/proc/stat, psutil); 0 for the first reading, or when the counter did not advance."""
+    if previous is None:
+        return 0.0
+    d_total, d_idle = total - previous[0], idle - previous[1]
+    if d_total <= 0:
+        return 0.0
+    return (d_total - d_idle) / d_total * 100.0
+
+
 def clamp(value: float) -> float:
     if math.isnan(value):
         raise ValueError("NaN")

@@ -8,9 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.workermetrics.cpu.base import (
-    CpuMetricBase,
-)
+from worker_lib.workermetrics.cpu.base import CpuMetricBase, busy_percent
 
 CpuTimes = Callable[[], Any]
 
@@ -54,12 +52,7 @@ class PsutilCpu(CpuMetricBase):
         total = sum(v for k, v in fields.items() if k not in ("guest", "guest_nice"))
         idle = fields["idle"] + fields.get("iowait", 0.0)
         previous, self._previous = self._previous, (total, idle)
-        if previous is None:
-            return 0.0
-        d_total, d_idle = total - previous[0], idle - previous[1]
-        if d_total <= 0:
-            return 0.0
-        return (d_total - d_idle) / d_total * 100.0
+        return busy_percent(previous, total, idle)
 
     def __repr__(self) -> str:
         return "PsutilCpu()"

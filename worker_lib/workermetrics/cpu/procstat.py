@@ -6,10 +6,7 @@ import os
 from pathlib import Path
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.workermetrics.cpu.base import (
-    DEFAULT_PROC_STAT,
-    CpuMetricBase,
-)
+from worker_lib.workermetrics.cpu.base import DEFAULT_PROC_STAT, CpuMetricBase, busy_percent
 
 
 class ProcStatCpu(CpuMetricBase):
@@ -38,12 +35,7 @@ class ProcStatCpu(CpuMetricBase):
         user, nice, system, idle, iowait = (int(v) for v in first[1:6])
         total = user + nice + system + idle + iowait
         previous, self._previous = self._previous, (total, idle)
-        if previous is None:
-            return 0.0
-        d_total, d_idle = total - previous[0], idle - previous[1]
-        if d_total <= 0:
-            return 0.0
-        return (d_total - d_idle) / d_total * 100.0
+        return busy_percent(previous, total, idle)
 
     def __repr__(self) -> str:
         return f"ProcStatCpu({str(self._path)!r})"
