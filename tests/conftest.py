@@ -97,3 +97,28 @@ def ddb_aws(ddb_endpoint: str) -> AwsConfig:
 @pytest.fixture
 def app_name() -> str:
     return f"app-{next(_counter)}-{uuid.uuid4().hex[:8]}"
+
+
+# --- time per test folder (printed at the end of every run; .ci/run's last lines) -------------------------------
+
+_folder_time: dict[str, list[float]] = {}  # folder -> [summed seconds, tests, first start, last stop]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Every phase of every test (also a worker's, replayed in the controller when the run is parallel)."""
+    parts = report.nodeid.split("/")
+    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+    entry = _folder_time.setdefault(folder, [0.0, 0, float("inf"), 0.0])
+    entry[0] += report.duration
+    entry[1] += report.when == "call"
+    entry[2] = min(entry[2], report.start)
+    entry[3] = max(entry[3], report.stop)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _folder_time:
+        return
+    terminalreporter.write_sep("=", "time per test folder")
+    terminalreporter.write_line(f"{'folder':<12} {'tests':>6} {'test time':>10} {'first to last':>14}")
+    for folder, (seconds, tests, start, stop) in sorted(_folder_time.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{folder:<12} {tests:>6} {seconds / 60:>8.1f} m {(stop - start) / 60:>12.1f} m")
