@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
 from tests.support.recording import recording_worker, stream_with_leases
-from worker_lib.core.clock import ManualClock
+from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
 from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -519,6 +519,37 @@ def test_a_keeper_completing_an_orphaned_handoff_in_a_beat_notifies_the_new_owne
     assert keeper.heartbeat.beat()
     w1 = rig.rows.get("w1")
     assert w1 is not None and w1.heartbeat is not None and w1.heartbeat.events == 1
+
+
+def test_a_keeper_waits_to_take_until_a_predecessor_that_beat_lately_must_have_stood_down(
+    leases: DynamoDBLeaseStore, rows: WorkerMetricsStore
+) -> None:
+    # GIVEN an older process under w1 that beat a moment ago (a Spark query's runner still leaving)
+    older = HeartbeatLoop(rows, "w1", interval_ms=1_000, fence=LeaseHolder(leases, "w1"), on_notice=lambda _: None)
+    assert older.beat()
+    # WHEN a new process's keeper starts beating (on the real clock: its heartbeat thread beats every second)
+    keeper = LeaseKeeper(
+        leases,
+        rows,
+        "w1",
+        config=LeaseConfig(failover_time_ms=3_000),
+        options=KeeperOptions(discovery_interval_s=lambda _seen: 10.0),
+        modes=None,
+        who="spark source w1",
+        default_stream="s",
+        clock=SYSTEM_CLOCK,
+    )
+    keeper.start_heartbeat(beat_now=True)
+    try:
+        # THEN it may not take leases at once: the older one may still hold some
+        assert not keeper.may_take
+        # AND waiting to take returns once it may, within its bound (3 of its beats and a second)
+        started = time.monotonic()
+        assert keeper.wait_to_take()
+        assert time.monotonic() - started < 4.5
+    finally:
+        assert keeper.heartbeat is not None
+        keeper.heartbeat.stop()
 
 
 def test_a_request_for_a_lease_no_longer_in_handoff_from_us_is_only_removed(rig: Rig) -> None:

@@ -257,6 +257,21 @@ class LeaseKeeper:
             return False
         return self.heartbeat is None or self.heartbeat.established.is_set()
 
+    def wait_to_take(self) -> bool:
+        """Wait (on the injected clock) while leases may not be taken only because the first beat has not landed or a
+        predecessor under our worker id may still hold leases — at most until our beats must have found it stood
+        down (its two beats and a margin, :class:`~worker_lib.leases.heartbeat.HeartbeatLoop`, then one of ours).
+        True if leases may be taken now."""
+        heartbeat = self.heartbeat
+        if heartbeat is None or not self._taking.is_set():
+            return self.may_take
+        deadline = self._clock.monotonic() + 3 * heartbeat.interval_ms / 1000 + 1.0
+        while not heartbeat.established.is_set() and not heartbeat.superseded.is_set():
+            if self._clock.monotonic() >= deadline:
+                break
+            self._clock.sleep(GATED_WAIT_S)
+        return self.may_take
+
     # --- lifecycle --------------------------------------------------------------------------------------------
 
     def start_heartbeat(self, *, beat_now: bool = False) -> None:

@@ -290,7 +290,9 @@ class SparkLeaseCoordinator:
             if not candidate.shards or is_idle(start, ends, candidate):
                 # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be
                 # taken (a take can lose a race with the previous holder's last renewal and only succeed a moment
-                # later).
+                # later; a previous runner under our worker id may still be leaving, and nothing is taken until it
+                # has stood down).
+                self._keeper.wait_to_take()
                 self._keeper.discover()
                 held = self.held_leases()
                 now = self._clock.wall()
