@@ -15,6 +15,7 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -122,3 +123,30 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"{'folder':<12} {'tests':>6} {'test time':>10} {'first to last':>14}")
     for folder, (seconds, tests, start, stop) in sorted(_folder_time.items(), key=lambda kv: -kv[1][0]):
         terminalreporter.write_line(f"{folder:<12} {tests:>6} {seconds / 60:>8.1f} m {(stop - start) / 60:>12.1f} m")
+
+
+# --- parallel runs (pytest-xdist, `-n N --dist loadgroup` in .ci/run) ---------------------------------------------
+
+XDIST_GROUPS = {"chaos": "processes", "e2e": "processes", "spark": "spark", "infra": "infra"}
+"""Folders whose tests run one after another on one xdist worker each group: the chaos and end-to-end tests start fleets
+of real processes and judge timings (one fleet at a time keeps a 2-core machine from starving them); the Spark tests
+share one Spark session, the CDK tests one synth. Everything else is spread over every worker."""
+
+
+def folder_group(nodeid: str) -> str | None:
+    parts = nodeid.split("/")
+    return XDIST_GROUPS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` by folder (XDIST_GROUPS). xdist's own grouping (the ``xdist_group`` mark) renames node ids,
+    which pytest 9.2 no longer reads, so the scheduler is told the groups directly."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FolderGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return folder_group(nodeid) or nodeid
+
+    return FolderGroups(config, log)

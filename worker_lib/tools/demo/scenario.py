@@ -46,12 +46,20 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def _workdir() -> Iterator[Path]:
+def _workdir(clock: Clock) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="shardlease-demo-"))
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        # A child killed a moment ago may still have had a file open in it (seen on a loaded machine): a removal
+        # racing with it leaves the directory behind, so try again briefly.
+        for _ in range(10):
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                break
+            clock.sleep(0.2)
+        else:
+            log.warning("could not remove the demo's working directory %s", path)
 
 
 def run_fleet_demo(
@@ -67,7 +75,7 @@ def run_fleet_demo(
     decisions.setLevel(logging.INFO)
     decisions.propagate = False  # shown in the live view, not as raw log lines
     started = datetime.fromtimestamp(clock.wall(), timezone.utc)
-    with _workdir() as workdir:
+    with _workdir(clock) as workdir:
         local = LocalEmulators(log_dir=workdir).start()
         assert local.moto is not None and local.kinesalite is not None
         moto, kinesalite = local.moto, local.kinesalite
