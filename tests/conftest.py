@@ -145,7 +145,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class FolderGroups(LoadGroupScheduling):
+    class FolderGroups(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no type information
         def _split_scope(self, nodeid: str) -> str:
             return folder_group(nodeid) or nodeid
 
