@@ -138,6 +138,7 @@ def folder_group(nodeid: str) -> str | None:
     return XDIST_GROUPS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`) does not know the hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` by folder (XDIST_GROUPS). xdist's own grouping (the ``xdist_group`` mark) renames node ids,
     which pytest 9.2 no longer reads, so the scheduler is told the groups directly."""
