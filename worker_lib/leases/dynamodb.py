@@ -116,6 +116,9 @@ class _Update:
 _SUB_SEQUENCE = {A.CHECKPOINT: A.CHECKPOINT_SUB_SEQUENCE, A.PENDING_CHECKPOINT: A.PENDING_CHECKPOINT_SUB_SEQUENCE}
 """Where a checkpoint's sub-sequence number is stored, beside it."""
 
+_PENDING_ATTRS = (A.PENDING_CHECKPOINT, A.PENDING_CHECKPOINT_SUB_SEQUENCE, A.PENDING_CHECKPOINT_STATE)
+"""A pending checkpoint's attributes, removed together by a checkpoint."""
+
 
 class DynamoDBLeaseStore(TableStore):
     """:class:`~worker_lib.leases.store.LeaseStore` over the ``<app>`` lease table (the same in every layout)."""
@@ -351,59 +354,46 @@ class DynamoDBLeaseStore(TableStore):
         return self._update(lease.lease_key, update, operation="update throughput")
 
     def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
-        # KCL's updateLease removes the pending checkpoint's three attributes together: application state must not
-        # outlive its pending checkpoint.
         return self._checkpoint_write(
-            lease,
-            owner,
-            {A.CHECKPOINT: checkpoint, A.OWNER_SWITCHES: 0},
-            removes=(A.PENDING_CHECKPOINT, A.PENDING_CHECKPOINT_SUB_SEQUENCE, A.PENDING_CHECKPOINT_STATE),
-            operation="checkpoint",
-            stored=lambda cur: cur.checkpoint == checkpoint and cur.pending_checkpoint is None,
+            lease, owner, checkpoint, pending=False, stored=lambda cur: cur.checkpoint == checkpoint
         )
 
     def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
-        # No application state is given with it: KCL's prepareCheckpoint without state removes any earlier one.
         return self._checkpoint_write(
-            lease,
-            owner,
-            {A.PENDING_CHECKPOINT: pending},
-            removes=(A.PENDING_CHECKPOINT_STATE,),
-            operation="prepare_checkpoint",
-            stored=lambda cur: cur.pending_checkpoint == pending,
+            lease, owner, pending, pending=True, stored=lambda cur: cur.pending_checkpoint == pending
         )
 
     def _checkpoint_write(
-        self,
-        lease: Lease,
-        owner: str,
-        sets: dict[str, Checkpoint | int],
-        *,
-        removes: tuple[str, ...],
-        operation: str,
-        stored: Callable[[Lease], bool],
+        self, lease: Lease, owner: str, value: Checkpoint, *, pending: bool, stored: Callable[[Lease], bool]
     ) -> Lease | None:
-        """A (pending) checkpoint by the processing owner: each :class:`Checkpoint` in ``sets`` is written with its
-        sub-sequence number beside it; ``stored`` recognises the values in an item read back after a lost reply."""
+        """A checkpoint (``pending``: the first phase of a two-phase one) by the processing owner, with its
+        sub-sequence number beside it; ``stored`` recognises the value in an item read back after a lost reply.
+
+        A checkpoint also sets the owner switches back to 0 and removes the pending checkpoint's three attributes
+        together, as KCL's updateLease does (application state must not outlive its pending checkpoint); a pending
+        checkpoint comes without application state, so KCL's prepareCheckpoint removes any earlier one."""
+        attr = A.PENDING_CHECKPOINT if pending else A.CHECKPOINT
+        removed = (A.PENDING_CHECKPOINT_STATE,) if pending else _PENDING_ATTRS
 
         def write(base: Lease) -> _Update:
             update = self._fenced_by_processing_owner(base, owner)
-            for attr, value in sets.items():
-                if isinstance(value, Checkpoint):
-                    update.set(attr, {"S": value.sequence}).set(_SUB_SEQUENCE[attr], number(value.sub_sequence))
-                else:
-                    update.set(attr, number(value))
-            for attr in removes:
-                update.remove(attr)
+            update.set(attr, {"S": value.sequence}).set(_SUB_SEQUENCE[attr], number(value.sub_sequence))
+            if not pending:
+                update.set(A.OWNER_SWITCHES, number(0))
+            for name in removed:
+                update.remove(name)
             return update
 
         return self._processing_owner_write(
             lease,
             owner,
             write,
-            operation=operation,
+            operation="prepare_checkpoint" if pending else "checkpoint",
             applied=lambda cur: (
-                cur.lease_counter == lease.lease_counter + 1 and stored(cur) and cur.actual_owner == owner
+                cur.lease_counter == lease.lease_counter + 1
+                and stored(cur)
+                and (pending or cur.pending_checkpoint is None)
+                and cur.actual_owner == owner
             ),
         )
 
