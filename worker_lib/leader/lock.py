@@ -42,7 +42,8 @@ from worker_lib.tables.coordinator_items import (
     lock_update,
     parse_lock,
 )
-from worker_lib.tables.schema import TableLayout
+from worker_lib.tables.schema import ItemPlace, TableLayout
+from worker_lib.tables.store import TableStore
 
 if TYPE_CHECKING:
     import boto3
@@ -88,7 +89,12 @@ class LeaderLock(Protocol):
         now; None when that cannot be told (an item written by KCL)."""
 
 
-class DynamoDBLeaderLock:
+class DynamoDBLeaderLock(TableStore):
+    @classmethod
+    def place(cls, app: str, layout: TableLayout) -> ItemPlace:
+        # KCL 3.5's single-table mode keeps the lock in the lease table (leaseKey = "Leader", entityType LEADER).
+        return layout.coordinator(app)
+
     def __init__(
         self,
         app: str,
@@ -103,13 +109,11 @@ class DynamoDBLeaderLock:
     ) -> None:
         if not owner:
             raise ValueError("a lock owner name is required")
+        super().__init__(
+            app, aws_config=aws_config, boto3_session=boto3_session, client=client, clock=clock, layout=layout
+        )
         self.owner = owner
-        # KCL 3.5's single-table mode keeps the lock in the lease table (leaseKey = "Leader", entityType LEADER).
-        self._place = (layout or TableLayout.from_env()).coordinator(app)
-        self.table_name = self._place.table_name
         self._config = config or LeaderLockConfig()
-        self._client = aws.client_or_new("dynamodb", client, aws_config, boto3_session)
-        self._clock = clock
         self._version: str | None = None  # the recordVersionNumber of our last successful write
         self._sent_at: float | None = None  # monotonic send time of that write
         self._watched: tuple[str, float] | None = None  # (version, first seen) for KCL-format items
