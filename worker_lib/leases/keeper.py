@@ -233,6 +233,7 @@ class LeaseKeeper:
         self._ended = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        self._discovered_at: float | None = None  # monotonic time of the last index query
         self.renewal_failures = 0
 
     # --- state ------------------------------------------------------------------------------------------------
@@ -351,7 +352,11 @@ class LeaseKeeper:
         if not self.may_take:
             return
         held = set(self.holder.held_keys())
-        candidates = self._store.list_lease_keys_for_owner(self.worker_id) if keys is None else keys
+        if keys is None:
+            candidates: Sequence[str] = self._store.list_lease_keys_for_owner(self.worker_id)
+            self._discovered_at = self._clock.monotonic()
+        else:
+            candidates = keys
         if self._in_use is not None:
             held |= {key for key in candidates if self._in_use(key)}
         found = [lease for lease in self._discoverer.discover_keys(candidates, held) if self._takeable(lease)]
@@ -398,7 +403,9 @@ class LeaseKeeper:
         renew_s = config.renewer_interval_ms / 1000
         throughput_s = config.throughput_update_interval_ms / 1000
         now = self._clock.monotonic()
-        next_renewal, next_discovery, next_throughput = now + renew_s, now, now + throughput_s
+        next_renewal, next_throughput = now + renew_s, now + throughput_s
+        # An owner that took its leases before starting the thread (the driver) has just queried the index.
+        next_discovery = now if self._discovered_at is None else self._discovered_at + self._discovery_interval_s()
         while not self._ended.is_set():
             now = self._clock.monotonic()
             wait, upkeep = IDLE_WAIT_S, True
@@ -438,8 +445,7 @@ class LeaseKeeper:
                         else:
                             next_discovery = now
                     if now >= next_discovery:
-                        notices_seen = self.heartbeat is not None and self.heartbeat.notices_seen
-                        next_discovery = now + self._options.discovery_interval_s(notices_seen)
+                        next_discovery = now + self._discovery_interval_s()
                         self.discover()
                     wait = min(next_renewal, next_discovery) - self._clock.monotonic()
             except DependencyError as exc:
@@ -452,6 +458,9 @@ class LeaseKeeper:
                 except Exception:
                     log.exception("upkeep of %s raised", self.worker_id)
             self._clock.sleep(min(max(0.0, wait), IDLE_WAIT_S))
+
+    def _discovery_interval_s(self) -> float:
+        return self._options.discovery_interval_s(self.heartbeat is not None and self.heartbeat.notices_seen)
 
     def _renew(self) -> None:
         try:
