@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.errors import CorruptItemError, DependencyError, InvalidStateError
@@ -26,9 +26,6 @@ from worker_lib.leases.store import LeaseScan
 from worker_lib.tables.schema import LEASE_ENTITY_TYPE, LEASE_OWNER_INDEX, ItemPlace, TableLayout, lease_table_name
 from worker_lib.tables.schema import LeaseAttr as A
 from worker_lib.tables.store import TableStore
-
-if TYPE_CHECKING:
-    pass
 
 BATCH_GET_LIMIT = 100  # keys per BatchGetItem
 BATCH_GET_ATTEMPTS = 4  # requests per batch while the service leaves keys unprocessed; then one GetItem each

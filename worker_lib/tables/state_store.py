@@ -15,7 +15,7 @@ import json
 import logging
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import botocore.exceptions
 
@@ -34,9 +34,6 @@ from worker_lib.tables.coordinator_items import (
 )
 from worker_lib.tables.schema import ItemPlace, TableLayout
 from worker_lib.tables.store import TableStore
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

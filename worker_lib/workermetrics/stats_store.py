@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import botocore.exceptions
 
@@ -22,9 +22,6 @@ from worker_lib.core.models import WorkerMetricStats, WorkerState
 from worker_lib.tables.schema import ItemPlace, TableLayout, WorkerMetricsAttr
 from worker_lib.tables.store import TableStore
 from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["WorkerMetricsStore", "from_item", "is_foreign", "to_item"]
 
