@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
 from tests.support.recording import recording_worker, stream_with_leases
-from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock, ManualClock
 from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -483,6 +483,21 @@ def test_an_orphaned_handoff_waits_for_our_consumer_to_wind_down_and_for_a_prede
     assert told == ["shard-a->w2"]
 
 
+def w1_keeper(leases: DynamoDBLeaseStore, rows: WorkerMetricsStore, *, failover_ms: int, clock: Clock) -> LeaseKeeper:
+    """The lease keeper of a process under the worker id w1 (not started)."""
+    return LeaseKeeper(
+        leases,
+        rows,
+        "w1",
+        config=LeaseConfig(failover_time_ms=failover_ms),
+        options=KeeperOptions(discovery_interval_s=lambda _seen: 10.0),
+        modes=None,
+        who="w1",
+        default_stream="s",
+        clock=clock,
+    )
+
+
 def test_a_keeper_completing_an_orphaned_handoff_in_a_beat_notifies_the_new_owner_and_the_beat_returns(
     rig: Rig,
 ) -> None:
@@ -492,17 +507,7 @@ def test_a_keeper_completing_an_orphaned_handoff_in_a_beat_notifies_the_new_owne
     handed_over_from_w1(rig, "shard-a", "w3")
     rig.rows.put(WorkerMetricStats(worker_id="w3", last_update_epoch_s=int(WALL)))
     rig.clock.advance(4.0)
-    keeper = LeaseKeeper(
-        rig.leases,
-        rig.rows,
-        "w1",
-        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
-        options=KeeperOptions(discovery_interval_s=lambda _seen: 10.0),
-        modes=None,
-        who="worker w1",
-        default_stream="s",
-        clock=rig.clock,
-    )
+    keeper = w1_keeper(rig.leases, rig.rows, failover_ms=FAILOVER_MS, clock=rig.clock)
     assert keeper.heartbeat is not None
     # WHEN its heartbeat beats (the release it makes inside the beat notes an event for the leader: issue 26's
     # first fix deadlocked there, on the beat's own lock)
@@ -528,17 +533,7 @@ def test_a_keeper_waits_to_take_until_a_predecessor_that_beat_lately_must_have_s
     older = HeartbeatLoop(rows, "w1", interval_ms=1_000, fence=LeaseHolder(leases, "w1"), on_notice=lambda _: None)
     assert older.beat()
     # WHEN a new process's keeper starts beating (on the real clock: its heartbeat thread beats every second)
-    keeper = LeaseKeeper(
-        leases,
-        rows,
-        "w1",
-        config=LeaseConfig(failover_time_ms=3_000),
-        options=KeeperOptions(discovery_interval_s=lambda _seen: 10.0),
-        modes=None,
-        who="spark source w1",
-        default_stream="s",
-        clock=SYSTEM_CLOCK,
-    )
+    keeper = w1_keeper(leases, rows, failover_ms=3_000, clock=SYSTEM_CLOCK)
     keeper.start_heartbeat(beat_now=True)
     try:
         # THEN it may not take leases at once: the older one may still hold some
