@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.processes import shardlease_run
+from tests.support.processes import process_group, shardlease_run
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing import wait_until
 
 GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"
 
@@ -64,6 +67,26 @@ def test_a_worker_with_an_unreachable_endpoint_is_one_line_and_exit_1() -> None:
         "http://127.0.0.1:9",
     )
     assert_one_line(result, 1, "cannot reach endpoint")
+
+
+def test_a_sigterm_while_the_worker_starts_stops_it_with_exit_0(tmp_path: Path) -> None:
+    # GIVEN a worker still starting: it waits for an endpoint that does not answer (startup timeout 20 s)
+    with process_group(tmp_path) as group:
+        group.start_worker(
+            "w1",
+            app="good-app",
+            stream="s",
+            processor=GOOD_PROCESSOR,
+            endpoint_url="http://127.0.0.1:9",
+            env={"SHARDLEASE_STARTUP_TIMEOUT_MS": "20000"},
+        )
+        assert wait_until(lambda: "waiting for" in group.log("w1"), timeout_s=20), group.log("w1")
+        # WHEN it gets SIGTERM (a deployment rolled back, a task stopped before it was up)
+        group.signal("w1", signal.SIGTERM)
+        # THEN it does not start, and exits 0 well before its startup timeout, without a traceback
+        assert group.wait("w1", timeout_s=10) == 0, group.log("w1")
+    log = group.log("w1")
+    assert "worker stopped before it started id=w1" in log and "Traceback" not in log
 
 
 def test_the_leader_without_tables_is_one_line_and_exit_1(moto_endpoint: str, app_name: str) -> None:

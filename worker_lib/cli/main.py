@@ -273,6 +273,9 @@ def _cmd_leader(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from worker_lib.worker.signals import hold_shutdown_signals
+
+    hold_shutdown_signals()  # a SIGTERM while the worker starts stops it cleanly (Worker.run delivers it)
     from worker_lib.processing.processor import load_processor
     from worker_lib.worker.worker import Worker, WorkerConfig
 

@@ -15,6 +15,7 @@ from the configuration (or passed in).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -237,6 +238,10 @@ class WorkerConfig:
         return cls(**values)
 
 
+class _StoppedBeforeStart(Exception):
+    """A shutdown signal came while :meth:`Worker.preflight` waited for an endpoint."""
+
+
 class MetricsReporter(Protocol):
     def start(self) -> None: ...
 
@@ -323,6 +328,8 @@ class Worker:
         )
         self._leader_thread: threading.Thread | None = None
         self._superseded = False
+        self._start_lock = threading.Lock()  # a shutdown signal either comes before start() or after it finished
+        self._run_started = False
 
     def _current_lags(self) -> dict[str, int]:
         return self._coordinator.lags()
@@ -419,6 +426,8 @@ class Worker:
                     raise type(exc)(f"{exc} (still failing after {waited:g} s; is the endpoint right?)") from exc
                 log.info("worker %s waiting for %s: %s", self.worker_id, resource, exc)
                 self._clock.sleep(delay)
+                if self._stop.is_set():  # stopped while it waited: do not wait out the startup timeout
+                    raise _StoppedBeforeStart from exc
                 delay = min(delay * 2, 4.0)
 
     def start(self) -> None:
@@ -436,14 +445,29 @@ class Worker:
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Check the tables and the stream (:meth:`preflight`), start, and block until shutdown. SIGTERM/SIGINT
         shut down gracefully; a second one forces exit."""
-        self.preflight()
         if install_signal_handlers:
-            install_shutdown_handlers(self.shutdown)
-        self.start()
+            install_shutdown_handlers(self._on_shutdown_signal)
+        with contextlib.suppress(_StoppedBeforeStart):  # stopped while it waited for an endpoint
+            self.preflight()
+        with self._start_lock:
+            if self._stop.is_set():
+                log.info("worker stopped before it started id=%s", self.worker_id)
+                return
+            self._run_started = True
+            self.start()
         while not self._stopped.wait(0.5):
             pass
         if self._superseded:
             raise SupersededError(f"worker id {self.worker_id} is used by a newer process: this one stopped")
+
+    def _on_shutdown_signal(self) -> None:
+        """SIGTERM/SIGINT: a worker that has not started yet (still checking its tables, waiting for an endpoint)
+        does not start, and :meth:`run` returns; a started one shuts down gracefully."""
+        with self._start_lock:
+            if not self._run_started:
+                self._stop.set()
+                return
+        self.shutdown()
 
     def _on_superseded(self) -> None:
         """A newer process beat under our worker id (the heartbeat fenced us and beats no more): this process can
