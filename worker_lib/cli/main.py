@@ -168,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_aws(worker)
     worker.set_defaults(func=_cmd_worker)
 
+    multilang = sub.add_parser(
+        "multilang", help="run a KCL MultiLang application (kclpy, aws-kcl, ...) from its properties file"
+    )
+    multilang.add_argument(
+        "--properties", "-p", required=True, metavar="FILE", help="the MultiLangDaemon properties file"
+    )
+    multilang.add_argument("--app", metavar="APP", help="application name (default: applicationName)")
+    multilang.add_argument("--stream", metavar="STREAM", help="stream name (default: streamArn or streamName)")
+    multilang.add_argument("--worker-id", metavar="ID", help="this worker's lease-owner name (default: workerId)")
+    multilang.add_argument("--initial-position", metavar="LATEST|TRIM_HORIZON", help="default: initialPositionInStream")
+    _add_aws(multilang)
+    multilang.set_defaults(func=_cmd_multilang)
+
     status = sub.add_parser("status", help="leases per worker and cluster, CPU, throughput, leader, problems")
     _add_app(status, stream=False)
     status.add_argument("--watch", action="store_true", help="refresh every few seconds (and detect expiry)")
@@ -290,6 +303,26 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         initial_timestamp=shard_sync.initial_timestamp,
     )
     Worker(config, factory, aws_config=aws_config).run()  # run() checks tables and stream first (one line if not)
+    return EXIT_OK
+
+
+def _cmd_multilang(args: argparse.Namespace) -> int:
+    from worker_lib.worker.signals import hold_shutdown_signals
+
+    hold_shutdown_signals()  # as for `shardlease worker`
+    from pathlib import Path
+
+    from worker_lib.multilang.daemon import MultiLangOverrides, run_multilang
+
+    overrides = MultiLangOverrides(
+        app=args.app,
+        stream=args.stream,
+        worker_id=args.worker_id,
+        endpoint_url=args.endpoint_url,
+        region=args.region,
+        initial_position=args.initial_position,
+    )
+    run_multilang(Path(args.properties), overrides)
     return EXIT_OK
 
 

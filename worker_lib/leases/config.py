@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_int, environ
+from worker_lib.core.env import env_bool, env_int, environ
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.mode import AUTO, LivenessMode, parse_setting
 
@@ -33,6 +33,10 @@ class LeaseConfig:
     throughput_update_interval_ms: in ``worker`` mode, how often a lease's ``throughputKBps`` may be rewritten —
       only when it changed by more than a fifth (and 1 KBps) since the value stored (60 000;
       ``SHARDLEASE_THROUGHPUT_UPDATE_INTERVAL_MS``). In ``lease`` mode it rides on every renewal, as in KCL.
+    graceful_handoff_timeout_ms / graceful_handoff_enabled: a rebalancing move lets the old owner checkpoint and
+      let go (KCL 3.x's graceful lease hand-off), forced after the timeout (30 000;
+      ``SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS``); disabled, leases move at once (``SHARDLEASE_GRACEFUL_HANDOFF``,
+      true; KCL's isGracefulLeaseHandoffEnabled).
     """
 
     failover_time_ms: int = 10_000
@@ -111,6 +115,7 @@ class LeaseConfig:
         return cls(
             failover_time_ms=env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
             graceful_handoff_timeout_ms=env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
+            graceful_handoff_enabled=env_bool(e, "SHARDLEASE_GRACEFUL_HANDOFF", True),
             heartbeat_interval_ms=env_int(e, "SHARDLEASE_HEARTBEAT_INTERVAL_MS", -1),
             liveness_mode=e.get("SHARDLEASE_LIVENESS_MODE") or LivenessMode.LEASE.value,
             mode_check_interval_ms=env_int(e, "SHARDLEASE_LIVENESS_MODE_CHECK_MS", 60_000),

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_int, environ
+from worker_lib.core.env import env_bool, env_int, environ
 from worker_lib.core.errors import ConfigError
 
 GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
@@ -90,6 +90,8 @@ class ConsumerConfig:
     shard_end_retry_interval_ms: how often SHARD_END handling is retried when a merge partner's lease is missing
       or the processor did not checkpoint SHARD_END (5000).
     error_backoff_ms: wait after an infrastructure error while reading (1000).
+    deliver_empty_batches: call ``process_records`` for a read that returned no records too (KCL's
+      callProcessRecordsEvenForEmptyRecordList; False); ``SHARDLEASE_DELIVER_EMPTY_BATCHES``.
     """
 
     processor_retries: int = 3
@@ -98,6 +100,7 @@ class ConsumerConfig:
     parent_poll_interval_ms: int = 10_000
     shard_end_retry_interval_ms: int = 5_000
     error_backoff_ms: int = 1_000
+    deliver_empty_batches: bool = False
 
     def __post_init__(self) -> None:
         if self.processor_retries < 0:
@@ -122,4 +125,5 @@ class ConsumerConfig:
             processor_retries=env_int(e, "SHARDLEASE_PROCESSOR_RETRIES", 3),
             failure_policy=policy,
             parent_poll_interval_ms=env_int(e, "SHARDLEASE_PARENT_POLL_INTERVAL_MS", 10_000),
+            deliver_empty_batches=env_bool(e, "SHARDLEASE_DELIVER_EMPTY_BATCHES", False),
         )

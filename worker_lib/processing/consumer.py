@@ -35,6 +35,7 @@ from worker_lib.processing.processor import (
     KinesisRecord,
     LeaseLostInput,
     PreparedCheckpointer,
+    ProcessorFailedError,
     ProcessRecordsInput,
     RecordProcessor,
     ShardEndedInput,
@@ -213,6 +214,17 @@ class ShardConsumer:
         except Exception as exc:
             log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, _one_line(exc))
 
+    def _processor_failed(self, exc: ProcessorFailedError, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
+        """The processor can do nothing more: no retry, no checkpoint; the lease goes back to the leader at once."""
+        log.error(
+            "%s; lease %s given up without checkpointing: it resumes from checkpoint %s",
+            exc,
+            self.lease_key,
+            checkpointer.last_checkpoint,
+        )
+        self._holder.evict(self.lease_key)
+        return ConsumerOutcome.GAVE_UP
+
     def _lease_deleted(self) -> bool:
         try:
             return self._store.get_lease(self.lease_key) is None
@@ -257,15 +269,18 @@ class ShardConsumer:
             clock=self._clock,
             config=self._retrieval,
         )
-        self._processor.initialize(
-            InitializationInput(
-                shard_id=self.shard_id,
-                checkpoint=lease.checkpoint,
-                pending_checkpoint=lease.pending_checkpoint,
-                stream_name=self.stream,
-                stream_identifier=None if self._stream_identifier is None else self._stream_identifier.serialize(),
+        try:
+            self._processor.initialize(
+                InitializationInput(
+                    shard_id=self.shard_id,
+                    checkpoint=lease.checkpoint,
+                    pending_checkpoint=lease.pending_checkpoint,
+                    stream_name=self.stream,
+                    stream_identifier=None if self._stream_identifier is None else self._stream_identifier.serialize(),
+                )
             )
-        )
+        except ProcessorFailedError as exc:
+            return self._processor_failed(exc, checkpointer)
         while True:
             if self._stop.is_set():
                 self._shutdown_requested(checkpointer)
@@ -302,7 +317,7 @@ class ShardConsumer:
                 continue
             if not self._holder.is_valid(self.lease_key):
                 return self._lease_lost()  # never deliver what we may no longer own
-            if batch.records:
+            if batch.records or (self._config.deliver_empty_batches and not batch.end_of_shard):
                 checkpointer.largest_permitted = fetcher.last_delivered
                 outcome = self._deliver(batch, checkpointer)
                 if outcome is not None:
@@ -331,8 +346,11 @@ class ShardConsumer:
                 break
             except ShutdownError:
                 return self._lease_lost()
+            except ProcessorFailedError as exc:
+                return self._processor_failed(exc, checkpointer)
             except Exception as exc:
-                first, last = batch.records[0].checkpoint, batch.records[-1].checkpoint
+                records = batch.records
+                first, last = (records[0].checkpoint, records[-1].checkpoint) if records else ("-", "-")
                 log.error(
                     "processor failed on %s records %s..%s (attempt %d of %d): %s",
                     self.lease_key,
@@ -406,6 +424,8 @@ class ShardConsumer:
                     )
             except ShutdownError:
                 return self._lease_lost()
+            except ProcessorFailedError as exc:
+                return self._processor_failed(exc, checkpointer)
             except DependencyError as exc:
                 log.warning("SHARD_END handling for %s failed: %s", self.lease_key, exc)
             except Exception as exc:

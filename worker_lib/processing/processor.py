@@ -47,6 +47,7 @@ __all__ = [
     "PreparedCheckpointer",
     "ProcessRecordsInput",
     "ProcessorFactory",
+    "ProcessorFailedError",
     "RecordProcessor",
     "ShardEndedInput",
     "ShutdownError",
@@ -73,6 +74,12 @@ class ShutdownError(CheckpointError):
 class InvalidCheckpointError(CheckpointError, ValueError):
     """The checkpoint value is malformed or out of range (before the last checkpoint or after the last
     delivered record). KCL's ``IllegalArgumentException``. Nothing was written."""
+
+
+class ProcessorFailedError(ShardleaseError):
+    """The processor can do nothing more for this lease (a MultiLang child that exited, broke the protocol or fell
+    silent): the consumer neither retries the batch nor checkpoints; it gives the lease up at once, and the shard's
+    next processor starts from the last checkpoint. Raise it from any processor method."""
 
 
 # --- records -------------------------------------------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""MultiLangProcessor against real child processes that behave well and badly (tests/support/multilang_child.py).
+
+The checkpointer is the only stand-in: an in-memory one applying the real checkpoint rules
+(``validate_checkpoint_value``), so that each bad behaviour's table row — what the child does, what it gets, what
+is checkpointed — is checked without a lease table; the daemon with real tables is tests/e2e/test_multilang.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import REPO
+from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
+from worker_lib.multilang import ChildRegistry, ChildSpec, MultiLangProcessor
+from worker_lib.multilang.child import ChildFailedError
+from worker_lib.processing.processor import (
+    InitializationInput,
+    LeaseLostInput,
+    PreparedCheckpointer,
+    ProcessRecordsInput,
+    ShardEndedInput,
+    ShutdownError,
+    ShutdownRequestedInput,
+    validate_checkpoint_value,
+)
+
+SHARD = "shardId-000000000007"
+
+
+class MemoryCheckpointer:
+    """The checkpoint rules of a lease's checkpointer, kept in memory; ``lost`` makes every write a ShutdownError."""
+
+    def __init__(self) -> None:
+        self.written: list[Checkpoint] = []
+        self.largest_permitted: Checkpoint | None = None
+        self.lost = False
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self.written[-1] if self.written else None
+
+    def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
+        if self.lost:
+            raise ShutdownError("lease lost")
+        if sequence is None:
+            if self.largest_permitted is None:
+                return
+            value = self.largest_permitted
+        else:
+            value = validate_checkpoint_value(
+                sequence, sub_sequence, last_checkpoint=self.last_checkpoint, largest_permitted=self.largest_permitted
+            )
+        self.written.append(value)
+
+    def checkpoint_record(self, record: KinesisRecord) -> None:
+        self.checkpoint(record.sequence_number, record.sub_sequence_number)
+
+    def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
+        raise NotImplementedError
+
+    def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
+        raise NotImplementedError
+
+
+def batch(start: int, count: int) -> list[KinesisRecord]:
+    return [
+        KinesisRecord(data=f"r{n}".encode(), partition_key=f"k{n}", sequence_number=str(1000 + n))
+        for n in range(start, start + count)
+    ]
+
+
+def deliver(processor: MultiLangProcessor, checkpointer: MemoryCheckpointer, records: list[KinesisRecord]) -> None:
+    checkpointer.largest_permitted = records[-1].checkpoint
+    processor.process_records(ProcessRecordsInput(shard_id=SHARD, records=records, checkpointer=checkpointer))
+
+
+def journal(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def registry() -> Iterator[ChildRegistry]:
+    children = ChildRegistry()
+    yield children
+    children.close_all(0.0)
+
+
+def make(tmp_path: Path, behaviour: str, registry: ChildRegistry, **spec: Any) -> MultiLangProcessor:
+    env = {"PYTHONPATH": str(REPO), "MULTILANG_JOURNAL": str(tmp_path / "journal.jsonl"), "MULTILANG_FAIL_AT": "2"}
+    command = (sys.executable, "-m", "tests.support.multilang_child", behaviour)
+    return MultiLangProcessor(ChildSpec(command=command, cwd=REPO, env=env, **spec), registry=registry)
+
+
+def test_a_good_child_sees_every_record_and_checkpoints_through_the_lease(
+    tmp_path: Path, registry: ChildRegistry
+) -> None:
+    # GIVEN a child for one lease
+    processor = make(tmp_path, "good", registry)
+    checkpointer = MemoryCheckpointer()
+    processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="TRIM_HORIZON")))
+    # WHEN it gets two batches, then the shard ends
+    deliver(processor, checkpointer, batch(0, 3))
+    deliver(processor, checkpointer, batch(3, 2))
+    checkpointer.largest_permitted = SHARD_END
+    processor.shard_ended(ShardEndedInput(shard_id=SHARD, checkpointer=checkpointer))
+    # THEN it saw every record once, its checkpoints went through the lease's checkpointer, SHARD_END last
+    entries = journal(tmp_path / "journal.jsonl")
+    assert [e["sequence"] for e in entries if e["kind"] == "record"] == [str(1000 + n) for n in range(5)]
+    assert checkpointer.written == [Checkpoint(sequence="1002"), Checkpoint(sequence="1004"), SHARD_END]
+    assert [e["error"] for e in entries if e["kind"] == "checkpoint"] == [None, None, None]
+    # AND the child ended once the shard was done
+    assert processor.child is None and not registry.live
+
+
+def test_shutdown_requested_lets_the_child_checkpoint_then_says_lease_lost(
+    tmp_path: Path, registry: ChildRegistry
+) -> None:
+    processor = make(tmp_path, "good", registry)
+    checkpointer = MemoryCheckpointer()
+    processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
+    deliver(processor, checkpointer, batch(0, 2))
+    processor.shutdown_requested(ShutdownRequestedInput(shard_id=SHARD, checkpointer=checkpointer))
+    actions = [e["action"] for e in journal(tmp_path / "journal.jsonl") if e["kind"] == "message"]
+    assert actions == ["initialize", "shutdownRequested", "leaseLost"]  # KCL 3.x's sequence for a hand-off
+    assert checkpointer.last_checkpoint == Checkpoint(sequence="1001")
+    assert processor.child is None
+
+
+def test_a_checkpoint_after_the_lease_was_lost_gets_kcls_shutdown_exception(
+    tmp_path: Path, registry: ChildRegistry
+) -> None:
+    processor = make(tmp_path, "good", registry)
+    checkpointer = MemoryCheckpointer()
+    processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
+    checkpointer.lost = True
+    deliver(processor, checkpointer, batch(0, 2))
+    errors = [e["error"] for e in journal(tmp_path / "journal.jsonl") if e["kind"] == "checkpoint"]
+    assert errors == ["ShutdownException"] and checkpointer.written == []
+    processor.lease_lost(LeaseLostInput(shard_id=SHARD))
+    assert processor.child is None
+
+
+def test_a_chatty_child_is_heard_not_misread(
+    tmp_path: Path, registry: ChildRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a child that prints lines of its own on stdout and stderr around every message
+    caplog.set_level("INFO", logger="worker_lib.multilang.stderr")
+    processor = make(tmp_path, "chatty", registry)
+    checkpointer = MemoryCheckpointer()
+    processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
+    deliver(processor, checkpointer, batch(0, 2))
+    processor.lease_lost(LeaseLostInput(shard_id=SHARD))
+    # THEN its batches are processed, and its lines reach the log, each naming the shard
+    assert checkpointer.written == [Checkpoint(sequence="1001")]
+    lines = [r.getMessage() for r in caplog.records if r.name == "worker_lib.multilang.stderr"]
+    assert f"[{SHARD}] (stdout) chatty child got processRecords" in lines
+    assert f"[{SHARD}] chatty child stderr for processRecords" in lines
+
+
+# The table of bad behaviours (docs/multilang.md): at its second batch the child ...
+BAD_BEHAVIOURS = [
+    ("crash", "exited with code 3"),  # ... exits in the middle of the batch
+    ("garbage", "broke the protocol while handling processRecords: unknown action 'bogus'"),
+    ("wrong-status", "a status for 'initialize' while processRecords was expected"),
+    ("silent", "did not answer processRecords within 1 s (timeoutInSeconds): killed"),
+]
+
+
+@pytest.mark.parametrize(("behaviour", "fragment"), BAD_BEHAVIOURS)
+def test_a_child_that_fails_ends_the_shard_with_one_line_and_no_checkpoint_past_what_it_confirmed(
+    tmp_path: Path, registry: ChildRegistry, behaviour: str, fragment: str
+) -> None:
+    # GIVEN a child that handles its first batch well and fails its second
+    processor = make(tmp_path, behaviour, registry, response_timeout_s=1.0)
+    checkpointer = MemoryCheckpointer()
+    processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
+    deliver(processor, checkpointer, batch(0, 2))
+    child = processor.child
+    assert child is not None
+    # WHEN the second batch is delivered
+    with pytest.raises(ChildFailedError) as caught:
+        deliver(processor, checkpointer, batch(2, 2))
+    # THEN one line names the shard and what the child did
+    message = str(caught.value)
+    assert SHARD in message and fragment in message and "\n" not in message
+    # AND the checkpoint stays at what the child confirmed (the first batch), and the child is gone
+    assert checkpointer.written == [Checkpoint(sequence="1001")]
+    assert child.exit_code(wait_s=5.0) is not None and processor.child is None and not registry.live
+
+
+def test_a_checkpoint_beyond_the_last_record_is_refused_with_kcls_illegal_argument(
+    tmp_path: Path, registry: ChildRegistry
+) -> None:
+    processor = make(tmp_path, "beyond", registry)
+    checkpointer = MemoryCheckpointer()
+    processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
+    deliver(processor, checkpointer, batch(0, 2))
+    deliver(processor, checkpointer, batch(2, 2))
+    # THEN the request one past the batch got IllegalArgumentException and wrote nothing; the child went on
+    answers = [(e["sequence"], e["error"]) for e in journal(tmp_path / "journal.jsonl") if e["kind"] == "checkpoint"]
+    assert answers == [("1001", None), ("1004", "IllegalArgumentException"), ("1003", None)]
+    assert checkpointer.written == [Checkpoint(sequence="1001"), Checkpoint(sequence="1003")]
+
+
+def test_a_child_that_cannot_start_is_one_line(tmp_path: Path, registry: ChildRegistry) -> None:
+    processor = MultiLangProcessor(ChildSpec(command=(str(tmp_path / "no-such-program"),)), registry=registry)
+    with pytest.raises(ChildFailedError, match=f"multilang child for {SHARD} could not start: .*no-such-program"):
+        processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))

@@ -1,0 +1,152 @@
+"""``shardlease multilang``: KCL's MultiLangDaemon, without Java — a shardlease worker whose processors are children.
+
+What it does at start, in order:
+
+1. reads the properties file (:mod:`worker_lib.multilang.properties`) and logs one warning per key it does not use;
+2. puts the file's settings into this process's environment, over what the environment had (each override named),
+   then the command line's flags over both — so every ``from_env()`` of the worker and of its embedded leader sees
+   one configuration;
+3. creates the tables if they are missing, as KCL's daemon does on its first start;
+4. runs a :class:`~worker_lib.worker.worker.Worker` with the leader embedded (KCL 3.x workers elect a leader among
+   themselves; ``SHARDLEASE_LEADER_MODE=none`` leaves leading to the Lambda), whose record processors are
+   :class:`~worker_lib.multilang.processor.MultiLangProcessor` — one child per held lease.
+
+SIGTERM and SIGINT end it as they end ``shardlease worker``: each child gets ``shutdownRequested`` (and checkpoints),
+then ``leaseLost``, and the leases are handed over at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker_lib.core.config import AwsConfig
+from worker_lib.core.env import env_int
+from worker_lib.core.errors import ConfigError
+from worker_lib.multilang.messages import GENERATIONS, Generation
+from worker_lib.multilang.processor import ChildRegistry, ChildSpec, MultiLangProcessor
+from worker_lib.multilang.properties import MultiLangProperties, read_properties
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiLangOverrides:
+    """The command line's flags: each one that is given wins over the properties file."""
+
+    app: str | None = None
+    stream: str | None = None
+    worker_id: str | None = None
+    endpoint_url: str | None = None
+    region: str | None = None
+    initial_position: str | None = None
+
+
+def load_properties(path: Path) -> MultiLangProperties:
+    """Read and interpret the file; one :class:`ConfigError` line if it cannot be read or makes no sense."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read properties file {str(path)!r}: {exc.strerror or exc}") from None
+    return read_properties(path.resolve(), text)
+
+
+def effective_settings(
+    props: MultiLangProperties, overrides: MultiLangOverrides, environment: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """The variables to set in this process's environment, and a line for each value of the environment they
+    replace. A multilang daemon leads by default (``SHARDLEASE_LEADER_MODE=embedded``) unless the environment
+    says otherwise."""
+    settings = dict(props.settings)
+    flags = {
+        "AWS_REGION": overrides.region,
+        "SHARDLEASE_ENDPOINT_URL": overrides.endpoint_url,
+        "SHARDLEASE_INITIAL_POSITION": overrides.initial_position,
+    }
+    settings.update({name: value for name, value in flags.items() if value})
+    if overrides.endpoint_url:  # one endpoint for everything: the file's per-service endpoints no longer apply
+        for name in ("SHARDLEASE_KINESIS_ENDPOINT_URL", "SHARDLEASE_DYNAMODB_ENDPOINT_URL"):
+            settings.pop(name, None)
+    if not environment.get("SHARDLEASE_LEADER_MODE", "").strip():
+        settings["SHARDLEASE_LEADER_MODE"] = "embedded"
+    replaced = [
+        f"{props.path.name} sets {name}={value} over the environment's {environment[name]}"
+        for name, value in settings.items()
+        if environment.get(name, "").strip() and environment[name].strip() != value
+    ]
+    return settings, replaced
+
+
+def child_spec(props: MultiLangProperties, environment: Mapping[str, str]) -> ChildSpec:
+    """How each child starts: ``executableName`` run in the properties file's directory (a program found there is
+    taken from there, else from ``PATH`` as KCL's daemon does), with this process's environment."""
+    program, *arguments = props.executable
+    local = props.directory / program
+    if "/" not in program and local.is_file():
+        program = str(local)
+    elif "/" not in program and shutil.which(program, path=environment.get("PATH")) is None:
+        raise ConfigError(
+            f"{props.path.name}: executableName {props.executable[0]!r} is neither in {str(props.directory)!r} "
+            "nor on PATH"
+        )
+    generation = env_int(environment, "SHARDLEASE_MULTILANG_PROTOCOL", 2)
+    if generation not in GENERATIONS:
+        raise ConfigError(f"SHARDLEASE_MULTILANG_PROTOCOL={generation}: expected 1 (KCL 1.x) or 2 (KCL 2.x and 3.x)")
+    return ChildSpec(
+        command=(program, *arguments),
+        cwd=props.directory,
+        response_timeout_s=props.response_timeout_s,
+        generation=_generation(generation),
+    )
+
+
+def _generation(value: int) -> Generation:
+    return 1 if value == 1 else 2
+
+
+def run_multilang(
+    properties_path: Path, overrides: MultiLangOverrides, *, environment: MutableMapping[str, str] | None = None
+) -> None:
+    """Run the daemon until SIGTERM/SIGINT (see the module's docstring)."""
+    from worker_lib.core import aws
+    from worker_lib.tables.admin import ensure_tables
+    from worker_lib.tables.schema import TableLayout
+    from worker_lib.worker.worker import Worker, WorkerConfig
+
+    env = os.environ if environment is None else environment
+    props = load_properties(properties_path)
+    for line in props.warnings:
+        log.warning("%s", line)
+    settings, replaced = effective_settings(props, overrides, env)
+    for line in replaced:
+        log.warning("%s", line)
+    env.update(settings)  # the worker, its leader and every from_env() now read one configuration
+    spec = child_spec(props, env)
+    app = overrides.app or props.app
+    aws_config = AwsConfig.from_env(env)
+    config = WorkerConfig.from_env(
+        env,
+        app=app,
+        streams=(overrides.stream or props.stream,),
+        worker_id=overrides.worker_id or props.worker_id,
+        aws=aws_config,
+    )
+    created = ensure_tables(app, aws.client("dynamodb", aws_config), layout=TableLayout.from_env(env))
+    for table in (name for name, new in created.items() if new):
+        log.info("created table %s (KCL's daemon creates its tables too)", table)
+    registry = ChildRegistry()
+    log.info(
+        "multilang daemon app=%s stream=%s worker=%s child=%s",
+        config.app,
+        ",".join(config.streams),
+        config.worker_id,
+        " ".join(spec.command),
+    )
+    try:
+        Worker(config, lambda: MultiLangProcessor(spec, registry=registry), aws_config=aws_config).run()
+    finally:
+        registry.close_all(spec.close_grace_s)
