@@ -27,7 +27,7 @@ KCL3_CHECKPOINT_REFUSED = (
 
 
 def same(line: str, recorded: str) -> bool:
-    return json.loads(line) == json.loads(recorded)
+    return bool(json.loads(line) == json.loads(recorded))
 
 
 def test_initialize_is_the_line_kcl3_writes() -> None:
