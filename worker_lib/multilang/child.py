@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import signal
 import subprocess
 import threading
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 child_log = logging.getLogger("worker_lib.multilang.stderr")  # the children's own lines, one logger to filter on
 
 _EOF = None
+_STDERR_PAUSE_S = 0.2  # a partial stderr line is logged once the child has written nothing for this long
+_STDERR_MAX_LINE = 8_192  # ... or once it is this long
 
 
 class ChildFailedError(ProcessorFailedError):
@@ -140,11 +143,31 @@ class ChildProcess:
             self._lines.put(_EOF)
 
     def _copy_stderr(self, stream: IO[bytes]) -> None:
+        """Each line into the log as it comes; a partial line once the child pauses (kclpy's sample writes its
+        lines without a newline: they would otherwise show only when the child exits)."""
+        fd = stream.fileno()
+        pending = b""
         with contextlib.suppress(OSError, ValueError):
-            for raw in stream:
-                text = raw.decode("utf-8", errors="replace").rstrip()
-                if text:
-                    child_log.warning("[%s] %s", self.shard_id, text)  # shown at the default level, as KCL does
+            while True:
+                ready, _, _ = select.select([fd], [], [], _STDERR_PAUSE_S)
+                if not ready:
+                    pending = self._log_stderr(pending)
+                    continue
+                chunk = os.read(fd, 65_536)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self._log_stderr(line)
+                if len(pending) > _STDERR_MAX_LINE:
+                    pending = self._log_stderr(pending)
+        self._log_stderr(pending)
+
+    def _log_stderr(self, raw: bytes) -> bytes:
+        text = raw.decode("utf-8", errors="replace").rstrip()
+        if text:
+            child_log.warning("[%s] %s", self.shard_id, text)  # shown at the default level, as KCL does
+        return b""
 
 
 def _exit_description(code: int | None) -> str:
