@@ -70,6 +70,7 @@ def daemon(tmp_path: Path) -> Iterator[ProcessFleet]:
 
 
 def test_kclpy_sample_app_runs_unchanged(
+    *,
     kclpy_root: Path,
     kinesis_endpoint: str,
     moto_endpoint: str,

@@ -64,8 +64,9 @@ def edit_properties(text: str, values: Mapping[str, str]) -> str:
     for line in text.splitlines():
         match = _ENTRY.match(line)
         if match and match.group(2) in left:
-            line = f"{match.group(1)}{match.group(2)}{match.group(3)}{left.pop(match.group(2))}"
-        lines.append(line)
+            lines.append(f"{match.group(1)}{match.group(2)}{match.group(3)}{left.pop(match.group(2))}")
+        else:
+            lines.append(line)
     lines += [f"{key} = {value}" for key, value in left.items()]
     return "\n".join(lines) + "\n"
 
