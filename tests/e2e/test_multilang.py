@@ -193,7 +193,7 @@ def test_an_aws_kcl_node_processor_runs_unchanged(
     # WHEN the daemon gets SIGTERM  THEN it exits 0, each lease handed back at the last record checkpointed
     assert daemon.stop(["d1"], timeout_s=30) == {"d1": 0}, daemon.log("d1")[-3000:]
     items = lease_items(aws.client("dynamodb", moto_aws), app_name)
-    last = {}
+    last: dict[str, int] = {}
     for e in entries():
         if e["kind"] == "record":
             last[e["shard"]] = max(last.get(e["shard"], 0), int(e["sequence"]))
