@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.kpl import put_aggregate
 from tests.support.multilang import NODE_CONSUMER, child_pids, edit_properties, fetch_kclpy, kclpy_sample_records
 from tests.support.processes import EMBEDDED_LEADER_ENV, REPO, process_group
 from worker_lib.core import aws
@@ -185,9 +186,13 @@ def test_an_aws_kcl_node_processor_runs_unchanged(
         return set(produced) - {e["data"] for e in entries() if e["kind"] == "record"}
 
     # WHEN records are written
-    produced = produce(kinesis, stream, prefix="r", records=100)
+    aggregate = put_aggregate(kinesis, stream, [b"agg-0", b"agg-1", b"agg-2"])  # a KPL aggregate among them
+    produced = [*produce(kinesis, stream, prefix="r", records=100), "agg-0", "agg-1", "agg-2"]
     # THEN the Node processor sees every record, and its checkpoints after each batch are accepted
     assert wait_until(lambda: not missing(produced), timeout_s=60), daemon.log("d1")[-3000:]
+    # AND the aggregate reached it de-aggregated, as KCL delivers it: one record per user record
+    parts = sorted((e["sequence"], e["sub"], e["data"]) for e in entries() if e.get("data", "").startswith("agg-"))
+    assert parts == [(aggregate, 0, "agg-0"), (aggregate, 1, "agg-1"), (aggregate, 2, "agg-2")]
     checkpoints = [e for e in entries() if e["kind"] == "checkpoint"]
     assert checkpoints and all(e["error"] is None for e in checkpoints), checkpoints
     # WHEN the daemon gets SIGTERM  THEN it exits 0, each lease handed back at the last record checkpointed

@@ -11,11 +11,12 @@ import pytest
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
 from worker_lib.processing.consumer import LeaseCheckpointer
+from worker_lib.processing.processor import InvalidCheckpointError
 from worker_lib.tables.admin import ensure_tables
 
 
@@ -217,3 +218,33 @@ def test_a_checkpoint_that_fails_transiently_is_retried_not_redelivered(store: D
     # THEN it succeeded after the transient failures, without raising into the processor
     stored = store.get_lease("shard-a")
     assert failures["left"] == 0 and stored is not None and stored.checkpoint == Checkpoint(sequence="5")
+
+
+@pytest.mark.parametrize(
+    ("sequence", "written"),
+    [("9", SHARD_END), (None, SHARD_END), ("7", Checkpoint(sequence="7"))],
+)
+def test_at_shard_end_a_checkpoint_at_the_last_record_is_shard_end(
+    store: DynamoDBLeaseStore, sequence: str | None, written: Checkpoint
+) -> None:
+    # GIVEN a held lease whose shard ended after record 9 was delivered
+    holder = LeaseHolder(store, "w1")
+    assert holder.take(assigned(store, "shard-a", "w1"))
+    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=Checkpoint(sequence="1"))
+    checkpointer.largest_permitted = Checkpoint(sequence="9")
+    checkpointer.end_shard()
+    # WHEN the processor checkpoints the last record (as MultiLang clients do), or with no value, or earlier
+    checkpointer.checkpoint(sequence)
+    # THEN the last record and no value mean SHARD_END (KCL's rule); an earlier record is that record
+    stored = store.get_lease("shard-a")
+    assert stored is not None and stored.checkpoint == written
+
+
+def test_at_shard_end_a_checkpoint_beyond_the_last_record_is_refused(store: DynamoDBLeaseStore) -> None:
+    holder = LeaseHolder(store, "w1")
+    assert holder.take(assigned(store, "shard-a", "w1"))
+    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=Checkpoint(sequence="1"))
+    checkpointer.largest_permitted = Checkpoint(sequence="9")
+    checkpointer.end_shard()
+    with pytest.raises(InvalidCheckpointError, match="beyond the last delivered record 9"):
+        checkpointer.checkpoint("10")

@@ -168,7 +168,7 @@ BAD_BEHAVIOURS = [
     ("crash", "exited with code 3"),  # ... exits in the middle of the batch
     ("garbage", "broke the protocol while handling processRecords: unknown action 'bogus'"),
     ("wrong-status", "a status for 'initialize' while processRecords was expected"),
-    ("silent", "did not answer processRecords within 1 s (timeoutInSeconds): killed"),
+    ("silent", "did not answer processRecords: 1 s without a line (timeoutInSeconds); killed"),
 ]
 
 

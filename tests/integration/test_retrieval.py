@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.kinesis_faults import add_child_shards, fail_calls, one_attempt_kinesis, record_calls
-from tests.support.kpl import reference_encoder
+from tests.support.kpl import put_aggregate
 from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
@@ -44,18 +44,6 @@ def clock() -> ManualClock:
 
 def put(kinesis: Any, stream: str, data: bytes, key: str = "pk") -> str:
     return str(kinesis.put_record(StreamName=stream, Data=data, PartitionKey=key)["SequenceNumber"])
-
-
-def put_aggregate(kinesis: Any, stream: str, parts: list[bytes]) -> str:
-    """One KPL aggregate built by aws-kinesis-agg (an independent encoder), put with PutRecord."""
-    aggregator = reference_encoder().RecordAggregator()
-    for i, part in enumerate(parts):
-        assert aggregator.add_user_record(f"user-{i}", part) is None
-    partition_key, explicit_hash_key, payload = aggregator.clear_and_get().get_contents()
-    kwargs = {"ExplicitHashKey": explicit_hash_key} if explicit_hash_key else {}
-    return str(
-        kinesis.put_record(StreamName=stream, Data=payload, PartitionKey=partition_key, **kwargs)["SequenceNumber"]
-    )
 
 
 def fetcher(

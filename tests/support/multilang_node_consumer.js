@@ -28,7 +28,7 @@ function processor() {
       }
       for (const record of input.records) {
         const data = Buffer.from(record.data, 'base64').toString();
-        note({ kind: 'record', shard: shardId, sequence: record.sequenceNumber, data: data });
+        note({ kind: 'record', shard: shardId, sequence: record.sequenceNumber, sub: record.subSequenceNumber, data: data });
       }
       const last = input.records[input.records.length - 1].sequenceNumber;
       input.checkpointer.checkpoint(last, function (err) {

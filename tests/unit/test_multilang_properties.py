@@ -200,3 +200,20 @@ def test_the_file_wins_over_the_environment_and_the_flags_over_the_file() -> Non
     assert settings["SHARDLEASE_LEADER_MODE"] == "embedded"
     settings, _ = effective_settings(props, MultiLangOverrides(), {"SHARDLEASE_LEADER_MODE": "none"})
     assert "SHARDLEASE_LEADER_MODE" not in settings
+
+
+def test_the_endpoint_flag_replaces_every_per_service_endpoint() -> None:
+    # GIVEN a file with a Kinesis endpoint and an environment with a DynamoDB one
+    text = "executableName = a\nstreamName = s\napplicationName = app\nkinesisEndpoint = http://127.0.0.1:1\n"
+    props = read_properties(PATH, text)
+    environment = {"SHARDLEASE_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:2"}
+    # WHEN --endpoint-url is given
+    settings, replaced = effective_settings(props, MultiLangOverrides(endpoint_url="http://127.0.0.1:9"), environment)
+    # THEN it is the endpoint of every service, and the line says the command line replaced the environment's
+    assert settings["SHARDLEASE_ENDPOINT_URL"] == "http://127.0.0.1:9"
+    for service in ("KINESIS", "DYNAMODB", "CLOUDWATCH"):
+        assert settings[f"SHARDLEASE_{service}_ENDPOINT_URL"] == "http://127.0.0.1:9"
+    assert replaced == [
+        "SHARDLEASE_DYNAMODB_ENDPOINT_URL=http://127.0.0.1:9 from the command line replaces the environment's "
+        "http://127.0.0.1:2"
+    ]

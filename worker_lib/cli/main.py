@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     multilang.add_argument("--app", metavar="APP", help="application name (default: applicationName)")
     multilang.add_argument("--stream", metavar="STREAM", help="stream name (default: streamArn or streamName)")
     multilang.add_argument("--worker-id", metavar="ID", help="this worker's lease-owner name (default: workerId)")
-    multilang.add_argument("--initial-position", metavar="LATEST|TRIM_HORIZON", help="default: initialPositionInStream")
+    _add_position(multilang)
     _add_aws(multilang)
     multilang.set_defaults(func=_cmd_multilang)
 
@@ -321,6 +321,7 @@ def _cmd_multilang(args: argparse.Namespace) -> int:
         endpoint_url=args.endpoint_url,
         region=args.region,
         initial_position=args.initial_position,
+        timestamp=args.timestamp,
     )
     run_multilang(Path(args.properties), overrides)
     return EXIT_OK

@@ -33,6 +33,12 @@ from worker_lib.multilang.properties import MultiLangProperties, read_properties
 
 log = logging.getLogger(__name__)
 
+SERVICE_ENDPOINT_VARIABLES = (
+    "SHARDLEASE_KINESIS_ENDPOINT_URL",
+    "SHARDLEASE_DYNAMODB_ENDPOINT_URL",
+    "SHARDLEASE_CLOUDWATCH_ENDPOINT_URL",
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class MultiLangOverrides:
@@ -44,6 +50,7 @@ class MultiLangOverrides:
     endpoint_url: str | None = None
     region: str | None = None
     initial_position: str | None = None
+    timestamp: str | None = None  # with AT_TIMESTAMP (ISO-8601)
 
 
 def load_properties(path: Path) -> MultiLangProperties:
@@ -61,22 +68,25 @@ def effective_settings(
     """The variables to set in this process's environment, and a line for each value of the environment they
     replace. A multilang daemon leads by default (``SHARDLEASE_LEADER_MODE=embedded``) unless the environment
     says otherwise."""
+    source = dict.fromkeys(props.settings, props.path.name)
     settings = dict(props.settings)
     flags = {
         "AWS_REGION": overrides.region,
         "SHARDLEASE_ENDPOINT_URL": overrides.endpoint_url,
         "SHARDLEASE_INITIAL_POSITION": overrides.initial_position,
+        "SHARDLEASE_INITIAL_TIMESTAMP": overrides.timestamp,
     }
-    settings.update({name: value for name, value in flags.items() if value})
-    if overrides.endpoint_url:  # one endpoint for everything: the file's per-service endpoints no longer apply
-        for name in ("SHARDLEASE_KINESIS_ENDPOINT_URL", "SHARDLEASE_DYNAMODB_ENDPOINT_URL"):
-            settings.pop(name, None)
+    if overrides.endpoint_url:  # one endpoint for every service: it replaces per-service ones, file's or not
+        flags.update(dict.fromkeys(SERVICE_ENDPOINT_VARIABLES, overrides.endpoint_url))
+    for name, value in flags.items():
+        if value:
+            settings[name], source[name] = value, "the command line"
     if not environment.get("SHARDLEASE_LEADER_MODE", "").strip():
         settings["SHARDLEASE_LEADER_MODE"] = "embedded"
     replaced = [
-        f"{props.path.name} sets {name}={value} over the environment's {environment[name]}"
+        f"{name}={value} from {source[name]} replaces the environment's {environment[name].strip()}"
         for name, value in settings.items()
-        if environment.get(name, "").strip() and environment[name].strip() != value
+        if name in source and environment.get(name, "").strip() and environment[name].strip() != value
     ]
     return settings, replaced
 
@@ -86,13 +96,15 @@ def child_spec(props: MultiLangProperties, environment: Mapping[str, str]) -> Ch
     taken from there, else from ``PATH`` as KCL's daemon does), with this process's environment."""
     program, *arguments = props.executable
     local = props.directory / program
-    if "/" not in program and local.is_file():
+    if "/" not in program and local.is_file() and os.access(local, os.X_OK):
         program = str(local)
     elif "/" not in program and shutil.which(program, path=environment.get("PATH")) is None:
         raise ConfigError(
-            f"{props.path.name}: executableName {props.executable[0]!r} is neither in {str(props.directory)!r} "
-            "nor on PATH"
+            f"{props.path.name}: executableName {props.executable[0]!r} is neither an executable file in "
+            f"{str(props.directory)!r} nor on PATH"
         )
+    elif "/" in program and not os.access(props.directory / program, os.X_OK):
+        raise ConfigError(f"{props.path.name}: executableName {program!r} is not an executable file")
     generation = env_int(environment, "SHARDLEASE_MULTILANG_PROTOCOL", 2)
     if generation not in GENERATIONS:
         raise ConfigError(f"SHARDLEASE_MULTILANG_PROTOCOL={generation}: expected 1 (KCL 1.x) or 2 (KCL 2.x and 3.x)")

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError, ThrottledError
 from worker_lib.core.models import SHARD_END
 from worker_lib.multilang import messages
@@ -53,8 +52,9 @@ class ChildSpec:
     command: the program and its arguments (``executableName`` split on whitespace).
     cwd: its working directory (the properties file's directory, as for KCL's daemon).
     env: its environment (default: the daemon's).
-    response_timeout_s: how long to wait for the child's answer to one message (KCL's ``timeoutInSeconds``);
-      ``None``: as long as it takes (KCL's default).
+    response_timeout_s: how long the child may stay silent while it handles a message — each line it writes,
+      checkpoint requests included, restarts the wait (KCL's ``timeoutInSeconds``); ``None``: as long as it takes
+      (KCL's default).
     generation: 2 (KCL 2.x/3.x: leaseLost, shardEnded) or 1 (KCL 1.x: shutdown with reason ZOMBIE or TERMINATE).
     close_grace_s: how long a child may take to exit once its stdin is closed before it is killed.
     """
@@ -93,10 +93,9 @@ class ChildRegistry:
 class MultiLangProcessor:
     """One lease's child process, driven through the MultiLang protocol (see the module's docstring)."""
 
-    def __init__(self, spec: ChildSpec, *, registry: ChildRegistry | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, spec: ChildSpec, *, registry: ChildRegistry | None = None) -> None:
         self._spec = spec
         self._registry = registry if registry is not None else ChildRegistry()
-        self._clock = clock
         self._child: ChildProcess | None = None
         self._shard_id = "?"
 
@@ -154,17 +153,15 @@ class MultiLangProcessor:
             raise ChildFailedError(f"multilang child for {self._shard_id} is not running")
         action = message["action"]
         timeout = self._spec.response_timeout_s
-        deadline = None if timeout is None else self._clock.monotonic() + timeout
         try:
             child.send(messages.encode(message))
             while True:
-                remaining = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
                 try:
-                    line = child.next_line(remaining)
+                    line = child.next_line(timeout)  # each line restarts the wait, as in KCL
                 except queue.Empty:
                     raise ChildFailedError(
-                        f"multilang child for {self._shard_id} (pid {child.pid}) did not answer {action} within "
-                        f"{timeout:g} s (timeoutInSeconds): killed"
+                        f"multilang child for {self._shard_id} (pid {child.pid}) did not answer {action}: "
+                        f"{timeout:g} s without a line (timeoutInSeconds); killed"
                     ) from None
                 if line is None:
                     raise child.gone()
@@ -213,6 +210,9 @@ class MultiLangProcessor:
             except DependencyError as exc:
                 log.warning("checkpoint on %s failed: %s", self._shard_id, exc)
                 error = DEPENDENCY_EXCEPTION
+            except Exception as exc:  # KCL answers any failure with its exception's name; the child decides
+                log.error("checkpoint on %s failed: %s: %s", self._shard_id, type(exc).__name__, exc)
+                error = type(exc).__name__
         return messages.checkpoint_reply(request.sequence, request.sub_sequence, error)
 
     def _end(self, *, kill: bool = False) -> None:

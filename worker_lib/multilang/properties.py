@@ -206,7 +206,7 @@ HONOURED: dict[str, Honoured] = {
     "leaseAssignmentIntervalMillis": Honoured(
         "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS",
         _whole("leaseAssignmentIntervalMillis", minimum=1),
-        "the leader's assignment cycle (default 2 x failoverTimeMillis)",
+        "the leader's assignment cycle (20 000 by default)",
     ),
     "kinesisEndpoint": Honoured("SHARDLEASE_KINESIS_ENDPOINT_URL", str.strip, "the Kinesis endpoint (local use)"),
     "dynamoDBEndpoint": Honoured("SHARDLEASE_DYNAMODB_ENDPOINT_URL", str.strip, "the DynamoDB endpoint (local use)"),
@@ -235,7 +235,10 @@ _CREDENTIALS = (
     "credentials come from boto3's chain (environment, profile, container or instance role); no Java provider"
 )
 _JVM = "a setting of the Java daemon's internals with no counterpart here"
-_TABLE_CREATION = "tables are created by `shardlease create-tables` or the CDK stack (docs/deploy.md), not by workers"
+_TABLE_CREATION = (
+    "missing tables are created on demand with KCL's defaults; for other settings create them with "
+    "`shardlease create-tables` or the CDK stack (docs/deploy.md)"
+)
 _METRICS = "metrics: SHARDLEASE_METRICS (off, emf, cloudwatch) and SHARDLEASE_METRICS_FLUSH_INTERVAL_MS"
 
 NOT_USED: dict[str, str] = {
@@ -247,7 +250,9 @@ NOT_USED: dict[str, str] = {
     "AWSCredentialsProviderCloudWatch": _CREDENTIALS,
     "processingLanguage": "only KCL's user agent",
     "maxActiveThreads": "one thread per held lease, as KCL's default cached pool",
-    "taskBackoffTimeMillis": "the consumer's own backoffs apply (SHARDLEASE_PROCESSOR_RETRIES, docs/worker.md)",
+    "taskBackoffTimeMillis": (
+        "a failed child gives its lease back at once and the next child starts from the last checkpoint"
+    ),
     "metricsBufferTimeMillis": _METRICS,
     "metricsMaxQueueSize": _METRICS,
     "metricsLevel": _METRICS,
@@ -296,8 +301,8 @@ NOT_USED: dict[str, str] = {
     "leaseTableScanTotalSegments": "workers read their leases by the owner index, never by scan",
     "enablePriorityLeaseAssignment": "the leader always assigns expired and unassigned leases first",
     "schedulerInitializationBackoffTimeMillis": "startup retries: SHARDLEASE_STARTUP_TIMEOUT_MS",
-    "migrateAllEntitiesToLeaseTable": "the table layout: SHARDLEASE_TABLE_LAYOUT (docs/single-table.md)",
-    "tableMigrationCompleteBakeTimeSeconds": "the table layout: SHARDLEASE_TABLE_LAYOUT (docs/single-table.md)",
+    "migrateAllEntitiesToLeaseTable": "the table layout: SHARDLEASE_TABLE_LAYOUT (docs/kcl-compatibility.md)",
+    "tableMigrationCompleteBakeTimeSeconds": "the table layout: SHARDLEASE_TABLE_LAYOUT (docs/kcl-compatibility.md)",
     "millisBehindLatestThresholdForReducedTps": _JVM,
 }
 

@@ -84,7 +84,15 @@ class LeaseCheckpointer:
         self._lease_key = lease_key
         self._last: Checkpoint | None = initial
         self.largest_permitted: Checkpoint | None = None  # the last delivered record, or SHARD_END at the end
+        self.last_record_at_shard_end: Checkpoint | None = None  # once the shard ended: its last record
         self.writes = 0
+
+    def end_shard(self) -> None:
+        """The shard ended: ``checkpoint()`` now writes SHARD_END, and so does a checkpoint at the shard's last
+        record (KCL's sequenceNumberAtShardEnd: MultiLang clients checkpoint a record, not SHARD_END)."""
+        if self.largest_permitted != SHARD_END:
+            self.last_record_at_shard_end = self.largest_permitted
+            self.largest_permitted = SHARD_END
 
     @property
     def last_checkpoint(self) -> Checkpoint | None:
@@ -93,9 +101,13 @@ class LeaseCheckpointer:
     def _value(self, sequence: str | None, sub_sequence: int) -> Checkpoint | None:
         if sequence is None:
             return self.largest_permitted  # None: nothing delivered yet, nothing to record
-        return validate_checkpoint_value(
-            sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=self.largest_permitted
-        )
+        largest = self.largest_permitted
+        if largest == SHARD_END and sequence != SHARD_END.sequence:
+            last = self.last_record_at_shard_end
+            if last is not None and Checkpoint(sequence=sequence, sub_sequence=sub_sequence) == last:
+                return SHARD_END
+            largest = last  # a number beyond the shard's last record is refused, as before the end
+        return validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=largest)
 
     def _write(self, value: Checkpoint) -> None:
         if self._last is not None and value == self._last:
@@ -408,7 +420,7 @@ class ShardConsumer:
                 if ready and children:
                     self._holder.update_child_shard_ids(self.lease_key, children)
                 if ready:
-                    checkpointer.largest_permitted = SHARD_END
+                    checkpointer.end_shard()
                     self._processor.shard_ended(
                         ShardEndedInput(
                             shard_id=self.shard_id, checkpointer=checkpointer, child_shard_ids=tuple(children)
