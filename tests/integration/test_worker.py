@@ -18,6 +18,7 @@ from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError,
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
+from worker_lib.processing.processor import ProcessorFailedError
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.testing.waiting import wait_until
@@ -236,6 +237,67 @@ def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_ba
     stored = store.get_lease(key)
     assert stored is not None and not stored.checkpoint.is_real
     assert attempts[:3] == [20, 20, 20]
+
+
+def test_a_processor_failure_ends_the_lease_at_once_without_retry(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN w1's one lease with 20 records, and a processor that can do nothing more (a MultiLang child that died)
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    put(kinesis, stream, 0, 20)
+    attempts: list[int] = []
+
+    class Gone(RecordingProcessor):
+        def process_records(self, input: Any) -> None:
+            attempts.append(len(input.records))
+            raise ProcessorFailedError("the child exited with code 3")
+
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        lease=FAST_LEASES,
+        retrieval=FAST_READS,
+        consumer=ConsumerConfig(processor_retries=3, processor_retry_backoff_ms=10),
+        discovery_interval_ms=200,
+    )
+    worker = Worker(config, lambda: Gone(Journal()), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    worker.start()
+    # THEN the lease is given up after the one attempt (no retries), unowned, its checkpoint unmoved
+    assert wait_until(lambda: (store.get_lease(key) or Lease(lease_key="?")).lease_owner is None, timeout_s=10)
+    assert wait_until(lambda: key in worker.outcomes, timeout_s=10)
+    assert attempts == [20] and worker.outcomes[key].value == "gave_up"
+    stored = store.get_lease(key)
+    assert stored is not None and not stored.checkpoint.is_real
+
+
+def test_empty_reads_reach_the_processor_when_asked(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN w1's one lease on an empty shard, and KCL's callProcessRecordsEvenForEmptyRecordList
+    stream, _, _ = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    batches: list[int] = []
+
+    class Counting(RecordingProcessor):
+        def process_records(self, input: Any) -> None:
+            batches.append(len(input.records))
+
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        lease=FAST_LEASES,
+        retrieval=FAST_READS,
+        consumer=ConsumerConfig(deliver_empty_batches=True),
+        discovery_interval_ms=200,
+    )
+    worker = Worker(config, lambda: Counting(Journal()), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    worker.start()
+    # THEN process_records is called for reads that returned nothing (each read, after the idle time)
+    assert wait_until(lambda: len(batches) >= 3, timeout_s=20)
+    assert set(batches) == {0}
 
 
 # --- start: one clear error within 30 s, never a retry loop --------------------------------------------------------

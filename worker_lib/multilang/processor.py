@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_EXCEPTION = "ShutdownException"  # the lease is no longer ours (kclpy's sample stops checkpointing)
 THROTTLING_EXCEPTION = "ThrottlingException"  # DynamoDB throttled the write: try again later
 DEPENDENCY_EXCEPTION = "KinesisClientLibDependencyException"  # DynamoDB failed otherwise
-INVALID_STATE_EXCEPTION = "InvalidStateException"  # no checkpoint possible now (during initialize)
+INVALID_STATE_EXCEPTION = "InvalidStateException"  # no checkpointer: during initialize and leaseLost
 ILLEGAL_ARGUMENT_EXCEPTION = "IllegalArgumentException"  # before the last checkpoint / after the last record
 
 
@@ -113,20 +113,20 @@ class MultiLangProcessor:
         )
         self._registry.add(self._child)
         # A pending checkpoint (two-phase) is not part of the MultiLang message: KCL's daemon does not send it either.
-        self._exchange(messages.initialize_message(input.shard_id, input.checkpoint), None, INVALID_STATE_EXCEPTION)
+        self._exchange(messages.initialize_message(input.shard_id, input.checkpoint), None)
 
     def process_records(self, input: ProcessRecordsInput) -> None:
         message = messages.process_records_message(input.records, input.millis_behind_latest)
-        self._exchange(message, input.checkpointer, INVALID_STATE_EXCEPTION)
+        self._exchange(message, input.checkpointer)
 
     def lease_lost(self, input: LeaseLostInput) -> None:
         try:
-            self._exchange(messages.lease_lost_message(self._spec.generation), None, SHUTDOWN_EXCEPTION)
+            self._exchange(messages.lease_lost_message(self._spec.generation), None)
         finally:
             self._end()
 
     def shard_ended(self, input: ShardEndedInput) -> None:
-        self._exchange(messages.shard_ended_message(self._spec.generation), input.checkpointer, INVALID_STATE_EXCEPTION)
+        self._exchange(messages.shard_ended_message(self._spec.generation), input.checkpointer)
         if input.checkpointer.last_checkpoint == SHARD_END:
             self._end()
         # else the consumer says so and asks again: the child stays to be asked
@@ -135,18 +135,18 @@ class MultiLangProcessor:
         """The child checkpoints, then hears ``leaseLost`` — KCL 3.x's sequence when a lease is handed over or the
         worker shuts down — and ends."""
         try:
-            self._exchange(messages.shutdown_requested_message(), input.checkpointer, INVALID_STATE_EXCEPTION)
-            self._exchange(messages.lease_lost_message(self._spec.generation), None, SHUTDOWN_EXCEPTION)
+            self._exchange(messages.shutdown_requested_message(), input.checkpointer)
+            self._exchange(messages.lease_lost_message(self._spec.generation), None)
         finally:
             self._end()
 
     # --- one message and its answer ---------------------------------------------------------------------------
 
-    def _exchange(self, message: dict[str, Any], checkpointer: Checkpointer | None, refusal: str) -> None:
+    def _exchange(self, message: dict[str, Any], checkpointer: Checkpointer | None) -> None:
         """Send ``message``, answer the child's checkpoint requests, return at its status for ``message``.
 
-        ``refusal``: the error answered to a checkpoint request when there is no checkpointer (initialize: KCL's
-        InvalidStateException; leaseLost: ShutdownException).
+        Without a checkpointer (initialize, leaseLost) a checkpoint request is answered InvalidStateException, as
+        by KCL.
         """
         child = self._child
         if child is None:
@@ -176,7 +176,7 @@ class MultiLangProcessor:
                     if answer.text:  # kclpy and aws-kcl surround every message with blank lines
                         child_log.info("[%s] (stdout) %s", self._shard_id, answer.text)
                 elif isinstance(answer, messages.CheckpointRequest):
-                    child.send(messages.encode(self._checkpoint(answer, checkpointer, refusal)))
+                    child.send(messages.encode(self._checkpoint(answer, checkpointer)))
                 elif answer.response_for == action:
                     return
                 else:
@@ -188,12 +188,10 @@ class MultiLangProcessor:
             self._end(kill=True)
             raise
 
-    def _checkpoint(
-        self, request: messages.CheckpointRequest, checkpointer: Checkpointer | None, refusal: str
-    ) -> dict[str, Any]:
+    def _checkpoint(self, request: messages.CheckpointRequest, checkpointer: Checkpointer | None) -> dict[str, Any]:
         error: str | None = None
         if checkpointer is None:
-            error = refusal
+            error = INVALID_STATE_EXCEPTION
         else:
             try:
                 if request.sequence is None:
