@@ -1,7 +1,7 @@
 """MultiLangProcessor against real child processes that behave well and badly (tests/support/multilang_child.py).
 
 The checkpointer is the only stand-in: an in-memory one applying the real checkpoint rules
-(``validate_checkpoint_value``), so that each bad behaviour's table row — what the child does, what it gets, what
+(tests/support/checkpointers.py), so that each bad behaviour's table row — what the child does, what it gets, what
 is checkpointed — is checked without a lease table; the daemon with real tables is tests/e2e/test_multilang.py.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.checkpointers import RecordingCheckpointer
 from tests.support.processes import REPO
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.multilang import ChildRegistry, ChildSpec, MultiLangProcessor
@@ -22,50 +23,12 @@ from worker_lib.multilang.child import ChildFailedError
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
-    PreparedCheckpointer,
     ProcessRecordsInput,
     ShardEndedInput,
-    ShutdownError,
     ShutdownRequestedInput,
-    validate_checkpoint_value,
 )
 
 SHARD = "shardId-000000000007"
-
-
-class MemoryCheckpointer:
-    """The checkpoint rules of a lease's checkpointer, kept in memory; ``lost`` makes every write a ShutdownError."""
-
-    def __init__(self) -> None:
-        self.written: list[Checkpoint] = []
-        self.largest_permitted: Checkpoint | None = None
-        self.lost = False
-
-    @property
-    def last_checkpoint(self) -> Checkpoint | None:
-        return self.written[-1] if self.written else None
-
-    def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
-        if self.lost:
-            raise ShutdownError("lease lost")
-        if sequence is None:
-            if self.largest_permitted is None:
-                return
-            value = self.largest_permitted
-        else:
-            value = validate_checkpoint_value(
-                sequence, sub_sequence, last_checkpoint=self.last_checkpoint, largest_permitted=self.largest_permitted
-            )
-        self.written.append(value)
-
-    def checkpoint_record(self, record: KinesisRecord) -> None:
-        self.checkpoint(record.sequence_number, record.sub_sequence_number)
-
-    def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
-        raise NotImplementedError
-
-    def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
-        raise NotImplementedError
 
 
 def batch(start: int, count: int) -> list[KinesisRecord]:
@@ -75,7 +38,7 @@ def batch(start: int, count: int) -> list[KinesisRecord]:
     ]
 
 
-def deliver(processor: MultiLangProcessor, checkpointer: MemoryCheckpointer, records: list[KinesisRecord]) -> None:
+def deliver(processor: MultiLangProcessor, checkpointer: RecordingCheckpointer, records: list[KinesisRecord]) -> None:
     checkpointer.largest_permitted = records[-1].checkpoint
     processor.process_records(ProcessRecordsInput(shard_id=SHARD, records=records, checkpointer=checkpointer))
 
@@ -102,7 +65,7 @@ def test_a_good_child_sees_every_record_and_checkpoints_through_the_lease(
 ) -> None:
     # GIVEN a child for one lease
     processor = make(tmp_path, "good", registry)
-    checkpointer = MemoryCheckpointer()
+    checkpointer = RecordingCheckpointer()
     processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="TRIM_HORIZON")))
     # WHEN it gets two batches, then the shard ends
     deliver(processor, checkpointer, batch(0, 3))
@@ -122,7 +85,7 @@ def test_shutdown_requested_lets_the_child_checkpoint_then_says_lease_lost(
     tmp_path: Path, registry: ChildRegistry
 ) -> None:
     processor = make(tmp_path, "good", registry)
-    checkpointer = MemoryCheckpointer()
+    checkpointer = RecordingCheckpointer()
     processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
     deliver(processor, checkpointer, batch(0, 2))
     processor.shutdown_requested(ShutdownRequestedInput(shard_id=SHARD, checkpointer=checkpointer))
@@ -136,9 +99,9 @@ def test_a_checkpoint_after_the_lease_was_lost_gets_kcls_shutdown_exception(
     tmp_path: Path, registry: ChildRegistry
 ) -> None:
     processor = make(tmp_path, "good", registry)
-    checkpointer = MemoryCheckpointer()
+    checkpointer = RecordingCheckpointer()
     processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
-    checkpointer.lost = True
+    checkpointer.lease_lost = True
     deliver(processor, checkpointer, batch(0, 2))
     errors = [e["error"] for e in journal(tmp_path / "journal.jsonl") if e["kind"] == "checkpoint"]
     assert errors == ["ShutdownException"] and checkpointer.written == []
@@ -152,7 +115,7 @@ def test_a_chatty_child_is_heard_not_misread(
     # GIVEN a child that prints lines of its own on stdout and stderr around every message
     caplog.set_level("INFO", logger="worker_lib.multilang.stderr")
     processor = make(tmp_path, "chatty", registry)
-    checkpointer = MemoryCheckpointer()
+    checkpointer = RecordingCheckpointer()
     processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
     deliver(processor, checkpointer, batch(0, 2))
     processor.lease_lost(LeaseLostInput(shard_id=SHARD))
@@ -178,7 +141,7 @@ def test_a_child_that_fails_ends_the_shard_with_one_line_and_no_checkpoint_past_
 ) -> None:
     # GIVEN a child that handles its first batch well and fails its second
     processor = make(tmp_path, behaviour, registry, response_timeout_s=1.0)
-    checkpointer = MemoryCheckpointer()
+    checkpointer = RecordingCheckpointer()
     processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
     deliver(processor, checkpointer, batch(0, 2))
     child = processor.child
@@ -198,7 +161,7 @@ def test_a_checkpoint_beyond_the_last_record_is_refused_with_kcls_illegal_argume
     tmp_path: Path, registry: ChildRegistry
 ) -> None:
     processor = make(tmp_path, "beyond", registry)
-    checkpointer = MemoryCheckpointer()
+    checkpointer = RecordingCheckpointer()
     processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
     deliver(processor, checkpointer, batch(0, 2))
     deliver(processor, checkpointer, batch(2, 2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -205,6 +206,28 @@ def test_a_graceful_handoff_moves_a_lease_at_a_batch_boundary_without_loss_or_du
     assert sorted(journal.datas()) == sorted(produced)
 
 
+def w1_worker(
+    app: str,
+    stream: str,
+    factory: Callable[[], RecordingProcessor],
+    consumer: ConsumerConfig,
+    *,
+    ddb: Any,
+    kinesis: Any,
+) -> Worker:
+    """Worker w1 with short timings and ``consumer``'s settings, not started."""
+    config = WorkerConfig(
+        app=app,
+        stream=stream,
+        worker_id="w1",
+        lease=FAST_LEASES,
+        retrieval=FAST_READS,
+        consumer=consumer,
+        discovery_interval_ms=200,
+    )
+    return Worker(config, factory, dynamodb=ddb, kinesis=kinesis)
+
+
 def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_batch(
     ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:
@@ -218,16 +241,14 @@ def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_ba
             attempts.append(len(input.records))
             raise ValueError("poison")
 
-    config = WorkerConfig(
-        app=app_name,
-        stream=stream,
-        worker_id="w1",
-        lease=FAST_LEASES,
-        retrieval=FAST_READS,
-        consumer=ConsumerConfig(processor_retries=2, processor_retry_backoff_ms=10),
-        discovery_interval_ms=200,
+    worker = w1_worker(
+        app_name,
+        stream,
+        lambda: Failing(Journal()),
+        ConsumerConfig(processor_retries=2, processor_retry_backoff_ms=10),
+        ddb=ddb,
+        kinesis=kinesis,
     )
-    worker = Worker(config, lambda: Failing(Journal()), dynamodb=ddb, kinesis=kinesis)
     workers.append(worker)
     # WHEN the processor raises on every attempt
     worker.start()
@@ -252,16 +273,14 @@ def test_a_processor_failure_ends_the_lease_at_once_without_retry(
             attempts.append(len(input.records))
             raise ProcessorFailedError("the child exited with code 3")
 
-    config = WorkerConfig(
-        app=app_name,
-        stream=stream,
-        worker_id="w1",
-        lease=FAST_LEASES,
-        retrieval=FAST_READS,
-        consumer=ConsumerConfig(processor_retries=3, processor_retry_backoff_ms=10),
-        discovery_interval_ms=200,
+    worker = w1_worker(
+        app_name,
+        stream,
+        lambda: Gone(Journal()),
+        ConsumerConfig(processor_retries=3, processor_retry_backoff_ms=10),
+        ddb=ddb,
+        kinesis=kinesis,
     )
-    worker = Worker(config, lambda: Gone(Journal()), dynamodb=ddb, kinesis=kinesis)
     workers.append(worker)
     worker.start()
     # THEN the lease is given up after the one attempt (no retries), unowned, its checkpoint unmoved
@@ -283,16 +302,14 @@ def test_empty_reads_reach_the_processor_when_asked(
         def process_records(self, input: Any) -> None:
             batches.append(len(input.records))
 
-    config = WorkerConfig(
-        app=app_name,
-        stream=stream,
-        worker_id="w1",
-        lease=FAST_LEASES,
-        retrieval=FAST_READS,
-        consumer=ConsumerConfig(deliver_empty_batches=True),
-        discovery_interval_ms=200,
+    worker = w1_worker(
+        app_name,
+        stream,
+        lambda: Counting(Journal()),
+        ConsumerConfig(deliver_empty_batches=True),
+        ddb=ddb,
+        kinesis=kinesis,
     )
-    worker = Worker(config, lambda: Counting(Journal()), dynamodb=ddb, kinesis=kinesis)
     workers.append(worker)
     worker.start()
     # THEN process_records is called for reads that returned nothing (each read, after the idle time)
