@@ -409,7 +409,7 @@ def test_retrieval_config_defaults_and_env() -> None:
         ({"throttle_backoff_base_ms": 500, "throttle_backoff_max_ms": 100}, "at least throttle_backoff_base_ms"),
     ],
 )
-def test_retrieval_config_rejects_bad_values(kwargs: dict[str, int], fragment: str) -> None:
+def test_retrieval_config_rejects_bad_values(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         RetrievalConfig(**kwargs)
 

@@ -92,6 +92,9 @@ def test_every_honoured_key_sets_its_variable() -> None:
         "inMemoryWorkerMetricsCaptureFrequencyMillis": "2000",
         "noOfPersistedMetricsPerWorkerMetrics": "5",
         "leaseAssignmentIntervalMillis": "4000",
+        "retrievalMode": "fanout",
+        "fanoutConfig.consumerName": "orders-consumer",
+        "fanoutConfig.consumerArn": "arn:aws:kinesis:us-east-1:123456789012:stream/s/consumer/c:1",
         "kinesisEndpoint": "http://127.0.0.1:4567",
         "dynamoDBEndpoint": "http://127.0.0.1:4568",
         "cloudWatchEndpoint": "http://127.0.0.1:4569",
@@ -103,8 +106,15 @@ def test_every_honoured_key_sets_its_variable() -> None:
     props = read_properties(PATH, text)
     assert props.warnings == ()
     for key, value in values.items():
-        expected = {"true": "true", "false": "false"}.get(value, value)
+        expected = {"true": "true", "false": "false", "fanout": "fanout"}.get(value, value)
         assert props.settings[HONOURED[key].variable] == expected, key
+
+
+@pytest.mark.parametrize(("given", "mode"), [("FANOUT", "fanout"), ("polling", "polling"), ("DEFAULT", "polling")])
+def test_retrieval_mode(given: str, mode: str) -> None:
+    # KCL's DEFAULT is fan-out when no polling key is set; ours polls unless fan-out is asked for (it is billed)
+    text = f"executableName = a\nstreamName = s\napplicationName = app\nretrievalMode = {given}\n"
+    assert read_properties(PATH, text).settings["SHARDLEASE_RETRIEVAL"] == mode
 
 
 def test_the_polling_prefix_is_read_too() -> None:

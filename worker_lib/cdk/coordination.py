@@ -39,6 +39,7 @@ from worker_lib.cdk.observability import AlarmSettings, ShardleaseObservability
 from worker_lib.cdk.tables import build_tables
 from worker_lib.core.config import validate_app_name
 from worker_lib.leases.mode import parse_setting
+from worker_lib.processing.config import CONSUMER_NAME_PATTERN, RetrievalMode
 from worker_lib.tables.schema import (
     LEASE_OWNER_INDEX,
     BillingMode,
@@ -147,6 +148,12 @@ class ShardleaseCoordination(Construct):
     alarms: minutes for the three alarms; alarm_actions: e.g. ``cw_actions.SnsAction(topic)``.
     powertools_layer: the Powertools layer (default: the public layer, :func:`powertools_layer_arn`).
     leader_environment: extra ``SHARDLEASE_*`` variables for the leader (e.g. assignment strategy).
+    retrieval: ``polling`` (GetRecords, the default) or ``fanout``: enhanced fan-out through a stream consumer per
+      stream that this construct creates (``AWS::Kinesis::StreamConsumer``, named ``fanout_consumer_name``, default
+      the application's name, as KCL names it); the worker policies then allow exactly SubscribeToShard and
+      DescribeStreamConsumer on those consumers, and nothing that registers one. Give workers
+      ``SHARDLEASE_RETRIEVAL=fanout`` (and, with one stream, ``SHARDLEASE_FANOUT_CONSUMER_ARN`` from the output
+      ``FanoutConsumerArn``). Fan-out is billed per consumer-shard-hour (docs/fanout.md).
     """
 
     def __init__(
@@ -175,6 +182,8 @@ class ShardleaseCoordination(Construct):
         alarm_actions: Sequence[cw.IAlarmAction] = (),
         powertools_layer: lambda_.ILayerVersion | None = None,
         leader_environment: dict[str, str] | None = None,
+        retrieval: str = "polling",
+        fanout_consumer_name: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.application_name = validate_app_name(application_name)
@@ -282,6 +291,27 @@ class ShardleaseCoordination(Construct):
             ],
         )
 
+        # --- enhanced fan-out -------------------------------------------------------------------------------
+        self.retrieval = RetrievalMode.parse(retrieval)
+        self.fanout_consumer_name = fanout_consumer_name or self.application_name
+        if not CONSUMER_NAME_PATTERN.match(self.fanout_consumer_name):
+            raise ValueError(f"invalid fanout_consumer_name {self.fanout_consumer_name!r}")
+        # Created here and never removed by a worker: a consumer deregistered when one worker stops would break
+        # every other worker of the application.
+        self.stream_consumers: list[kinesis.CfnStreamConsumer] = (
+            [
+                kinesis.CfnStreamConsumer(
+                    self,
+                    "StreamConsumer" if n == 0 else f"StreamConsumer{n}",
+                    consumer_name=self.fanout_consumer_name,
+                    stream_arn=s.stream_arn,
+                )
+                for n, s in enumerate(self.streams)
+            ]
+            if self.retrieval is RetrievalMode.FANOUT
+            else []
+        )
+
         # --- workers --------------------------------------------------------------------------------------
         self.worker_policy = iam.ManagedPolicy(
             self,
@@ -323,6 +353,8 @@ class ShardleaseCoordination(Construct):
         cdk.CfnOutput(self, "WorkerPolicyArn", value=self.worker_policy.managed_policy_arn)
         cdk.CfnOutput(self, "SparkWorkerPolicyArn", value=self.spark_worker_policy.managed_policy_arn)
         cdk.CfnOutput(self, "LeaderFunctionName", value=self.leader_function.function_name)
+        if self.stream_consumers:
+            cdk.CfnOutput(self, "FanoutConsumerArn", value=self.stream_consumers[0].attr_consumer_arn)
 
     # --- cdk-nag --------------------------------------------------------------------------------------------
 
@@ -384,6 +416,15 @@ class ShardleaseCoordination(Construct):
             p.Permission(actions=p.WORKER_METRICS_ACTIONS, resources=(self.worker_metrics_table.table_arn,)),
             p.Permission(actions=p.WORKER_COORDINATOR_ACTIONS, resources=(self.coordinator_state_table.table_arn,)),
             p.Permission(actions=p.WORKER_STREAM_ACTIONS, resources=self._stream_arns()),
+            *(
+                [
+                    p.Permission(
+                        actions=p.FANOUT_ACTIONS, resources=tuple(c.attr_consumer_arn for c in self.stream_consumers)
+                    )
+                ]
+                if self.stream_consumers
+                else []
+            ),
             p.put_metric_data(self.metrics_namespace),
             *self._key_permissions(),
         ]

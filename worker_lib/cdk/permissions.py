@@ -62,6 +62,8 @@ WORKER_STREAM_ACTIONS = (
     "kinesis:GetShardIterator",
     "kinesis:GetRecords",
 )
+# Enhanced fan-out through a consumer the construct created: subscribe and describe, never register.
+FANOUT_ACTIONS = ("kinesis:SubscribeToShard", "kinesis:DescribeStreamConsumer")
 PUT_METRIC_DATA = ("cloudwatch:PutMetricData",)
 
 # Spark sources (worker_lib.spark) record batch ends as items of CoordinatorState keyed "spark-batch#..."

@@ -164,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--processor", required=True, metavar="MODULE:ATTR", help="record processor class, factory or function"
     )
     worker.add_argument("--worker-id", metavar="ID", help="this worker's lease-owner name (default host:pid)")
+    worker.add_argument(
+        "--retrieval",
+        choices=["polling", "fanout"],
+        help="GetRecords, or enhanced fan-out (SubscribeToShard; docs/fanout.md); default: SHARDLEASE_RETRIEVAL, "
+        "else polling",
+    )
     _add_position(worker)
     _add_aws(worker)
     worker.set_defaults(func=_cmd_worker)
@@ -301,6 +307,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id,
         initial_position=shard_sync.initial_position,
         initial_timestamp=shard_sync.initial_timestamp,
+        retrieval=args.retrieval,
     )
     Worker(config, factory, aws_config=aws_config).run()  # run() checks tables and stream first (one line if not)
     return EXIT_OK

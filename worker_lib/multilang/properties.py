@@ -111,6 +111,15 @@ def _boolean(key: str) -> Callable[[str], str]:
     return lambda raw: "true" if parse_bool(raw, name=key, default=False) else "false"
 
 
+def _retrieval_mode(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in ("FANOUT", "POLLING", "DEFAULT"):
+        raise ConfigError(f"retrievalMode={raw!r}: expected FANOUT, POLLING or DEFAULT")
+    # KCL's DEFAULT is fan-out unless a polling key is set; shardlease polls unless fan-out is asked for, because
+    # fan-out is billed per consumer-shard-hour (docs/fanout.md).
+    return "fanout" if value == "FANOUT" else "polling"
+
+
 @dataclass(frozen=True)
 class Honoured:
     """A key that becomes ``variable`` (after ``convert`` checks and normalises the value)."""
@@ -208,6 +217,17 @@ HONOURED: dict[str, Honoured] = {
         _whole("leaseAssignmentIntervalMillis", minimum=1),
         "the leader's assignment cycle (20 000 by default)",
     ),
+    "retrievalMode": Honoured(
+        "SHARDLEASE_RETRIEVAL",
+        _retrieval_mode,
+        "FANOUT: enhanced fan-out; POLLING: GetRecords (DEFAULT and no key: polling, docs/fanout.md)",
+    ),
+    "fanoutConfig.consumerName": Honoured(
+        "SHARDLEASE_FANOUT_CONSUMER_NAME", str.strip, "the fan-out consumer's name (default: applicationName)"
+    ),
+    "fanoutConfig.consumerArn": Honoured(
+        "SHARDLEASE_FANOUT_CONSUMER_ARN", str.strip, "a fan-out consumer created beforehand, used as it is"
+    ),
     "kinesisEndpoint": Honoured("SHARDLEASE_KINESIS_ENDPOINT_URL", str.strip, "the Kinesis endpoint (local use)"),
     "dynamoDBEndpoint": Honoured("SHARDLEASE_DYNAMODB_ENDPOINT_URL", str.strip, "the DynamoDB endpoint (local use)"),
     "cloudWatchEndpoint": Honoured(
@@ -277,7 +297,6 @@ NOT_USED: dict[str, str] = {
     "workerMetricsDeletionProtectionEnabled": _TABLE_CREATION,
     "workerMetricsTags": _TABLE_CREATION,
     "staleWorkerMetricsEntryCleanupDuration": "the leader removes a stopped worker's metrics with its heartbeat",
-    "retrievalMode": "records are read by polling (GetRecords); enhanced fan-out is not served yet",
     "shardPrioritization": _JVM,
     "shutdownGraceMillis": "SIGTERM asks every child to checkpoint; SHARDLEASE_SHUTDOWN_TIMEOUT_MS bounds the wait",
     "skipShardSyncAtWorkerInitializationIfLeasesExist": "workers never sync shards: the leader does",

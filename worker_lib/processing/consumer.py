@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, Checkpoint, ShardInfo
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
 from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
@@ -43,10 +43,13 @@ from worker_lib.processing.processor import (
     ShutdownRequestedInput,
     validate_checkpoint_value,
 )
-from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
+from worker_lib.processing.retrieval import RecordBatch, RecordSource, ShardRecordFetcher
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 
 log = logging.getLogger(__name__)
+
+# Builds a lease's record source other than polling (enhanced fan-out): (stream, shard id, checkpoint, timestamp).
+RecordSourceFactory = Callable[[str, str, Checkpoint, datetime | None], RecordSource]
 
 ShardLister = Callable[[], Sequence[ShardInfo]]
 BytesSink = Callable[[str, int], None]  # (lease_key, bytes delivered)
@@ -174,6 +177,7 @@ class ShardConsumer:
         initial_timestamp: datetime | None = None,
         on_bytes: BytesSink | None = None,
         on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
+        record_source: RecordSourceFactory | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.lease_key = lease_key
@@ -189,6 +193,7 @@ class ShardConsumer:
         self._initial_timestamp = initial_timestamp
         self._on_bytes = on_bytes
         self._on_records = on_records
+        self._record_source = record_source
         self._clock = clock
         self._stop = threading.Event()
         self.records_delivered = 0
@@ -272,15 +277,24 @@ class ShardConsumer:
 
         checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint)
         timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
-        fetcher = ShardRecordFetcher(
-            self.stream,
-            lease.shard_id,
-            kinesis_client=self._kinesis,
-            start=lease.checkpoint,
-            timestamp=timestamp,
-            clock=self._clock,
-            config=self._retrieval,
-        )
+        if self._record_source is None:
+            fetcher: RecordSource = ShardRecordFetcher(
+                self.stream,
+                lease.shard_id,
+                kinesis_client=self._kinesis,
+                start=lease.checkpoint,
+                timestamp=timestamp,
+                clock=self._clock,
+                config=self._retrieval,
+            )
+        else:
+            fetcher = self._record_source(self.stream, lease.shard_id, lease.checkpoint, timestamp)
+        try:
+            return self._consume(lease, checkpointer, fetcher)
+        finally:
+            fetcher.close()
+
+    def _consume(self, lease: Lease, checkpointer: LeaseCheckpointer, fetcher: RecordSource) -> ConsumerOutcome:
         try:
             self._processor.initialize(
                 InitializationInput(

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import botocore.exceptions
 
@@ -76,6 +76,20 @@ class RecordBatch:
     def data_bytes(self) -> int:
         """Payload bytes in the batch (for the throughput recorder)."""
         return sum(len(r.data) for r in self.records)
+
+
+class RecordSource(Protocol):
+    """What a shard consumer reads from: :class:`ShardRecordFetcher` (polling) or
+    :class:`~worker_lib.processing.fanout.ShardSubscriber` (enhanced fan-out)."""
+
+    @property
+    def last_delivered(self) -> Checkpoint | None: ...
+
+    def seconds_until_next_call(self) -> float: ...
+
+    def fetch(self) -> RecordBatch: ...
+
+    def close(self) -> None: ...
 
 
 class _Throttled(Exception):
@@ -287,27 +301,34 @@ class ShardRecordFetcher:
         return result
 
     def _children_from_list_shards(self) -> tuple[str, ...]:
-        """Child shard ids from ListShards, for emulators that omit ``ChildShards``. Never raises: the records of
-        the final batch must still be returned; shard sync creates any child lease this misses."""
-        children: set[str] = set()
-        kwargs: dict[str, Any] = {"StreamName": self.stream}
-        try:
-            while True:
-                response = self._kinesis.list_shards(**kwargs)
-                for shard in response.get("Shards", []):
-                    if self.shard_id in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")):
-                        children.add(str(shard["ShardId"]))
-                token = response.get("NextToken")
-                if not token:
-                    break
-                kwargs = {"NextToken": token}
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            log.warning(
-                "shard %s ended but its children could not be listed: %s",
-                self.shard_id,
-                aws.translate(exc, operation="kinesis ListShards", resource=self.stream),
-            )
-        return tuple(sorted(children))
+        return child_shards_from_list_shards(self._kinesis, self.stream, self.shard_id)
+
+    def close(self) -> None:
+        """Nothing to release: each read is a call of its own."""
+
+
+def child_shards_from_list_shards(kinesis: Any, stream: str, shard_id: str) -> tuple[str, ...]:
+    """Child shard ids from ListShards, for emulators that omit ``ChildShards``. Never raises: the records of the
+    final batch must still be returned; shard sync creates any child lease this misses."""
+    children: set[str] = set()
+    kwargs: dict[str, Any] = {"StreamName": stream}
+    try:
+        while True:
+            response = kinesis.list_shards(**kwargs)
+            for shard in response.get("Shards", []):
+                if shard_id in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")):
+                    children.add(str(shard["ShardId"]))
+            token = response.get("NextToken")
+            if not token:
+                break
+            kwargs = {"NextToken": token}
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        log.warning(
+            "shard %s ended but its children could not be listed: %s",
+            shard_id,
+            aws.translate(exc, operation="kinesis ListShards", resource=stream),
+        )
+    return tuple(sorted(children))
 
 
 def _start_arguments(

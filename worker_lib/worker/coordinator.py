@@ -24,7 +24,7 @@ from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper, ThroughputTrack
 from worker_lib.leases.mode_store import LivenessModeSource
 from worker_lib.leases.renewer import RenewalReport
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
+from worker_lib.processing.consumer import ConsumerOutcome, RecordSourceFactory, ShardConsumer
 from worker_lib.processing.processor import ProcessorFactory, RecordProcessor
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.telemetry.names import WorkerMetric as MetricName
@@ -67,8 +67,10 @@ class LeaseCoordinator:
         modes: LivenessModeSource | None = None,
         cpu_percent: Callable[[], float | None] | None = None,
         on_superseded: Callable[[], None] | None = None,
+        record_source: RecordSourceFactory | None = None,
     ) -> None:
         self.config = config
+        self._record_source = record_source  # None: polling
         self._cpu_percent = cpu_percent
         self.worker_id = config.worker_id
         self._store = store
@@ -190,6 +192,7 @@ class LeaseCoordinator:
             initial_timestamp=self.config.initial_timestamp,
             on_bytes=self._record_bytes,
             on_records=self._on_records,
+            record_source=self._record_source,
             clock=self._clock,
         )
         entry = _Running(consumer=consumer, thread=threading.Thread(target=lambda: None))

@@ -38,7 +38,7 @@ from worker_lib.core.errors import (
     TableMissingError,
     ThrottledError,
 )
-from worker_lib.core.models import KinesisRecord
+from worker_lib.core.models import Checkpoint, KinesisRecord
 from worker_lib.core.streams import StreamSelection, StreamTracker, load_stream_tracker, parse_stream_entry
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -48,6 +48,7 @@ from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
+from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers
 from worker_lib.processing.processor import ProcessorFactory
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import check_layout, check_schema
@@ -73,6 +74,9 @@ _T = TypeVar("_T")
 
 KCL_DISCOVERY_INTERVAL_MS = 9_975
 """KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
+
+SUBSCRIPTION_READ_TIMEOUT_S = 35.0
+"""Kinesis pushes an event at least every few seconds on a subscription; a read waits this long before resubscribing."""
 
 DISCOVERY_SAFETY_NET_MS = 60_000
 """With the heartbeat on, new leases arrive by notice; the GSI query only catches a lost notice."""
@@ -141,7 +145,9 @@ class WorkerConfig:
       before it gives up with one clear error (15 000, at most 20 000); ``SHARDLEASE_STARTUP_TIMEOUT_MS``.
     table_layout: ``TableLayout.THREE_TABLES`` (KCL 3.0–3.4's tables) or ``SINGLE_TABLE`` (KCL 3.5's single-table
       mode: worker metrics and coordinator state in the lease table); ``SHARDLEASE_TABLE_LAYOUT``.
-    lease / consumer / retrieval / metrics / worker_metrics: each area's settings, each from its ``from_env()``.
+    lease / consumer / retrieval / metrics / worker_metrics: each area's settings, each from its ``from_env()``;
+      ``retrieval="fanout"`` (or ``"polling"``) is short for the environment's retrieval settings in that mode
+      (``SHARDLEASE_RETRIEVAL``; docs/fanout.md).
     """
 
     app: str
@@ -168,6 +174,8 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         validate_app_name(self.app)
+        if isinstance(self.retrieval, str):  # WorkerConfig(retrieval="fanout"): the environment's settings, that mode
+            object.__setattr__(self, "retrieval", replace(RetrievalConfig.from_env(), mode=self.retrieval))
         named = tuple(n.strip() for n in self.stream.split(",") if n.strip())
         if named and self.streams and named != tuple(self.streams):  # equal: a copy made by dataclasses.replace
             raise ConfigError("give either stream or streams, not both")
@@ -283,6 +291,19 @@ class Worker:
         )
         self._probe_dynamodb = dynamodb or aws.client("dynamodb", probe_config, boto3_session)
         self._probe_kinesis = kinesis or aws.client("kinesis", probe_config, boto3_session)
+        self._fanout: StreamConsumers | None = None
+        if config.retrieval.fanout:
+            # Subscriptions read a stream that may be quiet for seconds between events: a longer read timeout.
+            subscribing = replace(
+                aws_config, read_timeout_s=max(aws_config.read_timeout_s, SUBSCRIPTION_READ_TIMEOUT_S)
+            )
+            self._subscription_kinesis = kinesis or aws.client("kinesis", subscribing, boto3_session)
+            self._fanout = StreamConsumers(
+                self._kinesis,
+                consumer_name=config.retrieval.consumer_name_for(config.app),
+                consumer_arn=config.retrieval.consumer_arn,
+                clock=clock,
+            )
         self._preflight_done = False
         self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
         self._worker_metrics = WorkerMetricsStore(
@@ -325,11 +346,28 @@ class Worker:
             modes=self._modes,
             cpu_percent=self._latest_cpu,
             on_superseded=self._on_superseded,
+            record_source=None if self._fanout is None else self._subscriber,
         )
         self._leader_thread: threading.Thread | None = None
         self._superseded = False
         self._start_lock = threading.Lock()  # a shutdown signal either comes before start() or after it finished
         self._run_started = False
+
+    def _subscriber(
+        self, stream: str, shard_id: str, checkpoint: Checkpoint, timestamp: datetime | None
+    ) -> ShardSubscriber:
+        """A lease's enhanced fan-out subscription (retrieval mode ``fanout``)."""
+        assert self._fanout is not None
+        return ShardSubscriber(
+            stream,
+            shard_id,
+            kinesis_client=self._subscription_kinesis,
+            consumer_arn=self._fanout.arn_for(stream),
+            start=checkpoint,
+            timestamp=timestamp,
+            clock=self._clock,
+            config=self.config.retrieval,
+        )
 
     def _current_lags(self) -> dict[str, int]:
         return self._coordinator.lags()
@@ -399,6 +437,10 @@ class Worker:
                 log.warning("%s; the other streams are consumed", exc)
         check_layout(self.config.app, self._probe_dynamodb, layout)
         self._check_liveness_mode()
+        if self._fanout is not None:
+            # Registering (or finding) the consumer now turns a missing permission into one line at start.
+            for entry in self.config.streams:
+                self._fanout.arn_for(parse_stream_entry(entry)[0])
         self._preflight_done = True
 
     def _check_liveness_mode(self) -> None:
