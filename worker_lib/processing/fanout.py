@@ -274,7 +274,7 @@ class ShardSubscriber:
         try:
             item = self._events.get(timeout=_POLL_S)
         except queue.Empty:
-            return RecordBatch(records=(), millis_behind_latest=None)
+            return RecordBatch(records=(), millis_behind_latest=None, pending=True)
         if isinstance(item, _Failure):
             self._thread = None  # the reader ended: the next fetch starts a new one, from where it stopped
             raise item.error

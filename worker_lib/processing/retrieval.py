@@ -63,6 +63,7 @@ class RecordBatch:
     throttled: the call was throttled; the next one is pushed back.
     fetched: Kinesis records the call returned, before de-aggregation and before dropping the ones at or before
       the starting point (a response with fewer than the ``Limit`` asked for reached the tip of the shard).
+    pending: nothing arrived yet (enhanced fan-out: no event within the wait) — says nothing about the tip.
     """
 
     records: tuple[KinesisRecord, ...]
@@ -71,6 +72,7 @@ class RecordBatch:
     child_shards: tuple[str, ...] = ()
     throttled: bool = False
     fetched: int = 0
+    pending: bool = False
 
     @property
     def data_bytes(self) -> int:

@@ -30,6 +30,7 @@ from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.fanout import StreamConsumers
 from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 from worker_lib.shardsync.detector import KinesisShardDetector
@@ -142,6 +143,8 @@ class SparkLeaseCoordinator:
         self.checkpoints_written = 0
         self.commits_skipped: dict[str, int] = {}
 
+    _stream_consumers: StreamConsumers | None = None
+
     @property
     def _kinesis(self) -> Any:
         if self._kinesis_client is None:
@@ -224,6 +227,21 @@ class SparkLeaseCoordinator:
 
     # --- planning -------------------------------------------------------------------------------------------
 
+    def _fanout_consumers(self) -> tuple[tuple[str, str], ...]:
+        """(stream, consumer ARN) of each stream with retrieval ``fanout`` (registered once if missing)."""
+        retrieval = self.options.retrieval
+        if not retrieval.fanout:
+            return ()
+        if self._stream_consumers is None:
+            self._stream_consumers = StreamConsumers(
+                self._kinesis,
+                consumer_name=retrieval.consumer_name_for(self.options.app),
+                consumer_arn=retrieval.consumer_arn,
+                clock=self._clock,
+            )
+        streams = self.options.streams or (self.options.stream,)
+        return tuple((stream, self._stream_consumers.arn_for(stream)) for stream in streams)
+
     def read_settings(self) -> ReadSettings:
         aws_config = self.options.aws
         return ReadSettings(
@@ -238,6 +256,7 @@ class SparkLeaseCoordinator:
             max_read_ms=self.options.max_read_ms,
             until_epoch_s=self._available_now_until,
             table_layout=self.options.table_layout.value,
+            fanout_consumers=self._fanout_consumers(),
         )
 
     def held_leases(self) -> list[LeaseForPlanning]:

@@ -11,6 +11,7 @@ from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, 
 from worker_lib.core.env import parse_bool
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.config import LeaseConfig
+from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.schema import TableLayout
 
 OPTION_NAMES = (
@@ -35,6 +36,9 @@ OPTION_NAMES = (
     "executor_slots",
     "metrics_report_interval_ms",
     "metrics_first_report_delay_ms",
+    "retrieval",
+    "fanout_consumer_name",
+    "fanout_consumer_arn",
 )
 
 
@@ -49,6 +53,17 @@ def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> i
     if value < minimum:
         raise ConfigError(f"shardlease option {name}={value} must be at least {minimum}")
     return value
+
+
+def retrieval_config(opts: Mapping[str, str], env: Mapping[str, str] | None) -> RetrievalConfig:
+    """The environment's retrieval settings (``SHARDLEASE_RETRIEVAL``, ...) with the source's options over them."""
+    base = RetrievalConfig.from_env(env)
+    return replace(
+        base,
+        mode=opts.get("retrieval", "").strip() or base.mode,
+        consumer_name=opts.get("fanout_consumer_name", "").strip() or base.consumer_name,
+        consumer_arn=opts.get("fanout_consumer_arn", "").strip() or base.consumer_arn,
+    )
 
 
 def lease_config(opts: Mapping[str, str], env: Mapping[str, str] | None) -> LeaseConfig:
@@ -80,7 +95,10 @@ class SourceOptions:
     idle_probe_interval_ms: how often an idle shard is probed for new data. metrics: write the load metric to
     ``<app>-WorkerMetricStats`` (default true). executor_slots: the application's executor slots (cores) for the
     load metric (default: the most reads seen running at once). table_layout: ``three-tables`` or ``single-table``
-    (KCL 3.5's single-table mode; default ``SHARDLEASE_TABLE_LAYOUT``, else three tables)."""
+    (KCL 3.5's single-table mode; default ``SHARDLEASE_TABLE_LAYOUT``, else three tables). retrieval: ``polling``
+    or ``fanout`` (enhanced fan-out: each shard read is a SubscribeToShard of the application's stream consumer;
+    default ``SHARDLEASE_RETRIEVAL``, else polling), with ``fanout_consumer_name`` / ``fanout_consumer_arn``
+    (docs/fanout.md)."""
 
     app: str
     stream: str
@@ -99,6 +117,7 @@ class SourceOptions:
     metrics_first_report_delay_ms: int = 2_000
     executor_slots: int | None = None
     table_layout: TableLayout = TableLayout.THREE_TABLES
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> SourceOptions:
@@ -150,4 +169,5 @@ class SourceOptions:
             table_layout=TableLayout.parse(opts["table_layout"])
             if "table_layout" in opts
             else TableLayout.from_env(env),
+            retrieval=retrieval_config(opts, env),
         )

@@ -276,6 +276,7 @@ class ReadSettings:
     max_read_ms: int = 10_000
     until_epoch_s: float | None = None  # Trigger.AvailableNow: records that arrived later are left for later
     table_layout: str = "three-tables"  # where batch ends are recorded (TableLayout; KCL 3.5 single-table mode)
+    fanout_consumers: tuple[tuple[str, str], ...] = ()  # (stream, consumer ARN): read by enhanced fan-out
 
 
 @dataclass(frozen=True, kw_only=True)

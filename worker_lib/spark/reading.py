@@ -29,6 +29,7 @@ from worker_lib.core.errors import CredentialsError, DependencyError, StreamMiss
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.core.streams import stream_name_of
 from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.fanout import ShardSubscriber
 from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
@@ -73,6 +74,11 @@ def cached_client(service: str, config: AwsConfig) -> Any:
         return found
 
 
+def subscription_client(settings: ReadSettings) -> Any:
+    """The Kinesis client of fan-out reads: a subscription may be quiet for seconds between events."""
+    return cached_client("kinesis", replace(aws_config(settings), read_timeout_s=35.0))
+
+
 def start_timestamp(task: ShardReadTask) -> datetime | None:
     if task.position.sequence != "AT_TIMESTAMP":
         return None
@@ -104,15 +110,46 @@ def read_up_to(
             end=BatchEnd(lease_key=task.lease_key, position=task.position, started_at=started, finished_at=started),
         )
     limit = min(GET_RECORDS_LIMIT, settings.max_records)
-    fetcher = ShardRecordFetcher(
-        stream_name_of(task.lease_key, settings.stream),
-        task.shard_id,
-        kinesis_client=kinesis,
-        start=task.position,
-        timestamp=start_timestamp(task),
-        clock=clock,
-        config=RetrievalConfig(max_records=limit),
-    )
+    stream = stream_name_of(task.lease_key, settings.stream)
+    consumer_arn = dict(settings.fanout_consumers).get(stream)
+    fetcher: ShardRecordFetcher | ShardSubscriber
+    if consumer_arn is None:
+        fetcher = ShardRecordFetcher(
+            stream,
+            task.shard_id,
+            kinesis_client=kinesis,
+            start=task.position,
+            timestamp=start_timestamp(task),
+            clock=clock,
+            config=RetrievalConfig(max_records=limit),
+        )
+    else:
+        fetcher = ShardSubscriber(
+            stream,
+            task.shard_id,
+            kinesis_client=subscription_client(settings),
+            consumer_arn=consumer_arn,
+            start=task.position,
+            timestamp=start_timestamp(task),
+            clock=clock,
+        )
+    try:
+        return _read(task, fetcher, bound=bound, limit=limit, started=started, cpu_started=cpu_started, clock=clock)
+    finally:
+        fetcher.close()
+
+
+def _read(
+    task: ShardReadTask,
+    fetcher: ShardRecordFetcher | ShardSubscriber,
+    *,
+    bound: Checkpoint | None,
+    limit: int,
+    started: float,
+    cpu_started: float,
+    clock: Clock,
+) -> ShardRead:
+    settings = task.settings
     records: list[KinesisRecord] = []
     caught_up = False
     ended = False
@@ -183,7 +220,7 @@ def read_up_to(
             break
         # Fewer Kinesis records than asked for (not user records: de-aggregation adds some, the starting point's
         # own record is dropped) with nothing behind: the tip.
-        at_tip = not batch.throttled and not batch.millis_behind_latest and batch.fetched < limit
+        at_tip = not batch.throttled and not batch.pending and not batch.millis_behind_latest and batch.fetched < limit
         if at_tip:
             caught_up = True
             break
