@@ -3,6 +3,8 @@
 * ``moto_endpoint``: a moto server (DynamoDB, Kinesis, CloudWatch) — the default backend.
 * ``kinesalite_endpoint`` / ``dynalite_endpoint``: the independent emulators, for resharding data flow and
   as a second opinion on moto.
+* ``kinesis_local_endpoint``: kinesis-local, the one emulator serving SubscribeToShard (enhanced fan-out), behind
+  :class:`~worker_lib.testing.fanout_proxy.FanOutProxy` (subscriptions end after 10 s there, to test renewals).
 * ``ddb_endpoint``: parametrised over moto and dynalite (the dynalite half is marked ``dynalite``), for the
   store and lock suites that must hold on both.
 * ``app_name``: a fresh application name per test, so tests share a server without sharing tables.
@@ -20,7 +22,8 @@ from typing import Any
 import pytest
 
 from worker_lib.core.config import AwsConfig
-from worker_lib.testing.emulators import Emulator, start_dynalite, start_kinesalite, start_moto
+from worker_lib.testing.emulators import Emulator, start_dynalite, start_kinesalite, start_kinesis_local, start_moto
+from worker_lib.testing.fanout_proxy import FanOutProxy
 
 # Emulators accept any credentials; make sure nothing in a test can reach a real account.
 os.environ.update(
@@ -56,6 +59,17 @@ def moto_server() -> Iterator[Emulator]:
 def kinesalite_server() -> Iterator[Emulator]:
     with start_kinesalite() as emulator:
         yield emulator
+
+
+@pytest.fixture(scope="session")
+def kinesis_local_proxy() -> Iterator[FanOutProxy]:
+    with start_kinesis_local() as emulator, FanOutProxy(emulator.endpoint_url, subscription_s=10.0) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def kinesis_local_endpoint(kinesis_local_proxy: FanOutProxy) -> str:
+    return kinesis_local_proxy.endpoint_url
 
 
 @pytest.fixture(scope="session")

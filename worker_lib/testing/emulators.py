@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -156,3 +157,84 @@ def start_kinesalite(*, timeout_s: float = 20.0, log_path: Path | None = None) -
 def start_dynalite(*, timeout_s: float = 20.0, log_path: Path | None = None) -> Emulator:
     """dynalite on loopback (``npm install dynalite`` or ``$SHARDLEASE_DYNALITE_BIN``)."""
     return _start_node("dynalite", timeout_s, log_path)
+
+
+# kinesis-local (a build of kinesis-mock) reads its delays from these; three of its names are rotated in 0.6.2
+# (the deregister delay is read from START_STREAM_ENCRYPTION_DURATION), so every one is set to 0.
+_KINESIS_LOCAL_DELAYS = (
+    "CREATE_STREAM_DURATION",
+    "DELETE_STREAM_DURATION",
+    "REGISTER_STREAM_CONSUMER_DURATION",
+    "DEREGISTER_STREAM_CONSUMER_DURATION",
+    "MERGE_SHARDS_DURATION",
+    "SPLIT_SHARD_DURATION",
+    "UPDATE_SHARD_COUNT_DURATION",
+    "UPDATE_STREAM_MODE_DURATION",
+    "START_STREAM_ENCRYPTION_DURATION",
+    "STOP_STREAM_ENCRYPTION_DURATION",
+)
+
+
+def start_kinesis_local(*, timeout_s: float = 30.0, log_path: Path | None = None) -> Emulator:
+    """kinesis-local (kinesis-mock) on loopback: the one emulator that serves SubscribeToShard (enhanced fan-out).
+
+    From ``node_modules`` (pinned in the project's package-lock.json) or ``$SHARDLEASE_KINESIS_LOCAL_BIN``. Its
+    SubscribeToShard differs from AWS's in ways botocore notices: put :class:`FanOutProxy` in front of it
+    (docs/testing.md lists the differences)."""
+    node_bin = shutil.which("node")
+    if node_bin is None:
+        raise EmulatorError("kinesis-local needs Node.js 18 or later (`node` is not on PATH)")
+    try:
+        package = node.locate("kinesis-local", install=False)
+    except node.NodePackageError as exc:
+        raise EmulatorError(str(exc)) from exc
+    plain, tls = free_port(), free_port()
+    env = {
+        **os.environ,
+        "KINESIS_MOCK_PLAIN_PORT": str(plain),
+        "KINESIS_MOCK_TLS_PORT": str(tls),  # always opened; unused
+        "KINESIS_MOCK_CERT_PATH": str(package.path / "server.json"),  # else looked up in the working directory
+        "SHARD_LIMIT": "10000",
+        **dict.fromkeys(_KINESIS_LOCAL_DELAYS, "0ms"),
+    }
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+    try:
+        process = subprocess.Popen(
+            [node_bin, str(package.path / "main.js")],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        if log_path and out is not subprocess.DEVNULL:
+            out.close()  # type: ignore[union-attr]
+    emulator = Emulator(
+        name="kinesis-local", endpoint_url=f"http://127.0.0.1:{plain}", process=process, source=package.source
+    )
+    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
+    while not _answers(plain):  # it prints nothing when ready
+        if process.poll() is not None:
+            raise EmulatorError(
+                f"kinesis-local exited with code {process.returncode} before it was ready{_last_line(log_path)}"
+            )
+        if SYSTEM_CLOCK.monotonic() > deadline:
+            emulator.stop()
+            raise EmulatorError(f"kinesis-local did not start within {timeout_s:.0f} s")
+        SYSTEM_CLOCK.sleep(0.1)
+    log.info("started kinesis-local pid=%d at %s", process.pid, emulator.endpoint_url)
+    return emulator
+
+
+def free_port() -> int:
+    """A loopback port free now (the emulator binds it a moment later; loopback ports are rarely raced)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False

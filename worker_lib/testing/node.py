@@ -55,7 +55,7 @@ def cache_dir() -> Path:
 
 
 def _env_var(name: str) -> str:
-    return f"SHARDLEASE_{name.upper()}_BIN"
+    return f"SHARDLEASE_{name.upper().replace('-', '_')}_BIN"
 
 
 def _is_package(path: Path) -> bool:
