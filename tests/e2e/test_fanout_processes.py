@@ -1,0 +1,110 @@
+"""Enhanced fan-out with real worker processes on kinesis-local (behind FanOutProxy; leases on moto).
+
+Three `shardlease worker --retrieval fanout` processes of one application on an 8-shard stream, with a split and a
+merge, a SIGKILL and a SIGTERM, while two other applications read the same stream, one polling and one fanning
+out: every application reads every record; the first application's journal satisfies the chaos suite's
+invariants (every record processed, in order per shard within a session, duplicates only after an ownership
+change, children after their parents).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.chaos_fleet import ChaosFleet
+from tests.support.journal_processor import PROCESSOR as JOURNAL_PROCESSOR
+from tests.support.journal_processor import read_journal
+from tests.support.processes import EMBEDDED_LEADER_ENV
+from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.producers import Producer
+from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
+from worker_lib.testing.waiting import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SHARDS = 8
+
+
+def open_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
+    shards = [s for s in list_all_shards(kinesis, stream) if not s["SequenceNumberRange"].get("EndingSequenceNumber")]
+    return sorted(shards, key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+
+
+def test_three_fanout_workers_through_a_split_a_merge_a_kill_and_a_term_beside_two_other_applications(
+    kinesis_local_endpoint: str, moto_endpoint: str, moto_aws: AwsConfig, app_name: str, tmp_path: Path
+) -> None:
+    kinesis = aws.client("kinesis", AwsConfig(endpoint_url=kinesis_local_endpoint, max_attempts=3))
+    ddb = aws.client("dynamodb", moto_aws)
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, SHARDS)
+    polling_app, fanout_app = f"{app_name}-p", f"{app_name}-f"
+    for app in (app_name, polling_app, fanout_app):
+        ensure_tables(app, ddb)
+    journal = tmp_path / "journal.txt"
+    journal.touch()
+    other_journals = {polling_app: tmp_path / "polling.txt", fanout_app: tmp_path / "fanout.txt"}
+    for path in other_journals.values():
+        path.touch()
+    env = {
+        **EMBEDDED_LEADER_ENV,
+        "SHARDLEASE_CHAOS_JOURNAL": str(journal),
+        "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesis_local_endpoint,
+        "SHARDLEASE_RETRIEVAL": "fanout",
+    }
+    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    with ChaosFleet(tmp_path, args=args, env=env, journal=journal) as fleet:
+        # GIVEN three fan-out workers of one application, and two other applications on the same stream: one
+        # polling, one fanning out through a consumer of its own
+        for worker_id in ("w1", "w2", "w3"):
+            fleet.start_chaos_worker(worker_id)
+        for app, mode in ((polling_app, "polling"), (fanout_app, "fanout")):
+            fleet.start_shardlease(
+                app,
+                "worker",
+                *("--app", app, "--stream", stream, "--endpoint-url", moto_endpoint),
+                *("--processor", JOURNAL_PROCESSOR, "--worker-id", app, "--retrieval", mode),
+                env={"SHARDLEASE_TEST_JOURNAL": str(other_journals[app])},
+            )
+        with Producer(kinesis, stream, per_tick=5, tick_s=0.1) as producer:
+            assert wait_until(lambda: fleet.shards_processed() == SHARDS, timeout_s=90), fleet.log("w1")[-2000:]
+            # WHEN a shard is split and two adjacent shards are merged while records keep coming
+            split_shard(kinesis, stream, open_shards(kinesis, stream)[0]["ShardId"])
+            time.sleep(2.0)
+            shards = open_shards(kinesis, stream)
+            merge_shards(kinesis, stream, shards[-2]["ShardId"], shards[-1]["ShardId"])
+            time.sleep(2.0)
+            # AND a busy worker is killed (and started again), another stopped with SIGTERM (and started again)
+            victim = fleet.busy()[0]
+            fleet.signal(fleet.latest[victim], signal.SIGKILL)
+            fleet.start_chaos_worker(victim)
+            stopped = next(w for w in fleet.busy() if w != victim)
+            term_codes = fleet.stop_workers([stopped])
+            fleet.start_chaos_worker(stopped)
+            time.sleep(3.0)
+            producer.stop()
+        produced = producer.produced
+        # THEN every application reads every record
+        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=120), "records missing for the fleet"
+        for app, path in other_journals.items():
+            assert wait_until(lambda path=path: {r[4] for r in read_journal(path)} >= set(produced), timeout_s=120), (
+                f"{app} is missing records"
+            )
+        codes = fleet.stop_workers()
+    # AND the SIGTERM'd worker and every worker at the end exited 0
+    assert term_codes == {stopped: 0} and all(code == 0 for code in codes.values()), (term_codes, codes)
+    # AND the fleet's journal holds every invariant: no loss, order per shard, duplicates only after the kill,
+    # children after their parents
+    parents = {
+        s["ShardId"]: [p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p]
+        for s in list_all_shards(kinesis, stream)
+    }
+    verdict = fleet.verdict(produced, lease_bound_s=3.0, parents=parents)
+    assert not verdict.violations, verdict.violations[:10]
+    assert verdict.lost == 0
