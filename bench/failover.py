@@ -7,8 +7,12 @@ handler invoked on a local 1-minute schedule (``lambda``). A *gap* is, for each 
 time of the first record of that shard processed by another process minus the wall time of the signal.
 
     .venv/bin/python bench/failover.py [--configs ours,kcl] [--hosts cli,lambda] [--trials 10]
-        [--scenarios kill,term,deploy,leader,stop,lambda-kill,lambda-term] [--liveness lease|worker] [--seed 1]
+        [--scenarios kill,term,deploy,leader,stop,lambda-kill,lambda-term] [--liveness lease|worker]
+        [--retrieval polling|fanout] [--seed 1]
         [--json PATH] [--plot PATH.png] [--keep-logs DIR]
+
+``--retrieval fanout`` runs every process with enhanced fan-out (``SHARDLEASE_RETRIEVAL=fanout``): Kinesis is then
+kinesis-local (the one emulator serving SubscribeToShard) behind ``worker_lib.testing.FanOutProxy``.
 
 Configurations: ``ours`` = the code's defaults; ``kcl`` = KCL's timings and behaviour (:data:`KCL_ENV`, Lambda
 timeout 60 s). ``--liveness`` is the liveness mode of ``ours`` (docs/liveness-modes.md): every one of its processes
@@ -530,7 +534,14 @@ class FleetOutcome:
 
 
 def run_fleet(
-    outcome: FleetOutcome, *, scenarios: Sequence[str], trials: int, rng: random.Random, workdir: Path, say: Say
+    outcome: FleetOutcome,
+    *,
+    scenarios: Sequence[str],
+    trials: int,
+    rng: random.Random,
+    workdir: Path,
+    say: Say,
+    retrieval: str = "polling",
 ) -> None:
     """Run one fleet's scenarios; ``outcome`` fills in as trials finish (partial figures survive an interrupt)."""
     config, host = outcome.config, outcome.host
@@ -541,6 +552,7 @@ def run_fleet(
         lambda_timeout_s=LAMBDA_TIMEOUT_S[config],
         liveness=outcome.liveness,
         record_liveness=config == "ours",
+        retrieval=retrieval,
     )
     fleet = Fleet(spec, workdir, say)
     try:
@@ -640,6 +652,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="trials per scenario for the kcl baseline (default: --trials); its fleets take ~4x as long",
     )
+    parser.add_argument(
+        "--retrieval",
+        choices=["polling", "fanout"],
+        default="polling",
+        help="how every process reads (fanout: Kinesis on kinesis-local behind the fan-out proxy)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, metavar="PATH", help="dump every raw gap and the summary")
     parser.add_argument("--plot", type=Path, metavar="PATH.png", help="CDF plot of the gaps")
@@ -714,7 +732,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 outcome = FleetOutcome(config=config, host=host, results=[], liveness=liveness)
                 outcomes.append(outcome)
-                run_fleet(outcome, scenarios=scenarios, trials=trials[config], rng=rng, workdir=workdir, say=say)
+                run_fleet(
+                    outcome,
+                    scenarios=scenarios,
+                    trials=trials[config],
+                    rng=rng,
+                    workdir=workdir,
+                    say=say,
+                    retrieval=args.retrieval,
+                )
             finally:
                 if root is None:
                     shutil.rmtree(workdir, ignore_errors=True)
@@ -805,7 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours_cli = [o for o in outcomes if o.config == "ours" and o.host == "cli"]
     lost_total = sum(o.lost for o in ours_cli)
     duplicates_total = sum(sum(o.duplicates.values()) for o in ours_cli)
-    print(final_line(results, lost_total, duplicates_total, liveness=args.liveness))
+    print(final_line(results, lost_total, duplicates_total, liveness=args.liveness, retrieval=args.retrieval))
     if any(o.lost for o in outcomes):
         return 1
     return code

@@ -23,7 +23,8 @@ from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import coordinator_state_table_name, lease_table_name
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.commands import leader_command, shardlease_command, worker_command
-from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
+from worker_lib.testing.emulators import Emulator, start_kinesalite, start_kinesis_local, start_moto
+from worker_lib.testing.fanout_proxy import FanOutProxy
 from worker_lib.testing.processes import CUTTING_SIGNALS, FleetProcess, ProcessFleet
 from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream, list_all_shards
@@ -100,6 +101,7 @@ class FleetSpec:
     workers: int = 4
     shards: int = 8
     liveness: str = "lease"  # the application's liveness mode (docs/liveness-modes.md)
+    retrieval: str = "polling"  # fanout: Kinesis on kinesis-local behind FanOutProxy, workers subscribe
     record_liveness: bool = False  # record it with `shardlease liveness --set` before any process starts
 
 
@@ -113,7 +115,8 @@ class Fleet:
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         self.journal = JournalTail(self.journal_dir)
         self.moto: Emulator | None = None
-        self.kinesalite: Emulator | None = None
+        self.kinesalite: Emulator | None = None  # kinesis-local with --retrieval fanout
+        self.proxy: FanOutProxy | None = None
         self.ddb: Any = None
         self.kinesis: Any = None
         self.producer: Producer | None = None
@@ -132,11 +135,19 @@ class Fleet:
     def start(self) -> None:
         self.moto = start_moto(log_path=self.workdir / "moto.log")
         CHILDREN.add_emulator(self.moto)
-        self.kinesalite = start_kinesalite(log_path=self.workdir / "kinesalite.log")
+        fanout = self.spec.retrieval == "fanout"
+        # Fan-out needs SubscribeToShard: kinesis-local is the one emulator that serves it, behind the proxy that
+        # makes its subscriptions look as AWS's (worker_lib.testing.fanout_proxy).
+        starter = start_kinesis_local if fanout else start_kinesalite
+        self.kinesalite = starter(log_path=self.workdir / ("kinesis-local.log" if fanout else "kinesalite.log"))
         CHILDREN.add_emulator(self.kinesalite)
+        kinesis_url = self.kinesalite.endpoint_url
+        if fanout:
+            self.proxy = FanOutProxy(kinesis_url).start()
+            kinesis_url = self.proxy.endpoint_url
         os.environ.update(AWS_ENV)  # the benchmark's own clients
         self.ddb = aws.client("dynamodb", AwsConfig(endpoint_url=self.moto.endpoint_url))
-        self.kinesis = aws.client("kinesis", AwsConfig(endpoint_url=self.kinesalite.endpoint_url, read_timeout_s=30))
+        self.kinesis = aws.client("kinesis", AwsConfig(endpoint_url=kinesis_url, read_timeout_s=30))
         ensure_tables(self.app, self.ddb)
         create_stream(self.kinesis, self.stream, self.spec.shards)
         listing = list_all_shards(self.kinesis, self.stream)
@@ -147,13 +158,14 @@ class Fleet:
             **self.spec.env,
             "SHARDLEASE_DYNAMODB_ENDPOINT_URL": self.moto.endpoint_url,
             "SHARDLEASE_CLOUDWATCH_ENDPOINT_URL": self.moto.endpoint_url,
-            "SHARDLEASE_KINESIS_ENDPOINT_URL": self.kinesalite.endpoint_url,
+            "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesis_url,
+            "SHARDLEASE_RETRIEVAL": self.spec.retrieval,
             "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
             "PYTHONPATH": str(REPO),
             JOURNAL_DIR_ENV: str(self.journal_dir),
         }
         self.say(
-            f"  emulators moto pid {self.moto.pid}, kinesalite pid {self.kinesalite.pid}; app {self.app}, "
+            f"  emulators moto pid {self.moto.pid}, {self.kinesalite.name} pid {self.kinesalite.pid}; app {self.app}, "
             f"{len(self.shard_ids)} shards"
         )
         if self.spec.record_liveness:
@@ -348,6 +360,9 @@ class Fleet:
         if self.producer is not None:
             self.producer.stop()
         self.processes.close()
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
         for emulator in (self.kinesalite, self.moto):
             if emulator is not None:
                 emulator.stop()

@@ -202,7 +202,12 @@ def table(results: Sequence[ScenarioResult]) -> list[str]:
 
 
 def final_line(
-    results: Sequence[ScenarioResult], lost_total: int, duplicates_total: int, *, liveness: str = "lease"
+    results: Sequence[ScenarioResult],
+    lost_total: int,
+    duplicates_total: int,
+    *,
+    liveness: str = "lease",
+    retrieval: str = "polling",
 ) -> str:
     """The run in one line (``ours`` on the ``cli`` host); the mode is named when it is not the default ``lease``,
     so that a lease-mode line reads as it always did."""
@@ -212,7 +217,9 @@ def final_line(
         r = by_key.get(("ours", "cli", scenario))
         s = stats(r.gaps) if r is not None else None
         parts.append(f"{scenario} {_fmt(s.p90) if s else '-'}/{_fmt(s.max) if s else '-'}")
-    mode = "" if liveness == "lease" else f" ({liveness} mode)"
+    named = [f"{liveness} mode"] if liveness != "lease" else []
+    named += ["fan-out"] if retrieval == "fanout" else []
+    mode = f" ({', '.join(named)})" if named else ""
     return f"failover p90/max s{mode}: {', '.join(parts)}; lost {lost_total}, duplicates {duplicates_total}"
 
 
