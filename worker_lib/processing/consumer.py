@@ -355,12 +355,13 @@ class ShardConsumer:
 
     def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome | None:
         now = datetime.fromtimestamp(self._clock.wall(), timezone.utc)
+        entry = now if batch.received_at is None else datetime.fromtimestamp(batch.received_at, timezone.utc)
         records_input = ProcessRecordsInput(
             shard_id=self.shard_id,
             records=batch.records,
             checkpointer=checkpointer,
             millis_behind_latest=batch.millis_behind_latest,
-            cache_entry_time=now,
+            cache_entry_time=entry,
             cache_exit_time=now,
             is_at_shard_end=batch.end_of_shard,
         )

@@ -235,7 +235,9 @@ class ShardSubscriber:
         self._start = first_position(start, timestamp)
         self._floor = self._start.floor
         self._resume = self._start
-        self._events: queue.Queue[dict[str, Any] | _Failure] = queue.Queue(maxsize=self._config.fanout_buffer_events)
+        self._events: queue.Queue[tuple[dict[str, Any], float] | _Failure] = queue.Queue(
+            maxsize=self._config.fanout_buffer_events
+        )
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._stream_lock = threading.Lock()
@@ -278,7 +280,8 @@ class ShardSubscriber:
         if isinstance(item, _Failure):
             self._thread = None  # the reader ended: the next fetch starts a new one, from where it stopped
             raise item.error
-        return self._accept(item)
+        event, received_at = item
+        return self._accept(event, received_at)
 
     def restart(self) -> None:
         """Nothing to drop: a subscription resumes by itself from the last event received."""
@@ -291,7 +294,7 @@ class ShardSubscriber:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
 
-    def _accept(self, event: dict[str, Any]) -> RecordBatch:
+    def _accept(self, event: dict[str, Any], received_at: float) -> RecordBatch:
         records: list[KinesisRecord] = []
         raw_records = event.get("Records") or []
         for raw in raw_records:
@@ -306,7 +309,12 @@ class ShardSubscriber:
         millis = event.get("MillisBehindLatest")
         millis_behind = int(millis) if millis is not None else None
         if event.get("ContinuationSequenceNumber"):
-            return RecordBatch(records=tuple(records), millis_behind_latest=millis_behind, fetched=len(raw_records))
+            return RecordBatch(
+                records=tuple(records),
+                millis_behind_latest=millis_behind,
+                fetched=len(raw_records),
+                received_at=received_at,
+            )
         self._ended = True
         if event.get("ChildShards"):
             self._child_shards = tuple(sorted(str(c["ShardId"]) for c in event["ChildShards"]))
@@ -319,6 +327,7 @@ class ShardSubscriber:
             end_of_shard=True,
             child_shards=self._child_shards,
             fetched=len(raw_records),
+            received_at=received_at,
         )
 
     # --- the reader thread -----------------------------------------------------------------------------------
@@ -372,7 +381,7 @@ class ShardSubscriber:
                 if event is None:
                     continue
                 self.events_received += 1
-                if not self._put(event):
+                if not self._put((event, self._clock.wall())):
                     return False  # closed
                 continuation = event.get("ContinuationSequenceNumber")
                 if not continuation:
@@ -382,7 +391,7 @@ class ShardSubscriber:
         finally:
             self._close_stream()
 
-    def _put(self, item: dict[str, Any] | _Failure) -> bool:
+    def _put(self, item: tuple[dict[str, Any], float] | _Failure) -> bool:
         """Queue one item, waiting while the queue is full (backpressure); False if closed meanwhile."""
         while not self._closed.is_set():
             try:

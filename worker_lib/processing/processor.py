@@ -194,8 +194,8 @@ class ProcessRecordsInput:
     """One batch of de-aggregated records in shard order.
 
     millis_behind_latest: how far the batch is behind the tip of the shard (from GetRecords; None if unknown).
-    cache_entry_time / cache_exit_time: when the batch was fetched and handed to the processor (KCL's
-      prefetch-cache timestamps; equal when the batch was not queued).
+    cache_entry_time / cache_exit_time: when the batch was fetched (with enhanced fan-out: when its event was
+      received) and handed to the processor (KCL's prefetch-cache timestamps; equal when the batch was not queued).
     is_at_shard_end: True for the last batch of a closed shard (``shard_ended`` follows).
     """
 

@@ -64,6 +64,7 @@ class RecordBatch:
     fetched: Kinesis records the call returned, before de-aggregation and before dropping the ones at or before
       the starting point (a response with fewer than the ``Limit`` asked for reached the tip of the shard).
     pending: nothing arrived yet (enhanced fan-out: no event within the wait) — says nothing about the tip.
+    received_at: enhanced fan-out: the wall time the event was received (the processor's ``cache_entry_time``).
     """
 
     records: tuple[KinesisRecord, ...]
@@ -73,6 +74,7 @@ class RecordBatch:
     throttled: bool = False
     fetched: int = 0
     pending: bool = False
+    received_at: float | None = None
 
     @property
     def data_bytes(self) -> int:

@@ -1,0 +1,1 @@
+"""The processor bench/fanout.py runs in its worker processes."""
