@@ -310,6 +310,7 @@ class ShardConsumer:
         while True:
             if self._stop.is_set():
                 self._shutdown_requested(checkpointer)
+                fetcher.close()  # before the lease moves: the next owner's subscription must not find ours open
                 self._holder.evict(self.lease_key)
                 log.info(
                     "lease given up at shutdown lease=%s checkpoint=%s", self.lease_key, checkpointer.last_checkpoint
@@ -317,6 +318,7 @@ class ShardConsumer:
                 return ConsumerOutcome.SHUTDOWN
             if self._holder.handoff_requested(self.lease_key):
                 self._shutdown_requested(checkpointer)
+                fetcher.close()
                 self._holder.complete_handoff(self.lease_key)
                 return ConsumerOutcome.HANDED_OFF
             if not self._holder.is_valid(self.lease_key):
