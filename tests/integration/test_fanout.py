@@ -86,8 +86,8 @@ def test_a_fanout_worker_processes_every_record_once_in_order_across_renewals(
     for records in journal.by_shard().values():
         sequences = [int(seq) for seq, _ in records]
         assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
-    # AND they came pushed, over renewed subscriptions (each shard's lived 10 s: at least 3 per shard in 24 s)
-    assert kinesis_local_proxy.subscriptions - subscriptions_before >= 2 * 3
+    # AND they came pushed, over renewed subscriptions (each lives 10 s here: every shard's was renewed at least once)
+    assert kinesis_local_proxy.subscriptions - subscriptions_before >= 2 * 2
     assert wait_until(lambda: all(store.get_lease(k).checkpoint.is_real for k in keys), timeout_s=10)  # type: ignore[union-attr]
 
 

@@ -27,6 +27,7 @@ import contextlib
 import http.client
 import json
 import logging
+import socket
 import struct
 import threading
 import time
@@ -201,6 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
             subscribe = self.headers.get("X-Amz-Target", "").endswith(".SubscribeToShard")
             if subscribe and response.status == 200:
                 self.owner.subscriptions += 1
+                self._close_upstream_when_the_client_leaves(upstream)
                 self._subscription(response, json.loads(body or b"{}"), headers)
             else:
                 self._relay(response)
@@ -208,6 +210,20 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the client went away; closing upstream ends kinesis-local's subscription
         finally:
             upstream.close()
+
+    def _close_upstream_when_the_client_leaves(self, upstream: http.client.HTTPConnection) -> None:
+        """AWS notices a subscriber that closed its connection at once; the relay alone would notice only at its
+        next write (kinesis-local's next tick): watch the client's socket and close the upstream one then."""
+        client = self.connection
+
+        def watch() -> None:
+            with contextlib.suppress(OSError):
+                while client.recv(1024):  # a client sends nothing more on a subscription: b"" is its close
+                    pass
+            with contextlib.suppress(OSError, AttributeError):
+                upstream.sock.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=watch, name="fanout-proxy-watch", daemon=True).start()
 
     def _relay(self, response: http.client.HTTPResponse) -> None:
         data = response.read()
