@@ -213,13 +213,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _close_upstream_when_the_client_leaves(self, upstream: http.client.HTTPConnection) -> None:
         """AWS notices a subscriber that closed its connection at once; the relay alone would notice only at its
-        next write (kinesis-local's next tick): watch the client's socket and close the upstream one then."""
+        next write (kinesis-local's next tick): watch the client's socket and close the upstream one then. The
+        watch only peeks: once a subscription ended, the client may send its next request on the same
+        connection, and that belongs to the handler."""
         client = self.connection
 
         def watch() -> None:
             with contextlib.suppress(OSError):
-                while client.recv(1024):  # a client sends nothing more on a subscription: b"" is its close
-                    pass
+                if client.recv(1, socket.MSG_PEEK):
+                    return  # a next request (after the subscription ended): not a close
             with contextlib.suppress(OSError, AttributeError):
                 upstream.sock.shutdown(socket.SHUT_RDWR)
 
