@@ -9,6 +9,7 @@ change, children after their parents).
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from pathlib import Path
@@ -30,6 +31,10 @@ from worker_lib.testing.waiting import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SHARDS = 8
+
+
+def read_everything(journal: Path, produced: list[str]) -> bool:
+    return {record[4] for record in read_journal(journal)} >= set(produced)
 
 
 def open_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
@@ -93,7 +98,7 @@ def test_three_fanout_workers_through_a_split_a_merge_a_kill_and_a_term_beside_t
         # THEN every application reads every record
         assert wait_until(lambda: fleet.processed_all(produced), timeout_s=120), "records missing for the fleet"
         for app, path in other_journals.items():
-            assert wait_until(lambda path=path: {r[4] for r in read_journal(path)} >= set(produced), timeout_s=120), (
+            assert wait_until(functools.partial(read_everything, path, produced), timeout_s=120), (
                 f"{app} is missing records"
             )
         codes = fleet.stop_workers()

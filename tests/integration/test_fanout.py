@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from worker_lib.core.models import Checkpoint
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers
-from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.fanout_proxy import FanOutProxy
 from worker_lib.testing.streams import create_stream
 from worker_lib.testing.waiting import wait_until
@@ -29,21 +27,6 @@ FANOUT = RetrievalConfig(mode="fanout", idle_time_between_reads_ms=100)
 @pytest.fixture
 def kinesis(kinesis_local_endpoint: str) -> Any:
     return aws.client("kinesis", AwsConfig(endpoint_url=kinesis_local_endpoint, read_timeout_s=35.0))
-
-
-@pytest.fixture
-def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
-    client = aws.client("dynamodb", moto_aws)
-    ensure_tables(app_name, client)
-    return client
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.shutdown(timeout_s=5)
 
 
 def collect(subscriber: ShardSubscriber, into: list[bytes], at_least: int) -> bool:

@@ -44,10 +44,9 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, CredentialsError, DependencyError, StreamMissingError
-from worker_lib.core.models import Checkpoint, KinesisRecord, SentinelCheckpoint
+from worker_lib.core.models import Checkpoint, SentinelCheckpoint
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.deaggregation import deaggregate
-from worker_lib.processing.retrieval import RecordBatch, child_shards_from_list_shards, record_from_response
+from worker_lib.processing.retrieval import RecordBatch, child_shards_from_list_shards, user_records
 
 log = logging.getLogger(__name__)
 
@@ -295,14 +294,8 @@ class ShardSubscriber:
             thread.join(timeout=2.0)
 
     def _accept(self, event: dict[str, Any], received_at: float) -> RecordBatch:
-        records: list[KinesisRecord] = []
         raw_records = event.get("Records") or []
-        for raw in raw_records:
-            for record in deaggregate(record_from_response(raw), hash_range=self._hash_range):
-                floor = self._floor
-                if floor is not None and not record.checkpoint.is_after(floor):
-                    continue
-                records.append(record)
+        records = user_records(raw_records, floor=self._floor, hash_range=self._hash_range)
         if records:
             self._last_delivered = records[-1].checkpoint
             self._floor = None

@@ -116,6 +116,20 @@ def record_from_response(raw: dict[str, Any]) -> KinesisRecord:
     )
 
 
+def user_records(
+    raw_records: list[dict[str, Any]], *, floor: Checkpoint | None, hash_range: tuple[int, int] | None
+) -> list[KinesisRecord]:
+    """The user records of a response's (or an event's) Kinesis records: KPL aggregates de-aggregated, those at
+    or before ``floor`` (delivered already) dropped."""
+    records: list[KinesisRecord] = []
+    for raw in raw_records:
+        for record in deaggregate(record_from_response(raw), hash_range=hash_range):
+            if floor is not None and not record.checkpoint.is_after(floor):
+                continue
+            records.append(record)
+    return records
+
+
 class ShardRecordFetcher:
     """Reads one shard from a starting point; see the module documentation for the rules.
 
@@ -215,14 +229,8 @@ class ShardRecordFetcher:
             return self._accept(response)
 
     def _accept(self, response: dict[str, Any]) -> RecordBatch:
-        records: list[KinesisRecord] = []
         raw_records = response.get("Records", [])
-        for raw in raw_records:
-            for record in deaggregate(record_from_response(raw), hash_range=self._hash_range):
-                floor = self._floor
-                if floor is not None and not record.checkpoint.is_after(floor):
-                    continue
-                records.append(record)
+        records = user_records(raw_records, floor=self._floor, hash_range=self._hash_range)
         if records:
             self._last_delivered = records[-1].checkpoint
             self._floor = None

@@ -206,8 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._subscription(response, json.loads(body or b"{}"), headers)
             else:
                 self._relay(response)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away; closing upstream ends kinesis-local's subscription
+        except (OSError, http.client.HTTPException):
+            pass  # the client went away (or was killed); closing upstream ends kinesis-local's subscription
         finally:
             upstream.close()
 
