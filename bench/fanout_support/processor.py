@@ -33,7 +33,7 @@ class Measuring:
         if input.cache_entry_time is not None and input.cache_exit_time is not None:
             added_ms = (input.cache_exit_time - input.cache_entry_time).total_seconds() * 1000
         with open(self.out, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"records": len(input.records), "added_ms": added_ms}) + "\n")
+            out.write(json.dumps({"records": len(input.records), "added_ms": added_ms, "at": time.time()}) + "\n")
         if self.slow_s:
             time.sleep(self.slow_s)  # the slow processor being measured
         if input.records:

@@ -267,6 +267,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _at_end_of_closed_shard(self, frame: _Frame, headers: dict[str, str], stream: str, shard_id: str) -> bool:
         """For an empty event of a closed shard (everything delivered): send AWS's last event instead; True then."""
+        if len(frame.payload) > 1024:
+            return False  # records in it: not the end (and not worth parsing to find out)
         event = json.loads(frame.payload or b"{}")
         if event.get("Records") or event.get("ChildShards"):
             return False
