@@ -34,7 +34,7 @@ import queue
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -42,18 +42,25 @@ import botocore.exceptions
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import InitialPosition
-from worker_lib.core.errors import ConfigError, CredentialsError, DependencyError, StreamMissingError
-from worker_lib.core.models import Checkpoint, SentinelCheckpoint
+from worker_lib.core.config import AwsConfig, InitialPosition
+from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
+from worker_lib.core.models import Checkpoint
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.retrieval import RecordBatch, child_shards_from_list_shards, user_records
+from worker_lib.processing.retrieval import RecordBatch, child_shards_from_list_shards, iterator_start, user_records
 
 log = logging.getLogger(__name__)
 
+SUBSCRIPTION_READ_TIMEOUT_S = 35.0
+"""Kinesis pushes an event at least every few seconds on a subscription; a read waits this long before resubscribing."""
 SUBSCRIBE_INTERVAL_S = 1.0  # Kinesis: one SubscribeToShard per second per consumer and shard
 RETRY_MAX_S = 5.0
 _RETRY_EACH_SECOND = frozenset({"ResourceInUseException", "LimitExceededException"})
 _POLL_S = 0.2  # how long one fetch() waits for an event: the consumer checks for stop and hand-off in between
+
+
+def subscription_config(aws_config: AwsConfig) -> AwsConfig:
+    """The settings of a client that holds subscriptions: a read may wait seconds between events."""
+    return replace(aws_config, read_timeout_s=max(aws_config.read_timeout_s, SUBSCRIPTION_READ_TIMEOUT_S))
 
 
 # --- the stream consumer -----------------------------------------------------------------------------------------
@@ -174,21 +181,14 @@ class _Start:
 
 
 def first_position(start: Checkpoint | InitialPosition, timestamp: datetime | None) -> _Start:
-    """Where the first subscription of a lease starts (the polling fetcher's rules, as StartingPosition)."""
-    if isinstance(start, Checkpoint) and not start.is_sentinel:
-        if timestamp is not None:
-            raise ConfigError("a start timestamp is only valid with AT_TIMESTAMP")
-        if not start.sequence.isdigit():
-            raise ConfigError(f"invalid checkpoint {start.sequence!r}: not a sequence number")
-        return _Start({"Type": "AT_SEQUENCE_NUMBER", "SequenceNumber": start.sequence}, start)
-    position = start.value if isinstance(start, InitialPosition) else start.sequence
-    if position == SentinelCheckpoint.AT_TIMESTAMP.value:
-        if timestamp is None:
-            raise ConfigError("initial position AT_TIMESTAMP needs a timestamp")
-        return _Start({"Type": "AT_TIMESTAMP", "Timestamp": timestamp}, None)
-    if timestamp is not None:
-        raise ConfigError("a start timestamp is only valid with AT_TIMESTAMP")
-    return _Start({"Type": position}, None)
+    """Where the first subscription of a lease starts: the polling fetcher's start, as a StartingPosition."""
+    arguments, floor = iterator_start(start, timestamp)
+    position: dict[str, Any] = {"Type": arguments["ShardIteratorType"]}
+    if "StartingSequenceNumber" in arguments:
+        position["SequenceNumber"] = arguments["StartingSequenceNumber"]
+    if "Timestamp" in arguments:
+        position["Timestamp"] = arguments["Timestamp"]
+    return _Start(position, floor)
 
 
 def after(continuation: str) -> _Start:

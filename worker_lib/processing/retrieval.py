@@ -158,7 +158,7 @@ class ShardRecordFetcher:
         self._clock = clock
         self._config = config or RetrievalConfig()
         self._hash_range = hash_range
-        self._start_kwargs, self._start_floor = _start_arguments(start, timestamp)
+        self._start_kwargs, self._start_floor = iterator_start(start, timestamp)
         self._iterator: str | None = None
         self._floor: Checkpoint | None = self._start_floor  # user records at or before this are not delivered
         self._last_delivered: Checkpoint | None = None
@@ -343,10 +343,11 @@ def child_shards_from_list_shards(kinesis: Any, stream: str, shard_id: str) -> t
     return tuple(sorted(children))
 
 
-def _start_arguments(
+def iterator_start(
     start: Checkpoint | InitialPosition, timestamp: datetime | None
 ) -> tuple[dict[str, Any], Checkpoint | None]:
-    """GetShardIterator arguments for ``start`` and the floor (records at or before it are dropped)."""
+    """GetShardIterator arguments for ``start`` and the floor (records at or before it are dropped); a fan-out
+    subscription starts from the same (:func:`worker_lib.processing.fanout.first_position`)."""
     if isinstance(start, InitialPosition):
         position = start.value
     elif start.is_sentinel:

@@ -29,7 +29,7 @@ from worker_lib.core.errors import CredentialsError, DependencyError, StreamMiss
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.core.streams import stream_name_of
 from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.fanout import ShardSubscriber
+from worker_lib.processing.fanout import ShardSubscriber, subscription_config
 from worker_lib.processing.retrieval import ShardRecordFetcher
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
@@ -76,7 +76,7 @@ def cached_client(service: str, config: AwsConfig) -> Any:
 
 def subscription_client(settings: ReadSettings) -> Any:
     """The Kinesis client of fan-out reads: a subscription may be quiet for seconds between events."""
-    return cached_client("kinesis", replace(aws_config(settings), read_timeout_s=35.0))
+    return cached_client("kinesis", subscription_config(aws_config(settings)))
 
 
 def start_timestamp(task: ShardReadTask) -> datetime | None:

@@ -48,7 +48,7 @@ from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
 from worker_lib.processing.consumer import ConsumerOutcome
-from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers
+from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers, subscription_config
 from worker_lib.processing.processor import ProcessorFactory
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import check_layout, check_schema
@@ -74,9 +74,6 @@ _T = TypeVar("_T")
 
 KCL_DISCOVERY_INTERVAL_MS = 9_975
 """KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
-
-SUBSCRIPTION_READ_TIMEOUT_S = 35.0
-"""Kinesis pushes an event at least every few seconds on a subscription; a read waits this long before resubscribing."""
 
 DISCOVERY_SAFETY_NET_MS = 60_000
 """With the heartbeat on, new leases arrive by notice; the GSI query only catches a lost notice."""
@@ -293,11 +290,9 @@ class Worker:
         self._probe_kinesis = kinesis or aws.client("kinesis", probe_config, boto3_session)
         self._fanout: StreamConsumers | None = None
         if config.retrieval.fanout:
-            # Subscriptions read a stream that may be quiet for seconds between events: a longer read timeout.
-            subscribing = replace(
-                aws_config, read_timeout_s=max(aws_config.read_timeout_s, SUBSCRIPTION_READ_TIMEOUT_S)
+            self._subscription_kinesis = kinesis or aws.client(
+                "kinesis", subscription_config(aws_config), boto3_session
             )
-            self._subscription_kinesis = kinesis or aws.client("kinesis", subscribing, boto3_session)
             self._fanout = StreamConsumers(
                 self._kinesis,
                 consumer_name=config.retrieval.consumer_name_for(config.app),
