@@ -6,9 +6,12 @@ starts (``--records-per-shard`` 100-byte records each); then, one after the othe
 TRIM_HORIZON, with the leader embedded and production timings:
 
 1. **CPU** — a polling application and a fan-out application (each its own lease table; the fan-out one its own
-   consumer), each with a processor that checkpoints every batch: user + system CPU seconds of the worker process
-   from its first record to its last checkpoint (/proc), less what the same worker spends idle (measured for 5 s
-   once caught up) over as long a time, per 100 000 records.
+   consumer), each with a processor that checkpoints every batch, ``--rounds`` times each, alternating: user +
+   system CPU seconds (/proc) of the threads that read and deliver the records — each shard's consumer thread and,
+   with fan-out, its subscription reader thread — from their start until every checkpoint is at its shard's last
+   record, per 100 000 records; the medians. The threads that are the same in both modes (heartbeat, renewals,
+   the embedded leader) are left out: over a short window their idle cost drowned the difference (a first version
+   subtracted the process's idle rate, which charged polling's idle GetRecords calls to a window without them).
 2. **Added latency** — the fan-out worker, caught up, while a producer writes 20 records/s for ``--latency-s``: for
    every batch, the time from the event's arrival in the worker (its reader thread) to the processor's call
    (``cache_exit_time - cache_entry_time``). kinesis-local pushes once a second, so the end-to-end latency says
@@ -16,7 +19,7 @@ TRIM_HORIZON, with the leader embedded and production timings:
 3. **Memory under backpressure** — a fan-out worker whose processor takes 2 s per batch on the backlog: the
    process's peak resident memory above its resident memory before it took its leases, per shard.
 
-    .venv/bin/python bench/fanout.py [--shards 4] [--records-per-shard 5000] [--latency-s 20]
+    .venv/bin/python bench/fanout.py [--shards 8] [--records-per-shard 5000] [--latency-s 20] [--rounds 3]
 
 The last line: ``fanout: added latency p50/p99 ms A/B (event received → processor), CPU s per 100k records polling
 P, fanout F; memory per shard under backpressure M MB``.
@@ -74,6 +77,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu_s(pid: int, tids: set[int]) -> float:
+    """User + system CPU seconds of the given threads of ``pid`` since each started."""
+    total = 0.0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            raise SystemExit(f"thread {tid} ended before it was measured") from None
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
 def rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 1e6
 
@@ -112,22 +127,16 @@ class Bench:
         raise SystemExit(f"{app}: not caught up within {timeout_s:.0f} s")
 
 
-def idle_cpu_rate(pid: int, seconds: float = 5.0) -> float:
-    """CPU seconds per second of a caught-up worker: heartbeats, renewals, the leader, empty reads or events."""
-    start_t, start_cpu = time.monotonic(), cpu_s(pid)
-    time.sleep(seconds)  # measuring the idle rate over real time
-    return (cpu_s(pid) - start_cpu) / (time.monotonic() - start_t)
-
-
 def records_out(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--records-per-shard", type=int, default=5_000)
     parser.add_argument("--latency-s", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3, help="CPU runs per mode, alternating; medians reported")
     args = parser.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} before the runs", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
@@ -145,33 +154,37 @@ def main(argv: list[str] | None = None) -> int:
             total = args.shards * args.records_per_shard
             print(f"filled {total} records in {time.monotonic() - started:.0f} s", flush=True)
             bench = Bench(work, moto.endpoint_url, proxy.endpoint_url)
-            cpu: dict[str, float] = {}
+            cpu: dict[str, list[float]] = {}
             with ProcessFleet(work, env=dict(os.environ), cwd=REPO, log_level="WARNING") as fleet:
-                # 1. CPU per record, each mode on the whole backlog
-                for retrieval in ("polling", "fanout"):
-                    app = f"{stream}-{retrieval}"
-                    process, out = bench.worker(fleet, app, stream, retrieval)
-                    samples = bench.until_checkpointed(app, last, process, timeout_s=600)
-                    first = records_out(out)[0]["at"]
-                    start_t, start_cpu = next(((t, c) for t, c in samples if t >= first), samples[-1])
-                    done_t, done_cpu = samples[-1]
-                    idle = idle_cpu_rate(process.pid)
-                    # the records' cost: the window's CPU less what the worker spends idle over as long a time
-                    used = max(0.0, done_cpu - start_cpu - idle * (done_t - start_t))
-                    cpu[retrieval] = used * 100_000 / total
-                    print(
-                        f"{retrieval:8s} CPU {done_cpu - start_cpu:.2f} s in {done_t - start_t:.1f} s for {total} "
-                        f"records, idle {idle:.3f} CPU s/s: {used:.2f} s for the records",
-                        flush=True,
-                    )
-                    if retrieval == "fanout":
-                        # 2. added latency, caught up, under a steady producer
-                        mark = len(records_out(out))
-                        with Producer(kinesis, stream, per_tick=2, tick_s=0.1, name="latency-producer"):
-                            time.sleep(args.latency_s)  # steady-state traffic: real time is what is measured
-                        time.sleep(2.0)
-                        latencies = [r["added_ms"] for r in records_out(out)[mark:] if r["records"]]
-                    fleet.stop([app], timeout_s=60)
+                # 1. CPU per record, each mode on the whole backlog, alternating, ``--rounds`` times each
+                for round_no in range(args.rounds):
+                    for retrieval in ("polling", "fanout"):
+                        app = f"{stream}-{retrieval}-{round_no}"
+                        process, out = bench.worker(fleet, app, stream, retrieval)
+                        samples = bench.until_checkpointed(app, last, process, timeout_s=600)
+                        batches = records_out(out)
+                        tids = {tid for batch in batches for tid in batch["tids"]}
+                        reading = thread_cpu_s(process.pid, tids)
+                        start_t, start_cpu = next(((t, c) for t, c in samples if t >= batches[0]["at"]), samples[-1])
+                        done_t, done_cpu = samples[-1]
+                        cpu.setdefault(retrieval, []).append(reading * 100_000 / total)
+                        print(
+                            f"{retrieval:8s} {total} records in {sum(1 for b in batches if b['records'])} batches, "
+                            f"{done_t - start_t:.1f} s: reading threads ({len(tids)}) {reading:.2f} CPU s; the whole "
+                            f"process {done_cpu - start_cpu:.2f} CPU s from the first record",
+                            flush=True,
+                        )
+                        fleet.stop([app], timeout_s=60)
+                # 2. added latency: a fan-out worker caught up on the backlog, under a steady producer
+                app = f"{stream}-latency"
+                process, out = bench.worker(fleet, app, stream, "fanout")
+                bench.until_checkpointed(app, last, process, timeout_s=600)
+                mark = len(records_out(out))
+                with Producer(kinesis, stream, per_tick=2, tick_s=0.1, name="latency-producer"):
+                    time.sleep(args.latency_s)  # steady-state traffic: real time is what is measured
+                time.sleep(2.0)
+                latencies = [r["added_ms"] for r in records_out(out)[mark:] if r["records"]]
+                fleet.stop([app], timeout_s=60)
                 # 3. memory under backpressure: a slow processor on the backlog
                 app = f"{stream}-slow"
                 process, out = bench.worker(fleet, app, stream, "fanout", BENCH_SLOW_S="2")
@@ -189,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     print(f"latency samples {len(latencies)} batches; RSS idle {idle:.0f} MB, peak {peak:.0f} MB")
     print(f"load average after the runs: {os.getloadavg()[0]:.2f}")
+    polling, fanout = statistics.median(cpu["polling"]), statistics.median(cpu["fanout"])
+    print(f"CPU s per 100k records, each run: polling {cpu['polling']}, fanout {cpu['fanout']}")
     print(
         f"fanout: added latency p50/p99 ms {p50:.1f}/{p99:.1f} (event received → processor), CPU s per 100k "
-        f"records polling {cpu['polling']:.2f}, fanout {cpu['fanout']:.2f}; memory per shard under backpressure "
+        f"records polling {polling:.2f}, fanout {fanout:.2f}; memory per shard under backpressure "
         f"{per_shard_mb:.1f} MB"
     )
     return 0
