@@ -24,7 +24,7 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
 from worker_lib.processing.processor import RecordProcessor
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
@@ -64,6 +64,7 @@ class Rig:
     def __init__(self, ddb: Any, kinesis: Any, app: str, endpoint: str, *, liveness: str = "lease") -> None:
         self.ddb, self.kinesis, self.app, self.endpoint, self.liveness = ddb, kinesis, app, endpoint, liveness
         self.consumer = ConsumerConfig()
+        self.failures = FailureConfig()
         self.processor: Callable[[Journal], RecordProcessor] = RecordingProcessor
         self.discovery_interval_ms: int | None = 200
         self.chaos_journal: Path | None = None  # set: every worker journals with the chaos processor, tagged 1, 2
@@ -86,6 +87,7 @@ class Rig:
                 shutdown_timeout_ms=10_000,
                 leader_mode="embedded",
                 consumer=self.consumer,
+                failures=self.failures,
                 worker_metrics=WorkerMetricsConfig(
                     sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200
                 ),

@@ -19,7 +19,7 @@ from tests.support.processes import REPO, shardlease_liveness
 from tests.support.recording import RecordingProcessor
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
-from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy
+from worker_lib.processing.config import FailureConfig
 from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import lease_table_name
@@ -60,9 +60,7 @@ def test_policy_skip_logs_and_skips_the_poison_batch_and_processes_the_rest(
                 raise ValueError("cannot parse")
             super().process_records(input)
 
-    rig.consumer = ConsumerConfig(
-        processor_retries=1, processor_retry_backoff_ms=10, failure_policy=ProcessorFailurePolicy.SKIP
-    )
+    rig.failures = FailureConfig(on_failure="skip", max_attempts=2, retry_backoff_ms=10)
     rig.processor = Poisoned
     # GIVEN a poison record among good ones, and policy skip
     rig.start()
@@ -80,7 +78,7 @@ def test_policy_skip_logs_and_skips_the_poison_batch_and_processes_the_rest(
     assert rig.lost() == []
 
 
-def test_policy_stop_with_a_transient_failure_retries_the_batch_from_the_checkpoint(
+def test_policy_retry_with_a_transient_failure_retries_the_batch_from_the_checkpoint(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     failures = [0]
@@ -92,7 +90,7 @@ def test_policy_stop_with_a_transient_failure_retries_the_batch_from_the_checkpo
                 raise ConnectionError("downstream unavailable")
             super().process_records(input)
 
-    rig.consumer = ConsumerConfig(processor_retries=1, processor_retry_backoff_ms=10)  # policy stop (default)
+    rig.failures = FailureConfig(max_attempts=2, retry_backoff_ms=10)  # policy retry (default)
     rig.processor = Flaky
     # GIVEN a processor whose downstream fails twice on one batch, then recovers
     rig.start()
@@ -104,7 +102,7 @@ def test_policy_stop_with_a_transient_failure_retries_the_batch_from_the_checkpo
     # THEN the lease is given up with a clear line, reassigned by the leader, and the batch read again: nothing lost
     assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=40)
     assert failures[0] == 2
-    assert any("policy stop" in r.getMessage() for r in caplog.records)
+    assert any("policy retry" in r.getMessage() for r in caplog.records)
     assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
     assert rig.processed().count(b"flaky") == 1
 
@@ -127,7 +125,9 @@ def test_a_one_mib_record_is_processed_whole(rig: Rig) -> None:
     [
         ("SHARDLEASE_FAILOVER_TIME_MS", "ten", "SHARDLEASE_FAILOVER_TIME_MS='ten' is not a whole number"),
         ("SHARDLEASE_FAILOVER_TIME_MS", "10", "failover_time_ms=10 is too short"),
-        ("SHARDLEASE_PROCESSOR_FAILURE_POLICY", "sometimes", "expected stop or skip"),
+        ("SHARDLEASE_FAILURE_POLICY", "sometimes", "expected retry, skip-and-record, stop-shard or skip"),
+        ("SHARDLEASE_FAILURE_POLICY", "skip-and-record", "needs a failure destination"),
+        ("SHARDLEASE_FAILURE_DESTINATION", "my-queue", "invalid failure destination 'my-queue'"),
         ("SHARDLEASE_LEADER_MODE", "maybe", "invalid leader_mode 'maybe'"),
         ("SHARDLEASE_INITIAL_POSITION", "YESTERDAY", "invalid initial position"),
         ("SHARDLEASE_KINESIS_ENDPOINT_URL", "localhost:1", "invalid endpoint URL"),

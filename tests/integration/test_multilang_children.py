@@ -19,6 +19,7 @@ from tests.support.checkpointers import RecordingCheckpointer
 from tests.support.processes import REPO
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.multilang import ChildRegistry, ChildSpec, MultiLangProcessor
+from worker_lib.multilang.processor import ChildBatchFailedError
 from worker_lib.multilang.child import ChildFailedError
 from worker_lib.processing.processor import (
     InitializationInput,
@@ -136,7 +137,7 @@ BAD_BEHAVIOURS = [
 
 
 @pytest.mark.parametrize(("behaviour", "fragment"), BAD_BEHAVIOURS)
-def test_a_child_that_fails_ends_the_shard_with_one_line_and_no_checkpoint_past_what_it_confirmed(
+def test_a_child_that_fails_a_batch_is_replaced_and_the_batch_fails_with_one_line(
     tmp_path: Path, registry: ChildRegistry, behaviour: str, fragment: str
 ) -> None:
     # GIVEN a child that handles its first batch well and fails its second
@@ -147,14 +148,21 @@ def test_a_child_that_fails_ends_the_shard_with_one_line_and_no_checkpoint_past_
     child = processor.child
     assert child is not None
     # WHEN the second batch is delivered
-    with pytest.raises(ChildFailedError) as caught:
+    with pytest.raises(ChildBatchFailedError) as caught:
         deliver(processor, checkpointer, batch(2, 2))
-    # THEN one line names the shard and what the child did
+    # THEN one line names the shard and what the child did (the failure policy decides about the batch)
     message = str(caught.value)
     assert SHARD in message and fragment in message and "\n" not in message
-    # AND the checkpoint stays at what the child confirmed (the first batch), and the child is gone
+    # AND the checkpoint stays at what the child confirmed (the first batch); the failed child is gone and a new
+    # one, initialized at that checkpoint, took its place
     assert checkpointer.written == [Checkpoint(sequence="1001")]
-    assert child.exit_code(wait_s=5.0) is not None and processor.child is None and not registry.live
+    assert child.exit_code(wait_s=5.0) is not None
+    replacement = processor.child
+    assert replacement is not None and replacement is not child and registry.live == {replacement}
+    starts = [e for e in journal(tmp_path / "journal.jsonl") if e.get("action") == "initialize"]
+    assert [e["sequence"] for e in starts] == ["LATEST", "1001"]
+    processor.lease_lost(LeaseLostInput(shard_id=SHARD))
+    assert processor.child is None and not registry.live
 
 
 def test_a_checkpoint_beyond_the_last_record_is_refused_with_kcls_illegal_argument(

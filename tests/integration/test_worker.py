@@ -18,7 +18,7 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError, TableMissingError, TableSchemaError
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
 from worker_lib.processing.processor import ProcessorFailedError
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
@@ -210,19 +210,21 @@ def w1_worker(
     app: str,
     stream: str,
     factory: Callable[[], RecordingProcessor],
-    consumer: ConsumerConfig,
+    consumer: ConsumerConfig | None = None,
     *,
+    failures: FailureConfig | None = None,
     ddb: Any,
     kinesis: Any,
 ) -> Worker:
-    """Worker w1 with short timings and ``consumer``'s settings, not started."""
+    """Worker w1 with short timings and ``consumer``'s and ``failures``' settings, not started."""
     config = WorkerConfig(
         app=app,
         stream=stream,
         worker_id="w1",
         lease=FAST_LEASES,
         retrieval=FAST_READS,
-        consumer=consumer,
+        consumer=consumer or ConsumerConfig(),
+        failures=failures or FailureConfig(),
         discovery_interval_ms=200,
     )
     return Worker(config, factory, dynamodb=ddb, kinesis=kinesis)
@@ -245,7 +247,7 @@ def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_ba
         app_name,
         stream,
         lambda: Failing(Journal()),
-        ConsumerConfig(processor_retries=2, processor_retry_backoff_ms=10),
+        failures=FailureConfig(max_attempts=3, retry_backoff_ms=10),
         ddb=ddb,
         kinesis=kinesis,
     )
@@ -277,7 +279,7 @@ def test_a_processor_failure_ends_the_lease_at_once_without_retry(
         app_name,
         stream,
         lambda: Gone(Journal()),
-        ConsumerConfig(processor_retries=3, processor_retry_backoff_ms=10),
+        failures=FailureConfig(max_attempts=4, retry_backoff_ms=10),
         ddb=ddb,
         kinesis=kinesis,
     )

@@ -37,6 +37,43 @@ def _add_aws(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", metavar="R", help="AWS region (default: AWS_REGION or us-east-1)")
 
 
+_FAILURE_FLAGS = {  # flag dest -> the variable it sets for FailureConfig.from_env (a flag wins over the variable)
+    "failure_policy": "SHARDLEASE_FAILURE_POLICY",
+    "max_attempts": "SHARDLEASE_MAX_ATTEMPTS",
+    "bisect": "SHARDLEASE_BISECT",
+    "max_record_age": "SHARDLEASE_MAX_RECORD_AGE_S",
+    "failure_destination": "SHARDLEASE_FAILURE_DESTINATION",
+}
+
+
+def _add_failures(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("failure policy (docs/failures.md; default: the SHARDLEASE_* variables)")
+    group.add_argument(
+        "--failure-policy",
+        choices=["retry", "skip-and-record", "stop-shard", "skip"],
+        help="once a failing batch has used its attempts (default retry: read it again, KCL's behaviour)",
+    )
+    group.add_argument("--max-attempts", metavar="N", help="deliveries of a failing batch in all (3)")
+    group.add_argument(
+        "--bisect",
+        action=argparse.BooleanOptionalAction,
+        help="split a failing batch down to the failing record (default: on with skip-and-record and stop-shard)",
+    )
+    group.add_argument("--max-record-age", metavar="S", help="send records older than S seconds to the destination")
+    group.add_argument(
+        "--failure-destination", metavar="ARN|S3URL", help="SQS queue ARN, SNS topic ARN or s3://bucket/prefix"
+    )
+
+
+def _apply_failure_flags(args: argparse.Namespace) -> None:
+    import os
+
+    for dest, variable in _FAILURE_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            os.environ[variable] = str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _add_app(parser: argparse.ArgumentParser, *, stream: bool) -> None:
     parser.add_argument("--app", required=True, metavar="APP", help="application name (= lease table name)")
     if stream:
@@ -171,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         "else polling",
     )
     _add_position(worker)
+    _add_failures(worker)
     _add_aws(worker)
     worker.set_defaults(func=_cmd_worker)
 
@@ -184,8 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
     multilang.add_argument("--stream", metavar="STREAM", help="stream name (default: streamArn or streamName)")
     multilang.add_argument("--worker-id", metavar="ID", help="this worker's lease-owner name (default: workerId)")
     _add_position(multilang)
+    _add_failures(multilang)
     _add_aws(multilang)
     multilang.set_defaults(func=_cmd_multilang)
+
+    resume = sub.add_parser(
+        "resume-shard", help="let a shard stopped by the stop-shard failure policy be processed again"
+    )
+    _add_app(resume, stream=False)
+    resume.add_argument("--shard", required=True, metavar="LEASE_KEY", help="the shard's lease key (shardlease status)")
+    _add_aws(resume)
+    resume.set_defaults(func=_cmd_resume_shard)
 
     status = sub.add_parser("status", help="leases per worker and cluster, CPU, throughput, leader, problems")
     _add_app(status, stream=False)
@@ -299,6 +346,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from worker_lib.worker.worker import Worker, WorkerConfig
 
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
+    _apply_failure_flags(args)
     factory = load_processor(args.processor)
     config = WorkerConfig.from_env(
         app=args.app,
@@ -317,6 +365,7 @@ def _cmd_multilang(args: argparse.Namespace) -> int:
     from worker_lib.worker.signals import hold_shutdown_signals
 
     hold_shutdown_signals()  # as for `shardlease worker`
+    _apply_failure_flags(args)
     from pathlib import Path
 
     from worker_lib.multilang.daemon import MultiLangOverrides, run_multilang
@@ -340,6 +389,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return run_status_cli(
         app=args.app, aws_config=_aws_config(args), watch=args.watch, as_json=args.json, interval_s=args.interval
     )
+
+
+def _cmd_resume_shard(args: argparse.Namespace) -> int:
+    aws_config = _aws_config(args)
+    from worker_lib.cli.status import resume_shard
+
+    return resume_shard(app=args.app, lease_key=args.shard, aws_config=aws_config)
 
 
 def _cmd_liveness(args: argparse.Namespace) -> int:

@@ -62,6 +62,19 @@ class ShardLag:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BlockedShard:
+    """A shard held up by its processor's failures (the lease's failure marker, docs/failures.md)."""
+
+    lease: str
+    state: str  # retrying | stopped
+    for_s: float  # since the first failure
+    attempts: int
+    error: str
+    at: str  # the first record that fails
+    worker: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class FleetStatus:
     app: str
     leader: str | None
@@ -80,6 +93,7 @@ class FleetStatus:
     lags: list[ShardLag] = field(default_factory=list)  # worst first
     expiring: list[str] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)  # the leader's latest, newest first
+    blocked: list[BlockedShard] = field(default_factory=list)  # held up by failures, longest first
     time: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,12 +170,29 @@ def collect(
             for key, last in tracker.last_increments().items()
             if key not in expired and owner_of.get(key) and now_mono - last > half
         )
+    blocked = sorted(
+        (
+            BlockedShard(
+                lease=lease.lease_key,
+                state=block.state,
+                for_s=round(max(0.0, now - block.since), 1),
+                attempts=block.attempts,
+                error=block.error,
+                at=str(block.at),
+                worker=block.worker,
+            )
+            for lease in live
+            if (block := lease.block) is not None
+        ),
+        key=lambda shard: (-shard.for_s, shard.lease),
+    )
     return FleetStatus(
         app=app,
         leader=leader,
+        blocked=blocked,
         leases=len(live),
         finished=len(leases) - len(live),
-        unassigned=sorted(x.lease_key for x in live if not x.actual_owner),
+        unassigned=sorted(x.lease_key for x in live if not x.actual_owner and not x.is_stopped),
         orphaned=sorted(x.lease_key for x in live if x.actual_owner and x.actual_owner not in active),
         expired=[key for key in expired if any(x.lease_key == key and x.actual_owner for x in live)],
         handoffs=sorted(x.lease_key for x in live if x.is_handoff_in_progress),
@@ -237,6 +268,18 @@ def render(status: FleetStatus, *, watch: bool = False, lag_rows: int = 10, deci
         lines += [f"  {lag.lease:<44} {lag.millis_behind:>10,} ms  {lag.owner}" for lag in status.lags[:lag_rows]]
     else:
         lines.append("lag: none reported yet")
+    stopped = [b for b in status.blocked if b.state == "stopped"]
+    if status.blocked:
+        lines.append(f"blocked by processor failures ({len(stopped)} stopped; docs/failures.md):")
+        lines += [
+            f"  {b.lease:<44} {b.state.upper() if b.state == 'stopped' else b.state:<8} {b.for_s:>7.0f} s  "
+            f"{b.attempts} attempts, {b.error} at {b.at} ({b.worker})"
+            for b in status.blocked
+        ]
+        if stopped:
+            lines.append("  resume a stopped shard: shardlease resume-shard --app APP --shard LEASE_KEY")
+    else:
+        lines.append("blocked by processor failures: none")
     lines.append(f"unassigned: {', '.join(status.unassigned) or 'none'}")
     lines.append(f"owner not reporting: {', '.join(status.orphaned) or 'none'}")
     if watch:
@@ -308,3 +351,20 @@ def run_status_cli(
         if not watch:
             return 0
         clock.sleep(interval_s)
+
+
+def resume_shard(*, app: str, lease_key: str, aws_config: AwsConfig) -> int:
+    """``shardlease resume-shard``: remove a shard's failure marker, so that the leader assigns it again and it is
+    read from its checkpoint (the failing record first: fix the processor, or choose another policy, before)."""
+    store = DynamoDBLeaseStore(app, client=aws.client("dynamodb", aws_config))
+    lease = store.get_lease(lease_key)
+    if lease is None:
+        print(f"shardlease: no lease {lease_key!r} in {app}", file=sys.stderr)
+        return 2
+    if store.resume_shard(lease_key) is None:
+        print(f"lease {lease_key} is not blocked: nothing to resume")
+        return 0
+    block = lease.block
+    where = f" at {block.at}" if block is not None else ""
+    print(f"lease {lease_key} resumed{where}: the leader assigns it at its next cycle")
+    return 0

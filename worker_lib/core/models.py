@@ -71,6 +71,66 @@ AT_TIMESTAMP = Checkpoint.sentinel(SentinelCheckpoint.AT_TIMESTAMP)
 SHARD_END = Checkpoint.sentinel(SentinelCheckpoint.SHARD_END)
 
 
+SHARD_BLOCK_ATTRIBUTE = "shardleaseFailure"  # LeaseAttr.FAILURE: a map on the lease item, ours alone (KCL ignores it)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardBlock:
+    """A shard held up by its processor's failures: the lease item's ``shardleaseFailure`` map.
+
+    The owner writes it at a batch's first failure (``retrying``) and removes it once the batch is through; with
+    the ``stop-shard`` policy it writes ``stopped`` as it gives the lease up, and the leader assigns the lease to
+    nobody until ``shardlease resume-shard`` removes it. ``shardlease status`` shows both.
+    """
+
+    state: str  # RETRYING | STOPPED
+    since: float  # wall-clock seconds of the first failure
+    attempts: int  # failed deliveries so far (of the records at ``at``)
+    error: str  # the error's type name (never its message: it may quote a record)
+    at: Checkpoint  # the first record that fails
+    worker: str
+
+    RETRYING = "retrying"
+    STOPPED = "stopped"
+
+    @property
+    def stopped(self) -> bool:
+        return self.state == self.STOPPED
+
+    def to_attribute(self) -> dict[str, Any]:
+        return {
+            "M": {
+                "state": {"S": self.state},
+                "since": {"N": str(int(self.since * 1000))},
+                "attempts": {"N": str(self.attempts)},
+                "error": {"S": self.error or "-"},
+                "sequence": {"S": self.at.sequence},
+                "subSequence": {"N": str(self.at.sub_sequence)},
+                "worker": {"S": self.worker},
+            }
+        }
+
+    @classmethod
+    def from_attribute(cls, raw: Any) -> ShardBlock | None:
+        """The marker in a raw attribute value; None if absent or not one of ours (a foreign or damaged value is
+        ignored rather than stopping a shard)."""
+        try:
+            fields = raw["M"]
+            state = str(fields["state"]["S"])
+            if state not in (cls.RETRYING, cls.STOPPED):
+                return None
+            return cls(
+                state=state,
+                since=int(fields["since"]["N"]) / 1000,
+                attempts=int(fields["attempts"]["N"]),
+                error=str(fields["error"]["S"]),
+                at=Checkpoint(sequence=str(fields["sequence"]["S"]), sub_sequence=int(fields["subSequence"]["N"])),
+                worker=str(fields["worker"]["S"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Lease:
     """One item of the lease table, as KCL 3.x writes it (docs/kcl-compatibility.md, "Lease table").
@@ -111,6 +171,18 @@ class Lease:
     @property
     def is_finished(self) -> bool:
         return self.checkpoint.is_shard_end
+
+    @property
+    def block(self) -> ShardBlock | None:
+        """The failure marker (:class:`ShardBlock`), if the shard is held up by its processor's failures."""
+        raw = self.extra.get(SHARD_BLOCK_ATTRIBUTE)
+        return None if raw is None else ShardBlock.from_attribute(raw)
+
+    @property
+    def is_stopped(self) -> bool:
+        """Stopped by the ``stop-shard`` failure policy: assigned to nobody until resumed."""
+        block = self.block
+        return block is not None and block.stopped
 
     def with_(self, **changes: Any) -> Lease:
         return replace(self, **changes)

@@ -179,7 +179,8 @@ class LeaseAssigner:
         all_workers = list(workers) if workers is not None else self._metrics.list_all()
         now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
 
-        live = [lease for lease in all_leases if not lease.is_finished]
+        # A shard stopped by its failure policy (stop-shard) is assigned to nobody until resumed.
+        live = [lease for lease in all_leases if not lease.is_finished and not lease.is_stopped]
         expired = self._expiry.observe(live, now_mono)
         view = self._liveness.observe(all_workers) if self._liveness is not None else LivenessView()
         foreign: tuple[str, ...] = ()
@@ -372,7 +373,10 @@ class LeaseAssigner:
             run_number=run_number,
             strategy=plan.strategy,
             leases=len(live),
-            finished_leases=len(all_leases) - len(live),
+            finished_leases=sum(1 for lease in all_leases if lease.is_finished),
+            stopped_shards=tuple(
+                sorted(lease.lease_key for lease in all_leases if lease.is_stopped and not lease.is_finished)
+            ),
             workers_total=len(workers),
             workers_assignable=len(snapshot.assignable_workers(self._config.worker_report_interval_s)),
             expired=sum(1 for lease in live if lease.lease_key in expired and lease.actual_owner is not None),

@@ -19,7 +19,7 @@ from typing import Any
 
 from worker_lib.core import aws
 from worker_lib.core.errors import CorruptItemError, DependencyError, InvalidStateError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardBlock
 from worker_lib.leases import serializer
 from worker_lib.leases.serializer import Item, number
 from worker_lib.leases.store import LeaseScan
@@ -505,6 +505,34 @@ class DynamoDBLeaseStore(TableStore):
             operation="evict",
             applied=lambda cur: cur.lease_owner is None and cur.lease_counter > lease.lease_counter,
         )
+
+    def mark_block(self, lease: Lease, owner: str, block: ShardBlock | None) -> Lease | None:
+        """The processing owner records (or, with None, removes) the failure marker; fenced like a checkpoint."""
+
+        def write(base: Lease) -> _Update:
+            update = self._fenced_by_processing_owner(base, owner)
+            return update.set(A.FAILURE, block.to_attribute()) if block is not None else update.remove(A.FAILURE)
+
+        return self._processing_owner_write(
+            lease, owner, write, operation="mark_block", applied=lambda cur: cur.block == block
+        )
+
+    def stop_shard(self, lease: Lease, owner: str, block: ShardBlock) -> Lease | None:
+        """The processing owner gives the lease up and marks it stopped (policy stop-shard), in one write: the
+        leader assigns a stopped lease to nobody (:meth:`resume_shard` ends that)."""
+        update = self._fenced_by_processing_owner(lease, owner)
+        update.set(A.FAILURE, block.to_attribute()).remove(A.LEASE_OWNER).remove(A.CHECKPOINT_OWNER)
+        return self._update_or_recognise(
+            lease,
+            update,
+            operation="stop_shard",
+            applied=lambda cur: cur.is_stopped and cur.lease_owner is None and cur.lease_counter > lease.lease_counter,
+        )
+
+    def resume_shard(self, lease_key: str) -> Lease | None:
+        """Remove a shard's failure marker (``shardlease resume-shard``); None if the lease has none."""
+        update = _Update().require_present(A.FAILURE).remove(A.FAILURE)
+        return self._update(lease_key, update, operation="resume_shard")
 
     def update_child_shard_ids(self, lease: Lease, child_shard_ids: Iterable[str]) -> Lease | None:
         children = sorted(set(child_shard_ids))

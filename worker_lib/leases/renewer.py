@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
-from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.core.models import Checkpoint, Lease, ShardBlock
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import parse_handoff_request
 from worker_lib.leases.store import LeaseStore
@@ -461,6 +461,26 @@ class LeaseHolder:
             "record children",
             moves_counter=False,
         )
+
+    def mark_block(self, lease_key: str, block: ShardBlock | None) -> Lease | None:
+        """Record (None: remove) the shard's failure marker; ``None`` means the lease is no longer ours."""
+        return self._fenced_write(
+            lease_key, lambda lease: self._store.mark_block(lease, self.worker_id, block), "mark failure"
+        )
+
+    def stop_shard(self, lease_key: str, block: ShardBlock) -> bool:
+        """Give the lease up marked stopped (policy stop-shard); False if it was no longer ours."""
+        entry = self._entry(lease_key)
+        if entry is None:
+            return False
+        with entry.lock:
+            try:
+                after = self._store.stop_shard(entry.lease, self.worker_id, block)
+            except DependencyError as exc:
+                log.warning("could not stop shard lease=%s worker=%s: %s", lease_key, self.worker_id, exc)
+                after = None
+        self.drop(lease_key)
+        return after is not None
 
     def complete_handoff(self, lease_key: str) -> bool:
         """Old owner, after its final checkpoint: let the new owner start now rather than after the deadline."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from worker_lib.core.models import Checkpoint, Lease
+from worker_lib.core.models import Checkpoint, Lease, ShardBlock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +76,15 @@ class LeaseStore(Protocol):
 
     def evict_lease(self, lease: Lease, owner: str) -> Lease | None:
         """Owner gives the lease up at once (shutdown): ``leaseOwner`` removed, counter + 1."""
+
+    def mark_block(self, lease: Lease, owner: str, block: ShardBlock | None) -> Lease | None:
+        """Processing owner: record (None: remove) the failure marker, fenced like a checkpoint."""
+
+    def stop_shard(self, lease: Lease, owner: str, block: ShardBlock) -> Lease | None:
+        """Processing owner: give the lease up and mark it stopped (the leader then assigns it to nobody)."""
+
+    def resume_shard(self, lease_key: str) -> Lease | None:
+        """Operator: remove a shard's failure marker; None if it had none."""
 
     def update_child_shard_ids(self, lease: Lease, child_shard_ids: Iterable[str]) -> Lease | None:
         """Record the children of a finished shard (``childShardIds``)."""

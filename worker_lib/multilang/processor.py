@@ -5,9 +5,12 @@ call of the worker's record-processor protocol becomes one message to the child 
 the checkpoints the child asks for meanwhile go through the lease's own checkpointer (fenced, validated) and are
 answered with KCL's exception names, so kclpy's and aws-kcl's error handling works unchanged.
 
-A child that exits, breaks the protocol or does not answer within ``response_timeout_s`` raises
-:class:`~worker_lib.multilang.child.ChildFailedError` (a :class:`ProcessorFailedError`): the consumer gives the
-lease up without a checkpoint of its own, so the shard resumes from the last checkpoint the child confirmed.
+A child that exits, breaks the protocol or does not answer within ``response_timeout_s`` while it handles a batch
+is replaced by a new child (initialized at the lease's last checkpoint), and the batch fails with
+:class:`ChildBatchFailedError`: the failure policy decides, as for any processor (retry, bisect, record, stop the
+shard; docs/failures.md). A child that fails anywhere else — or a new child that cannot start — raises
+:class:`~worker_lib.multilang.child.ChildFailedError` (a :class:`ProcessorFailedError`): the consumer gives the lease
+up without a checkpoint of its own, so the shard resumes from the last checkpoint the child confirmed.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ import logging
 import queue
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from worker_lib.core.errors import DependencyError, ThrottledError
+from worker_lib.core.errors import DependencyError, ShardleaseError, ThrottledError
 from worker_lib.core.models import SHARD_END
 from worker_lib.multilang import messages
 from worker_lib.multilang.child import ChildFailedError, ChildProcess, child_log
@@ -43,6 +46,11 @@ THROTTLING_EXCEPTION = "ThrottlingException"  # DynamoDB throttled the write: tr
 DEPENDENCY_EXCEPTION = "KinesisClientLibDependencyException"  # DynamoDB failed otherwise
 INVALID_STATE_EXCEPTION = "InvalidStateException"  # no checkpointer: during initialize and leaseLost
 ILLEGAL_ARGUMENT_EXCEPTION = "IllegalArgumentException"  # before the last checkpoint / after the last record
+
+
+class ChildBatchFailedError(ShardleaseError):
+    """The child failed while it handled a batch (it exited, broke the protocol or fell silent) and was replaced
+    by a new one: the batch failed, and the failure policy decides what happens to it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +106,7 @@ class MultiLangProcessor:
         self._registry = registry if registry is not None else ChildRegistry()
         self._child: ChildProcess | None = None
         self._shard_id = "?"
+        self._init: InitializationInput | None = None
 
     @property
     def child(self) -> ChildProcess | None:
@@ -108,6 +117,7 @@ class MultiLangProcessor:
 
     def initialize(self, input: InitializationInput) -> None:
         self._shard_id = input.shard_id
+        self._init = input
         self._child = ChildProcess.start(
             self._spec.command, shard_id=input.shard_id, cwd=self._spec.cwd, env=self._spec.env
         )
@@ -117,7 +127,11 @@ class MultiLangProcessor:
 
     def process_records(self, input: ProcessRecordsInput) -> None:
         message = messages.process_records_message(input.records, input.millis_behind_latest)
-        self._exchange(message, input.checkpointer)
+        try:
+            self._exchange(message, input.checkpointer)
+        except ChildFailedError as exc:
+            self._restart(input.checkpointer)  # raises ChildFailedError (the lease is given up) if it cannot
+            raise ChildBatchFailedError(f"{exc}; a new child took its place") from exc
 
     def lease_lost(self, input: LeaseLostInput) -> None:
         try:
@@ -139,6 +153,13 @@ class MultiLangProcessor:
             self._exchange(messages.lease_lost_message(self._spec.generation), None)
         finally:
             self._end()
+
+    def _restart(self, checkpointer: Checkpointer) -> None:
+        """A new child in place of the one that failed, initialized at the lease's last checkpoint."""
+        if self._init is None:
+            raise ChildFailedError(f"multilang child for {self._shard_id} failed before it was initialized")
+        checkpoint = checkpointer.last_checkpoint or self._init.checkpoint
+        self.initialize(replace(self._init, checkpoint=checkpoint, pending_checkpoint=None))
 
     # --- one message and its answer ---------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""Configuration of the shard consumers: record retrieval (polling GetRecords or enhanced fan-out) and processor
-failures."""
+"""Configuration of the shard consumers: record retrieval (polling GetRecords or enhanced fan-out), the consumer's
+own timings, and what happens when the processor fails (the failure policy)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_bool, env_int, env_str, environ
+from worker_lib.core.env import env_bool, env_int, env_str, environ, parse_bool
 from worker_lib.core.errors import ConfigError
 
 GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
@@ -129,24 +129,168 @@ class RetrievalConfig:
         return self.consumer_name or app
 
 
-class ProcessorFailurePolicy(enum.Enum):
-    """What a shard consumer does when the record processor keeps raising on one batch.
+class FailureAction(enum.Enum):
+    """What happens once a failing batch has used its attempts (docs/failures.md).
 
-    STOP (default): give the lease up without checkpointing, so the batch is read again from the last
-      checkpoint (by this or another worker): nothing is lost, a poison batch is retried, never skipped.
-    SKIP: log the batch's sequence range and move on (KCL's behaviour): at-most-once for that batch.
+    RETRY (default, KCL-compatible): the lease is given up without a checkpoint; the batch is read again from the
+      checkpoint by this or another worker. Nothing is ever skipped; a poison record holds its shard until fixed.
+    SKIP_AND_RECORD: the failing records go to the failure destination, the checkpoint moves past them, the shard
+      goes on. Lambda's event source mapping with an on-failure destination.
+    STOP_SHARD: the shard stops at the failing record, marked in the lease table (``shardlease status`` shows it)
+      and never assigned again until ``shardlease resume-shard``; for processors where order is sacred.
+    SKIP: the failing records are logged and skipped (at most once for them; not recommended).
     """
 
-    STOP = "stop"
+    RETRY = "retry"
+    SKIP_AND_RECORD = "skip-and-record"
+    STOP_SHARD = "stop-shard"
     SKIP = "skip"
+
+    @classmethod
+    def parse(cls, value: str | FailureAction, *, name: str = "failure policy") -> FailureAction:
+        if isinstance(value, FailureAction):
+            return value
+        text = str(value).strip().lower().replace("_", "-")
+        if text == "stop":  # the name this action had before stop-shard existed
+            return cls.RETRY
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(
+                f"invalid {name} {value!r}: expected retry, skip-and-record, stop-shard or skip"
+            ) from None
+
+
+class DestinationKind(enum.Enum):
+    SQS = "sqs"
+    SNS = "sns"
+    S3 = "s3"
+
+
+_DESTINATION_ARN = re.compile(r"^arn:aws[a-z-]*:(sqs|sns):[a-z0-9-]+:\d{12}:[A-Za-z0-9_.-]+$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DestinationSpec:
+    """A failure destination: an SQS queue or SNS topic ARN, or an S3 bucket (``arn:aws:s3:::bucket`` or
+    ``s3://bucket/prefix/``)."""
+
+    kind: DestinationKind
+    arn: str = ""
+    bucket: str = ""
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, value: str, *, name: str = "failure destination") -> DestinationSpec:
+        text = value.strip()
+        match = _DESTINATION_ARN.match(text)
+        if match:
+            return cls(kind=DestinationKind(match.group(1)), arn=text)
+        for scheme in ("s3://", "arn:aws:s3:::"):
+            if text.startswith(scheme):
+                bucket, _, prefix = text[len(scheme) :].partition("/")
+                if _BUCKET.match(bucket):
+                    prefix = prefix.strip("/")
+                    return cls(kind=DestinationKind.S3, bucket=bucket, prefix=f"{prefix}/" if prefix else "")
+        raise ConfigError(
+            f"invalid {name} {value!r}: expected an SQS queue ARN, an SNS topic ARN, arn:aws:s3:::BUCKET or "
+            "s3://BUCKET/PREFIX"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureConfig:
+    """What a shard consumer does when the processor fails on a batch: Lambda's event source mapping settings,
+    for a KCL-style consumer (docs/failures.md; the rules are in :mod:`worker_lib.processing.failures`).
+
+    on_failure: what happens once the attempts are spent (:class:`FailureAction`; ``retry``, KCL-compatible).
+      ``SHARDLEASE_FAILURE_POLICY``.
+    max_attempts: deliveries of a failing batch in all, first included (3; Lambda ``MaximumRetryAttempts`` + 1).
+      ``SHARDLEASE_MAX_ATTEMPTS``.
+    retry_backoff_ms / retry_backoff_max_ms: wait before the n-th retry: base × 2^(n−1), capped (500 / 10 000).
+      ``SHARDLEASE_RETRY_BACKOFF_MS``.
+    bisect: split a failing batch in two, down to the failing record (Lambda ``BisectBatchOnFunctionError``).
+      None (default): on with ``skip-and-record`` and ``stop-shard``, off with ``retry`` and ``skip``, so the
+      default changes nothing. ``SHARDLEASE_BISECT``.
+    max_record_age_s: records that arrived longer ago than this are not processed but sent to the destination
+      (Lambda ``MaximumRecordAgeInSeconds``; 0: no limit, the default). ``SHARDLEASE_MAX_RECORD_AGE_S``.
+    destination: where records given up on go: an SQS queue ARN, an SNS topic ARN, or an S3 bucket
+      (``s3://bucket/prefix``); required by ``skip-and-record`` and ``max_record_age_s``.
+      ``SHARDLEASE_FAILURE_DESTINATION``.
+    """
+
+    on_failure: FailureAction | str = FailureAction.RETRY  # a name is accepted too: "skip-and-record"
+    max_attempts: int = 3
+    retry_backoff_ms: int = 500
+    retry_backoff_max_ms: int = 10_000
+    bisect: bool | None = None
+    max_record_age_s: int = 0
+    destination: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_failure", FailureAction.parse(self.on_failure))
+        if not 1 <= self.max_attempts <= 10_000:
+            raise ConfigError(f"max_attempts={self.max_attempts} must be within 1..10000")
+        if self.retry_backoff_ms <= 0:
+            raise ConfigError("retry_backoff_ms must be positive")
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ConfigError("retry_backoff_max_ms must be at least retry_backoff_ms")
+        if not 0 <= self.max_record_age_s <= 604_800:
+            raise ConfigError(f"max_record_age_s={self.max_record_age_s} must be within 0..604800 (0: no limit)")
+        spec = self.destination_spec
+        if spec is None and self.on_failure is FailureAction.SKIP_AND_RECORD:
+            raise ConfigError("failure policy skip-and-record needs a failure destination (SQS, SNS or S3)")
+        if spec is None and self.max_record_age_s:
+            raise ConfigError("max_record_age_s needs a failure destination: the records it skips must go somewhere")
+
+    @property
+    def action(self) -> FailureAction:
+        return FailureAction.parse(self.on_failure)
+
+    @property
+    def destination_spec(self) -> DestinationSpec | None:
+        return DestinationSpec.parse(self.destination) if self.destination else None
+
+    @property
+    def bisects(self) -> bool:
+        if self.bisect is not None:
+            return self.bisect
+        return self.action in (FailureAction.SKIP_AND_RECORD, FailureAction.STOP_SHARD)
+
+    def retry_backoff_s(self, failed_attempts: int) -> float:
+        """Seconds to wait after the ``failed_attempts``-th failure of a batch (≥ 1)."""
+        exponent = min(max(failed_attempts, 1) - 1, 30)
+        return min(self.retry_backoff_ms << exponent, self.retry_backoff_max_ms) / 1000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> FailureConfig:
+        e = environ(env)
+        policy_name = "SHARDLEASE_FAILURE_POLICY"
+        policy = env_str(e, policy_name)
+        if not policy and env_str(e, "SHARDLEASE_PROCESSOR_FAILURE_POLICY"):  # the older name
+            policy_name = "SHARDLEASE_PROCESSOR_FAILURE_POLICY"
+            policy = env_str(e, policy_name)
+        retries = env_str(e, "SHARDLEASE_PROCESSOR_RETRIES")  # the older setting: attempts after the first
+        default_attempts = env_int(e, "SHARDLEASE_PROCESSOR_RETRIES", 2) + 1 if retries else 3
+        raw_bisect = e.get("SHARDLEASE_BISECT")
+        return cls(
+            on_failure=FailureAction.parse(policy or "retry", name=policy_name),
+            max_attempts=env_int(e, "SHARDLEASE_MAX_ATTEMPTS", default_attempts),
+            retry_backoff_ms=env_int(e, "SHARDLEASE_RETRY_BACKOFF_MS", 500),
+            bisect=None
+            if raw_bisect is None or not raw_bisect.strip()
+            else parse_bool(raw_bisect, name="SHARDLEASE_BISECT", default=False),
+            max_record_age_s=env_int(e, "SHARDLEASE_MAX_RECORD_AGE_S", 0),
+            destination=env_str(e, "SHARDLEASE_FAILURE_DESTINATION"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConsumerConfig:
     """One shard consumer (one per held lease).
 
-    processor_retries: attempts after the first when ``process_records`` raises (3), with
-      ``processor_retry_backoff_ms`` (1000) doubling between them; then ``failure_policy`` applies.
+    (What happens when ``process_records`` fails is :class:`FailureConfig`'s.)
     parent_poll_interval_ms: how often a child shard re-checks whether its parents have ended (KCL
       parentShardPollIntervalMillis, 10 000).
     shard_end_retry_interval_ms: how often SHARD_END handling is retried when a merge partner's lease is missing
@@ -156,18 +300,13 @@ class ConsumerConfig:
       callProcessRecordsEvenForEmptyRecordList; False); ``SHARDLEASE_DELIVER_EMPTY_BATCHES``.
     """
 
-    processor_retries: int = 3
-    processor_retry_backoff_ms: int = 1_000
-    failure_policy: ProcessorFailurePolicy = ProcessorFailurePolicy.STOP
     parent_poll_interval_ms: int = 10_000
     shard_end_retry_interval_ms: int = 5_000
     error_backoff_ms: int = 1_000
     deliver_empty_batches: bool = False
 
     def __post_init__(self) -> None:
-        if self.processor_retries < 0:
-            raise ConfigError("processor_retries must not be negative")
-        for name in ("processor_retry_backoff_ms", "parent_poll_interval_ms", "shard_end_retry_interval_ms"):
+        for name in ("parent_poll_interval_ms", "shard_end_retry_interval_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.error_backoff_ms < 0:
@@ -176,16 +315,7 @@ class ConsumerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ConsumerConfig:
         e = environ(env)
-        raw_policy = e.get("SHARDLEASE_PROCESSOR_FAILURE_POLICY", "stop").strip().lower()
-        try:
-            policy = ProcessorFailurePolicy(raw_policy)
-        except ValueError:
-            raise ConfigError(
-                f"invalid SHARDLEASE_PROCESSOR_FAILURE_POLICY {raw_policy!r}: expected stop or skip"
-            ) from None
         return cls(
-            processor_retries=env_int(e, "SHARDLEASE_PROCESSOR_RETRIES", 3),
-            failure_policy=policy,
             parent_poll_interval_ms=env_int(e, "SHARDLEASE_PARENT_POLL_INTERVAL_MS", 10_000),
             deliver_empty_batches=env_bool(e, "SHARDLEASE_DELIVER_EMPTY_BATCHES", False),
         )

@@ -20,16 +20,25 @@ import enum
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.errors import DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardBlock, ShardInfo
 from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.config import ConsumerConfig, ProcessorFailurePolicy, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
+from worker_lib.processing.destinations import FailureDestination, FailureReport, describe_error
+from worker_lib.processing.failures import (
+    BatchDelivery,
+    Delivered,
+    Failure,
+    FailureStats,
+    failure_from_exception,
+    failure_from_result,
+)
 from worker_lib.processing.processor import (
     InitializationInput,
     KinesisRecord,
@@ -45,6 +54,8 @@ from worker_lib.processing.processor import (
 )
 from worker_lib.processing.retrieval import RecordBatch, RecordSource, ShardRecordFetcher
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
+from worker_lib.telemetry.names import WorkerMetric
+from worker_lib.telemetry.publisher import MetricsPublisher, NullPublisher
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +66,29 @@ ShardLister = Callable[[], Sequence[ShardInfo]]
 BytesSink = Callable[[str, int], None]  # (lease_key, bytes delivered)
 
 
+@dataclass(frozen=True, kw_only=True)
+class FailureHandling:
+    """What a consumer needs to apply the failure policy (docs/failures.md): the policy, where records given up on
+    go, who is reporting, and where the counts are published."""
+
+    config: FailureConfig = field(default_factory=FailureConfig)
+    destination: FailureDestination | None = None
+    application: str = ""
+    worker_id: str = ""
+    metrics: MetricsPublisher = field(default_factory=NullPublisher)
+
+
+class _Interrupted(Exception):
+    """A wait inside a delivery was cut short: stop requested or lease lost (the consumer tells which)."""
+
+
 class ConsumerOutcome(enum.Enum):
     FINISHED = "finished"  # SHARD_END checkpointed
     SHUTDOWN = "shutdown"  # worker stopping; lease given up
     HANDED_OFF = "handed_off"  # graceful handoff completed
     LOST = "lost"  # lease lost or not renewed in time
-    GAVE_UP = "gave_up"  # processor kept failing (policy STOP): lease given up for a retry from the checkpoint
+    GAVE_UP = "gave_up"  # processor kept failing (policy retry): lease given up for a retry from the checkpoint
+    STOPPED = "stopped"  # processor kept failing (policy stop-shard): lease given up, marked stopped
 
 
 # --- checkpointer ----------------------------------------------------------------------------------------------
@@ -178,6 +206,7 @@ class ShardConsumer:
         on_bytes: BytesSink | None = None,
         on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
         record_source: RecordSourceFactory | None = None,
+        failures: FailureHandling | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.lease_key = lease_key
@@ -194,6 +223,9 @@ class ShardConsumer:
         self._on_bytes = on_bytes
         self._on_records = on_records
         self._record_source = record_source
+        self._failures = failures or FailureHandling()
+        self.failure_stats = FailureStats()
+        self._block: ShardBlock | None = None  # our failure marker as it stands in the table
         self._clock = clock
         self._stop = threading.Event()
         self.records_delivered = 0
@@ -264,6 +296,12 @@ class ShardConsumer:
         if lease.is_finished:
             self._holder.drop(self.lease_key)
             return ConsumerOutcome.FINISHED
+        if lease.is_stopped:
+            # an older leader assigned a stopped shard: leave it stopped (shardlease resume-shard ends that)
+            log.warning("lease %s is stopped by its failure policy: not processed, given up", self.lease_key)
+            self._holder.evict(self.lease_key)
+            return ConsumerOutcome.STOPPED
+        self._block = lease.block
 
         parents = ParentsEnded(self._store)
         while not parents.ended(lease):
@@ -356,55 +394,40 @@ class ShardConsumer:
                 return self._shard_end(batch, checkpointer)
 
     def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome | None:
-        now = datetime.fromtimestamp(self._clock.wall(), timezone.utc)
-        entry = now if batch.received_at is None else datetime.fromtimestamp(batch.received_at, timezone.utc)
-        records_input = ProcessRecordsInput(
-            shard_id=self.shard_id,
-            records=batch.records,
-            checkpointer=checkpointer,
-            millis_behind_latest=batch.millis_behind_latest,
-            cache_entry_time=entry,
-            cache_exit_time=now,
-            is_at_shard_end=batch.end_of_shard,
+        """Deliver one batch under the failure policy (:mod:`worker_lib.processing.failures`)."""
+        before = self.failure_stats.as_dict()
+        ports = _DeliveryPorts(self, batch, checkpointer)
+        delivery = BatchDelivery(
+            config=self._failures.config,
+            ports=ports,
+            lease_key=self.lease_key,
+            now=self._clock.wall(),
+            stats=self.failure_stats,
         )
-        backoff_s = self._config.processor_retry_backoff_ms / 1000
-        attempts = 1 + self._config.processor_retries
-        for attempt in range(1, attempts + 1):
-            try:
-                self._processor.process_records(records_input)
-                break
-            except ShutdownError:
-                return self._lease_lost()
-            except ProcessorFailedError as exc:
-                return self._processor_failed(exc, checkpointer)
-            except Exception as exc:
-                records = batch.records
-                first, last = (records[0].checkpoint, records[-1].checkpoint) if records else ("-", "-")
-                log.error(
-                    "processor failed on %s records %s..%s (attempt %d of %d): %s",
-                    self.lease_key,
-                    first,
-                    last,
-                    attempt,
-                    attempts,
-                    _one_line(exc),
-                )
-                if attempt == attempts:
-                    if self._config.failure_policy is ProcessorFailurePolicy.SKIP:
-                        log.error("skipping %d records on %s (policy skip)", len(batch.records), self.lease_key)
-                        break
-                    log.error(
-                        "giving lease %s up without checkpointing (policy stop): the batch will be read again "
-                        "from checkpoint %s",
-                        self.lease_key,
-                        checkpointer.last_checkpoint,
-                    )
-                    self._holder.evict(self.lease_key)
-                    return ConsumerOutcome.GAVE_UP
-                self._wait(backoff_s)
-                backoff_s *= 2
-                if not self._holder.is_valid(self.lease_key):
-                    return self._lease_lost()
+        try:
+            if batch.records:
+                delivered = delivery.run(batch.records, at_shard_end=batch.end_of_shard)
+            else:  # an empty batch (deliver_empty_batches): nothing to retry or record
+                failure = ports.process((), at_shard_end=batch.end_of_shard)
+                delivered = Delivered.DONE
+                if failure is not None:
+                    log.warning("processor failed on an empty batch of %s: %s", self.lease_key, failure.error)
+        except ShutdownError:
+            return self._lease_lost()
+        except ProcessorFailedError as exc:
+            return self._processor_failed(exc, checkpointer)
+        except _Interrupted:
+            delivered = Delivered.INTERRUPTED
+        finally:
+            self._publish_failure_counts(before)
+        if delivered is Delivered.INTERRUPTED:
+            # the loop gives the lease up (stop) or reports it lost; nothing past the last checkpoint is lost
+            return None if self._holder.is_valid(self.lease_key) else self._lease_lost()
+        if delivered is Delivered.GIVE_UP:
+            self._holder.evict(self.lease_key)
+            return ConsumerOutcome.GAVE_UP
+        if delivered is Delivered.STOP_SHARD:
+            return self._stop_shard(delivery)
         size = batch.data_bytes
         self.records_delivered += len(batch.records)
         self.bytes_delivered += size
@@ -414,6 +437,44 @@ class ShardConsumer:
         if self._on_records is not None:
             self._on_records(self.lease_key, batch.records, batch.millis_behind_latest)
         return None
+
+    def _stop_shard(self, delivery: BatchDelivery) -> ConsumerOutcome:
+        at = delivery.stopped_at
+        failure = delivery.last_failure
+        assert at is not None and failure is not None
+        block = ShardBlock(
+            state=ShardBlock.STOPPED,
+            since=self._block.since if self._block is not None else self._clock.wall(),
+            attempts=self._failures.config.max_attempts,
+            error=type(failure.error).__name__,
+            at=at.checkpoint,
+            worker=self._failures.worker_id or self._holder.worker_id,
+        )
+        self._processor_lease_lost()
+        stopped = self._holder.stop_shard(self.lease_key, block)
+        log.error(
+            "shard %s STOPPED at record %s (policy stop-shard%s): nothing more is processed on it until "
+            "`shardlease resume-shard --shard %s`",
+            self.lease_key,
+            at.checkpoint,
+            "" if stopped else "; the mark could not be written, the lease was given up",
+            self.shard_id,
+        )
+        return ConsumerOutcome.STOPPED
+
+    def _processor_lease_lost(self) -> None:
+        try:
+            self._processor.lease_lost(LeaseLostInput(shard_id=self.shard_id))
+        except Exception as exc:
+            log.warning("processor.lease_lost raised on %s: %s", self.lease_key, _one_line(exc))
+
+    def _publish_failure_counts(self, before: dict[str, int]) -> None:
+        after = self.failure_stats.as_dict()
+        metrics = self._failures.metrics
+        for key, name in _FAILURE_METRICS.items():
+            delta = after[key] - before[key]
+            if delta:
+                metrics.add(name, delta)
 
     # --- SHARD_END ------------------------------------------------------------------------------------------
 
@@ -460,6 +521,144 @@ class ShardConsumer:
             except Exception as exc:
                 log.error("processor.shard_ended raised on %s: %s", self.lease_key, _one_line(exc))
             self._wait(self._config.shard_end_retry_interval_ms / 1000)
+
+
+_FAILURE_METRICS = {
+    "failures": WorkerMetric.PROCESSOR_FAILURES,
+    "retries": WorkerMetric.BATCH_RETRIES,
+    "bisections": WorkerMetric.BATCH_BISECTIONS,
+    "recorded": WorkerMetric.RECORDS_TO_DESTINATION,
+    "expired": WorkerMetric.RECORDS_TO_DESTINATION,
+    "skipped": WorkerMetric.RECORDS_SKIPPED,
+}
+
+
+class _DeliveryPorts:
+    """The consumer's I/O for one batch's delivery (:class:`~worker_lib.processing.failures.BatchPorts`)."""
+
+    def __init__(self, consumer: ShardConsumer, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> None:
+        self._consumer = consumer
+        self._batch = batch
+        self._checkpointer = checkpointer
+        self._attempt = 0
+
+    def process(self, records: Sequence[KinesisRecord], *, at_shard_end: bool) -> Failure | None:
+        consumer, batch = self._consumer, self._batch
+        now = datetime.fromtimestamp(consumer._clock.wall(), timezone.utc)
+        entry = now if batch.received_at is None else datetime.fromtimestamp(batch.received_at, timezone.utc)
+        if records:  # a checkpoint without arguments means "this sub-batch's last record"
+            self._checkpointer.largest_permitted = records[-1].checkpoint
+        self._attempt += 1
+        try:
+            result = consumer._processor.process_records(
+                ProcessRecordsInput(
+                    shard_id=consumer.shard_id,
+                    records=records,
+                    checkpointer=self._checkpointer,
+                    millis_behind_latest=batch.millis_behind_latest,
+                    cache_entry_time=entry,
+                    cache_exit_time=now,
+                    is_at_shard_end=at_shard_end,
+                )
+            )
+        except (ShutdownError, ProcessorFailedError):
+            raise
+        except Exception as exc:
+            failure = failure_from_exception(exc, records)
+        else:
+            found = failure_from_result(result, records)
+            if found is None:
+                return None
+            failure = found
+        first = records[failure.first_failed].checkpoint if records else "-"
+        log.error(
+            "processor failed on %s: %d records from %s (delivery %d of this batch): %s",
+            consumer.lease_key,
+            len(records) - failure.first_failed,
+            first,
+            self._attempt,
+            _one_line(failure.error),
+        )
+        return failure
+
+    def checkpoint(self, record: KinesisRecord) -> None:
+        last = self._checkpointer.last_checkpoint
+        if last is not None and not last.is_sentinel and not record.checkpoint.is_after(last):
+            return  # the processor checkpointed this far already
+        largest = self._checkpointer.largest_permitted
+        if largest is None or (not largest.is_sentinel and record.checkpoint.is_after(largest)):
+            self._checkpointer.largest_permitted = record.checkpoint  # records sent to the destination unread
+        self._checkpointer.checkpoint_record(record)
+
+    def record(self, records: Sequence[KinesisRecord], *, condition: str, attempts: int, error: Failure | None) -> None:
+        consumer = self._consumer
+        handling = consumer._failures
+        destination = handling.destination
+        if destination is None:
+            raise ConfigError("the failure policy needs a destination, and the worker has none")
+        error_type, message = describe_error(None if error is None else error.error)
+        report = FailureReport(
+            application=handling.application,
+            worker_id=handling.worker_id,
+            stream=consumer.stream,
+            shard_id=consumer.shard_id,
+            condition=condition,
+            attempts=attempts,
+            records=records,
+            error_type=error_type,
+            error_message=message,
+            at=consumer._clock.wall(),
+        )
+        delay = 0.5
+        while True:
+            try:
+                destination.send(report)
+                log.info(
+                    "%d records of %s (%s..%s) sent to %s (%s)",
+                    len(records),
+                    consumer.lease_key,
+                    records[0].checkpoint,
+                    records[-1].checkpoint,
+                    destination.description,
+                    condition,
+                )
+                return
+            except DependencyError as exc:
+                handling.metrics.add(WorkerMetric.DESTINATION_FAILURES, 1)
+                log.warning(
+                    "failure destination %s failed for %s, retrying in %.1f s (the shard waits): %s",
+                    destination.description,
+                    consumer.lease_key,
+                    delay,
+                    exc,
+                )
+                if not self.wait(delay):
+                    raise _Interrupted from exc
+                delay = min(delay * 2, 30.0)
+
+    def wait(self, seconds: float) -> bool:
+        consumer = self._consumer
+        consumer._wait(seconds)
+        return not consumer._stop.is_set() and consumer._holder.is_valid(consumer.lease_key)
+
+    def blocked(self, records: Sequence[KinesisRecord], *, attempts: int, failure: Failure | None) -> None:
+        consumer = self._consumer
+        current = consumer._block
+        if failure is None:
+            if current is None:
+                return
+            block: ShardBlock | None = None
+        else:
+            block = ShardBlock(
+                state=ShardBlock.RETRYING,
+                since=current.since if current is not None else consumer._clock.wall(),
+                attempts=attempts,
+                error=type(failure.error).__name__,
+                at=records[0].checkpoint,
+                worker=consumer._failures.worker_id or consumer._holder.worker_id,
+            )
+        if consumer._holder.mark_block(consumer.lease_key, block) is not None:
+            consumer._block = block
 
 
 def _one_line(exc: BaseException) -> str:

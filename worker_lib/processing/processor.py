@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeAlias, cast, runtime_checkable
@@ -239,7 +239,12 @@ class RecordProcessor(Protocol):
 
     def initialize(self, input: InitializationInput) -> None: ...
 
-    def process_records(self, input: ProcessRecordsInput) -> None: ...
+    def process_records(self, input: ProcessRecordsInput) -> object:
+        """Process one batch. Return None, or — a partial batch result — raise
+        :class:`~worker_lib.processing.failures.RecordFailedError` naming the first record that failed, or return
+        Lambda's ``{"batchItemFailures": [{"itemIdentifier": "<sequence number>"}]}``: the records before it are
+        checkpointed and the rest is retried under the failure policy (docs/failures.md)."""
+        ...
 
     def lease_lost(self, input: LeaseLostInput) -> None: ...
 
@@ -264,8 +269,10 @@ class FunctionProcessor:
     * on a shutdown request: the last record of the last batch ``handle`` returned from normally;
     * after every batch as well, if ``checkpoint_every_batch`` is set.
 
-    Empty batches are not passed to the function. An exception from ``handle`` propagates (the shard consumer
-    logs it, as KCL does) and that batch is never checkpointed by the adapter.
+    Empty batches are not passed to the function. An exception from ``handle`` propagates and that batch is never
+    checkpointed by the adapter: the consumer applies the failure policy (docs/failures.md). ``handle`` may report
+    a partial batch result by raising :class:`~worker_lib.processing.failures.RecordFailedError` or by returning
+    Lambda's ``{"batchItemFailures": [...]}``.
     """
 
     def __init__(self, handle: HandleFunction, *, checkpoint_every_batch: bool = False) -> None:
@@ -281,13 +288,16 @@ class FunctionProcessor:
     def initialize(self, input: InitializationInput) -> None:
         self.shard_id = input.shard_id
 
-    def process_records(self, input: ProcessRecordsInput) -> None:
+    def process_records(self, input: ProcessRecordsInput) -> object:
         if not input.records:
-            return
-        self.handle(input.records, input.checkpointer)
+            return None
+        result = self.handle(input.records, input.checkpointer)
+        if isinstance(result, Mapping) and result.get("batchItemFailures"):
+            return result  # a partial batch result: the consumer checkpoints what came before the failure
         self._done = input.records[-1]
         if self.checkpoint_every_batch:
             self._checkpoint_done(input.checkpointer)
+        return None
 
     def lease_lost(self, input: LeaseLostInput) -> None:
         self._done = None

@@ -46,6 +46,8 @@ class LeaseAttr:
     ENTITY_TYPE = "entityType"
     STREAM_NAME = "streamName"  # multi-stream leases: the serialized stream identifier
     SHARD_ID = "shardId"  # multi-stream leases: the bare shard id
+    # Ours, not KCL's (KCL ignores it): a shard held up by its processor's failures (core.models.ShardBlock).
+    FAILURE = "shardleaseFailure"
 
 
 LEASE_ENTITY_TYPE = "LEASE"

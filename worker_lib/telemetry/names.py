@@ -51,6 +51,7 @@ class LeaderMetric:
     FOREIGN_OWNERS: Final = "ForeignLeaseOwners"  # Count: worker liveness mode, lease owners without a heartbeat
     FOREIGN_LOCK_HOLDER: Final = "LeaderLockForeignHolder"  # Count: 1 when the lock is held in another client's format
     MILLIS_BEHIND_MAX: Final = "MillisBehindLatestMax"  # Milliseconds: the worst lease's lag the workers reported
+    SHARDS_STOPPED: Final = "ShardsStopped"  # Count: shards stopped by the stop-shard failure policy (alarm ≥ 1)
 
 
 class WorkerMetric:
@@ -66,6 +67,13 @@ class WorkerMetric:
     CHECKPOINT_FAILURES: Final = "CheckpointFailures"  # Count (worker)
     LEASES_LOST: Final = "LeasesLost"  # Count: leases taken away or expired under the worker (worker)
     MILLIS_BEHIND_LATEST: Final = "MillisBehindLatest"  # Milliseconds, maximum over the worker's shards (worker)
+    # The failure policy (docs/failures.md), per worker:
+    PROCESSOR_FAILURES: Final = "ProcessorFailures"  # Count: deliveries that raised or reported a failed record
+    BATCH_RETRIES: Final = "BatchRetries"  # Count: deliveries again after a backoff
+    BATCH_BISECTIONS: Final = "BatchBisections"  # Count: failing batches split in two
+    RECORDS_TO_DESTINATION: Final = "FailedRecordsToDestination"  # Count: records sent to the failure destination
+    RECORDS_SKIPPED: Final = "FailedRecordsSkipped"  # Count: records skipped without a destination (policy skip)
+    DESTINATION_FAILURES: Final = "FailureDestinationErrors"  # Count: sends to the destination that failed
 
 
 ALL_LEADER_METRICS: Final = tuple(v for k, v in vars(LeaderMetric).items() if k.isupper())

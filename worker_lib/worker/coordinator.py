@@ -24,7 +24,7 @@ from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper, ThroughputTrack
 from worker_lib.leases.mode_store import LivenessModeSource
 from worker_lib.leases.renewer import RenewalReport
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.consumer import ConsumerOutcome, RecordSourceFactory, ShardConsumer
+from worker_lib.processing.consumer import ConsumerOutcome, FailureHandling, RecordSourceFactory, ShardConsumer
 from worker_lib.processing.processor import ProcessorFactory, RecordProcessor
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.telemetry.names import WorkerMetric as MetricName
@@ -68,8 +68,10 @@ class LeaseCoordinator:
         cpu_percent: Callable[[], float | None] | None = None,
         on_superseded: Callable[[], None] | None = None,
         record_source: RecordSourceFactory | None = None,
+        failures: FailureHandling | None = None,
     ) -> None:
         self.config = config
+        self._failures = failures
         self._record_source = record_source  # None: polling
         self._cpu_percent = cpu_percent
         self.worker_id = config.worker_id
@@ -193,6 +195,7 @@ class LeaseCoordinator:
             on_bytes=self._record_bytes,
             on_records=self._on_records,
             record_source=self._record_source,
+            failures=self._failures,
             clock=self._clock,
         )
         entry = _Running(consumer=consumer, thread=threading.Thread(target=lambda: None))

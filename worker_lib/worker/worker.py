@@ -46,8 +46,9 @@ from worker_lib.leases.keeper import ThroughputTracker
 from worker_lib.leases.mode import LivenessMode, check_start
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.config import ConsumerConfig, RetrievalConfig
-from worker_lib.processing.consumer import ConsumerOutcome
+from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
+from worker_lib.processing.consumer import ConsumerOutcome, FailureHandling
+from worker_lib.processing.destinations import FailureDestination, make_destination
 from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers, subscription_config
 from worker_lib.processing.processor import ProcessorFactory
 from worker_lib.shardsync.config import ShardSyncConfig
@@ -142,9 +143,10 @@ class WorkerConfig:
       before it gives up with one clear error (15 000, at most 20 000); ``SHARDLEASE_STARTUP_TIMEOUT_MS``.
     table_layout: ``TableLayout.THREE_TABLES`` (KCL 3.0–3.4's tables) or ``SINGLE_TABLE`` (KCL 3.5's single-table
       mode: worker metrics and coordinator state in the lease table); ``SHARDLEASE_TABLE_LAYOUT``.
-    lease / consumer / retrieval / metrics / worker_metrics: each area's settings, each from its ``from_env()``;
-      ``retrieval="fanout"`` (or ``"polling"``) is short for the environment's retrieval settings in that mode
-      (``SHARDLEASE_RETRIEVAL``; docs/fanout.md).
+    lease / consumer / retrieval / failures / metrics / worker_metrics: each area's settings, each from its
+      ``from_env()``; ``retrieval="fanout"`` (or ``"polling"``) is short for the environment's retrieval settings in
+      that mode (``SHARDLEASE_RETRIEVAL``; docs/fanout.md); ``failures`` is the failure policy: retries,
+      bisection, record age, the failure destination (docs/failures.md).
     """
 
     app: str
@@ -160,6 +162,7 @@ class WorkerConfig:
     lease: LeaseConfig = field(default_factory=LeaseConfig.from_env)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig.from_env)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig.from_env)
+    failures: FailureConfig = field(default_factory=FailureConfig.from_env)
     discovery_interval_ms: int | None = field(default_factory=_from_env("discovery_interval_ms"))
     shutdown_timeout_ms: int = field(default_factory=_from_env("shutdown_timeout_ms"))
     metrics: MetricsConfig = field(default_factory=MetricsConfig.from_env)
@@ -234,6 +237,7 @@ class WorkerConfig:
             "lease": LeaseConfig.from_env(e),
             "consumer": ConsumerConfig.from_env(e),
             "retrieval": RetrievalConfig.from_env(e),
+            "failures": FailureConfig.from_env(e),
             "metrics": MetricsConfig.from_env(e),
             "worker_metrics": WorkerMetricsConfig.from_env(e),
         }
@@ -270,6 +274,7 @@ class Worker:
         metrics_reporter: MetricsReporter | None = None,
         metrics_publisher: MetricsPublisher | None = None,
         on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
+        failure_destination: FailureDestination | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
@@ -319,6 +324,16 @@ class Worker:
         self._metrics = metrics_publisher or make_publisher(
             config.metrics, app=config.app, worker_id=config.worker_id, aws_config=aws_config, clock=clock
         )
+        spec = config.failures.destination_spec
+        if failure_destination is None and spec is not None:
+            failure_destination = make_destination(spec, aws_config, boto3_session)
+        failures = FailureHandling(
+            config=config.failures,
+            destination=failure_destination,
+            application=config.app,
+            worker_id=config.worker_id,
+            metrics=self._metrics,
+        )
         self._clock = clock
         self._stop = threading.Event()
         self._stopped = threading.Event()
@@ -342,6 +357,7 @@ class Worker:
             cpu_percent=self._latest_cpu,
             on_superseded=self._on_superseded,
             record_source=None if self._fanout is None else self._subscriber,
+            failures=failures,
         )
         self._leader_thread: threading.Thread | None = None
         self._superseded = False
