@@ -298,3 +298,20 @@ def test_status_watch_piped_into_head_exits_1_without_a_traceback(
     assert status_code == "1"
     err = (tmp_path / "status.err").read_text()
     assert len(err.strip().splitlines()) <= 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--failure-policy", "skip-and-record"], "skip-and-record needs a failure destination"),
+        (["--failure-destination", "https://example.com/q"], "invalid failure destination"),
+        (["--max-attempts", "0"], "max_attempts=0 must be within 1..10000"),
+        (["--max-record-age", "60"], "max_record_age_s needs a failure destination"),
+    ],
+)
+def test_an_invalid_failure_policy_flag_is_one_line_and_exit_2(flags: list[str], fragment: str) -> None:
+    # GIVEN a failure-policy flag that cannot work WHEN `shardlease worker` starts THEN one line, exit 2, no I/O
+    args = ["worker", "--app", "app-x", "--stream", "s", "--processor", "tests.support.chaos:ChaosProcessor"]
+    assert_one_line_usage_error(
+        [*args, *flags, "--endpoint-url", "http://127.0.0.1:9"], "PYTHONDONTWRITEBYTECODE", "1", fragment
+    )
