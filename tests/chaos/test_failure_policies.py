@@ -74,7 +74,7 @@ class Destinations:
             listing = self.s3.list_objects_v2(Bucket=self.bucket, Prefix="failed/").get("Contents", [])
             return [json.loads(self.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()) for o in listing]
         url = self.queue_url if kind == "sqs" else self.topic_queue_url
-        found = []
+        found: list[dict[str, Any]] = []
         while True:
             got = self.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", [])
             if not got:
