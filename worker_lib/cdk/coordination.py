@@ -20,6 +20,7 @@ Usage in any CDK app::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cw
@@ -31,6 +32,9 @@ from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from worker_lib.cdk import permissions as p
@@ -154,6 +158,13 @@ class ShardleaseCoordination(Construct):
       DescribeStreamConsumer on those consumers, and nothing that registers one. Give workers
       ``SHARDLEASE_RETRIEVAL=fanout`` (and, with one stream, ``SHARDLEASE_FANOUT_CONSUMER_ARN`` from the output
       ``FanoutConsumerArn``). Fan-out is billed per consumer-shard-hour (docs/fanout.md).
+    failure_destination: where the workers' failure policy sends records it gives up on (docs/failures.md): an
+      ``IQueue``, an ``ITopic`` or an ``IBucket`` created elsewhere — this construct creates none. Workers get
+      exactly what sending needs (SQS SendMessage and GetQueueUrl on the queue; SNS Publish on the topic; S3
+      PutObject under ``failure_destination_prefix`` in the bucket; the key's GenerateDataKey/Decrypt if it is
+      encrypted with a customer managed key). Give workers ``SHARDLEASE_FAILURE_DESTINATION`` =
+      :attr:`failure_destination_setting` (also the output ``FailureDestination``) and a policy
+      (``SHARDLEASE_FAILURE_POLICY=skip-and-record``).
     """
 
     def __init__(
@@ -184,6 +195,8 @@ class ShardleaseCoordination(Construct):
         leader_environment: dict[str, str] | None = None,
         retrieval: str = "polling",
         fanout_consumer_name: str | None = None,
+        failure_destination: sqs.IQueue | sns.ITopic | s3.IBucket | None = None,
+        failure_destination_prefix: str = "failed/",
     ) -> None:
         super().__init__(scope, construct_id)
         self.application_name = validate_app_name(application_name)
@@ -313,6 +326,20 @@ class ShardleaseCoordination(Construct):
         )
 
         # --- workers --------------------------------------------------------------------------------------
+        self.failure_destination = failure_destination
+        self.failure_destination_prefix = (
+            failure_destination_prefix.strip("/") + "/" if failure_destination_prefix.strip("/") else ""
+        )
+        self.failure_destination_setting: str | None = None
+        """The workers' ``SHARDLEASE_FAILURE_DESTINATION`` for ``failure_destination``."""
+        kind = _destination_kind(failure_destination)
+        if kind == "sqs":
+            self.failure_destination_setting = failure_destination.queue_arn  # type: ignore[union-attr]
+        elif kind == "sns":
+            self.failure_destination_setting = failure_destination.topic_arn  # type: ignore[union-attr]
+        elif kind == "s3":
+            bucket_name = failure_destination.bucket_name  # type: ignore[union-attr]
+            self.failure_destination_setting = f"s3://{bucket_name}/{self.failure_destination_prefix}"
         self.worker_policy = iam.ManagedPolicy(
             self,
             "WorkerPolicy",
@@ -355,6 +382,8 @@ class ShardleaseCoordination(Construct):
         cdk.CfnOutput(self, "LeaderFunctionName", value=self.leader_function.function_name)
         if self.stream_consumers:
             cdk.CfnOutput(self, "FanoutConsumerArn", value=self.stream_consumers[0].attr_consumer_arn)
+        if self.failure_destination_setting is not None:
+            cdk.CfnOutput(self, "FailureDestination", value=self.failure_destination_setting)
 
     # --- cdk-nag --------------------------------------------------------------------------------------------
 
@@ -368,6 +397,19 @@ class ShardleaseCoordination(Construct):
             for part in scope[1:]:
                 target = target.node.find_child(part)
             cdk.Validations.of(target).acknowledge(cdk.Acknowledgment(id=f"AwsSolutions::{id_}", reason=reason))
+        if _destination_kind(self.failure_destination) == "s3":
+            # Objects are named per shard and sequence range (worker_lib.processing.destinations): the grant can
+            # only be a prefix. cdk-nag names the finding after the resource as written in the template.
+            objects = self._failure_destination_permissions()[0].resources[0]
+            finding = f"AwsSolutions-IAM5[Resource::{_nag_rendering(cdk.Stack.of(self).resolve(objects))}]"
+            for policy in (self.worker_policy, self.spark_worker_policy):
+                cdk.Validations.of(policy).acknowledge(
+                    cdk.Acknowledgment(
+                        id=f"AwsSolutions::{finding}",
+                        reason="s3:PutObject on the failure destination's prefix only: each report is an object named "
+                        "after its shard and sequence range, which cannot be listed in advance.",
+                    )
+                )
 
     # --- permissions ---------------------------------------------------------------------------------------
 
@@ -427,6 +469,7 @@ class ShardleaseCoordination(Construct):
             ),
             p.put_metric_data(self.metrics_namespace),
             *self._key_permissions(),
+            *self._failure_destination_permissions(),
         ]
         if self.stream_encryption_keys:
             perms.append(
@@ -446,6 +489,26 @@ class ShardleaseCoordination(Construct):
             perms += [perm for perm in self.leader_permissions() if perm not in perms]
         return perms
 
+    def _failure_destination_permissions(self) -> list[p.Permission]:
+        """What sending to the failure destination needs, on it alone (see ``failure_destination``)."""
+        target = getattr(self, "failure_destination", None)
+        if target is None:
+            return []
+        kind = _destination_kind(target)
+        if kind == "sqs":
+            perms = [p.Permission(actions=p.FAILURE_QUEUE_ACTIONS, resources=(target.queue_arn,))]
+            key = target.encryption_master_key
+        elif kind == "sns":
+            perms = [p.Permission(actions=p.FAILURE_TOPIC_ACTIONS, resources=(target.topic_arn,))]
+            key = target.master_key
+        else:
+            objects = target.arn_for_objects(f"{self.failure_destination_prefix}*")
+            perms = [p.Permission(actions=p.FAILURE_BUCKET_ACTIONS, resources=(objects,))]
+            key = target.encryption_key
+        if key is not None:
+            perms.append(p.Permission(actions=p.FAILURE_KEY_ACTIONS, resources=(key.key_arn,)))
+        return perms
+
     def grant_leader(self, grantee: iam.IGrantable) -> iam.Grant:
         """Grant what the leader needs (the Lambda role has it; use for a CLI or embedded leader's role)."""
         return p.grant_all(grantee, self.leader_permissions())
@@ -454,3 +517,29 @@ class ShardleaseCoordination(Construct):
         """Grant a worker role (EC2 instance profile, ECS task, EKS IRSA/Pod Identity, EMR job role) what it needs;
         ``spark=True`` for a PySpark application (driver and executors) using ``worker_lib.spark``."""
         return p.grant_all(grantee, self.worker_permissions(embedded_leader=embedded_leader, spark=spark))
+
+
+def _destination_kind(target: object) -> str | None:
+    """``sqs``, ``sns`` or ``s3`` for a queue, topic or bucket (jsii interfaces cannot be checked with isinstance)."""
+    if target is None:
+        return None
+    for attribute, kind in (("queue_arn", "sqs"), ("topic_arn", "sns"), ("bucket_arn", "s3")):
+        if hasattr(target, attribute):
+            return kind
+    raise TypeError(
+        f"failure_destination must be an SQS queue, an SNS topic or an S3 bucket, not {type(target).__name__}"
+    )
+
+
+def _nag_rendering(value: Any) -> str:
+    """A resolved template value as cdk-nag writes it in a finding's id (``<Logical.Arn>``, ``<AWS::Partition>``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(_nag_rendering(part) for part in parts)
+    if isinstance(value, dict) and "Ref" in value:
+        return f"<{value['Ref']}>"
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        return f"<{'.'.join(value['Fn::GetAtt'])}>"
+    return str(value)

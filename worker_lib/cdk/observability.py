@@ -36,6 +36,7 @@ class AlarmSettings:
     lag_minutes: int = 5  # for how long
     expired_minutes: int = 5
     foreign_lock_minutes: int = 5
+    blocked_minutes: int = 5  # a shard held up by its processor's failures (retrying) for this long
 
     def __post_init__(self) -> None:
         for name in (
@@ -47,6 +48,7 @@ class AlarmSettings:
             "lag_minutes",
             "expired_minutes",
             "foreign_lock_minutes",
+            "blocked_minutes",
         ):
             if not 1 <= getattr(self, name) <= 60:
                 raise ValueError(f"{name} must be between 1 and 60 minutes")
@@ -155,6 +157,20 @@ class ShardleaseObservability(Construct):
             self.leader_metric(LeaderMetric.FOREIGN_LOCK_HOLDER, "Maximum"),
             minutes=alarms.foreign_lock_minutes,
         )
+        self.blocked_alarm = self._sustained(
+            "ShardBlockedByFailuresAlarm",
+            f"shardlease {app}: a shard's processor kept failing for {alarms.blocked_minutes} minute(s) (policy "
+            "retry holds the shard at the failing record) (docs/failures.md; shardlease status names it)",
+            self.leader_metric(LeaderMetric.SHARDS_BLOCKED, "Minimum"),
+            minutes=alarms.blocked_minutes,
+        )
+        self.stopped_alarm = self._sustained(
+            "ShardStoppedAlarm",
+            f"shardlease {app}: a shard was stopped by the stop-shard failure policy: nothing is processed on it "
+            "until `shardlease resume-shard` (docs/failures.md)",
+            self.leader_metric(LeaderMetric.SHARDS_STOPPED, "Maximum"),
+            minutes=1,
+        )
         self.alarms: tuple[cw.Alarm, ...] = (
             self.no_leader_alarm,
             self.unassigned_alarm,
@@ -163,6 +179,8 @@ class ShardleaseObservability(Construct):
             self.lag_alarm,
             self.expired_alarm,
             self.foreign_lock_alarm,
+            self.blocked_alarm,
+            self.stopped_alarm,
         )
         for alarm in self.alarms:
             for action in alarm_actions:

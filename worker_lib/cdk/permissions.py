@@ -64,6 +64,11 @@ WORKER_STREAM_ACTIONS = (
 )
 # Enhanced fan-out through a consumer the construct created: subscribe and describe, never register.
 FANOUT_ACTIONS = ("kinesis:SubscribeToShard", "kinesis:DescribeStreamConsumer")
+# The failure destination (worker_lib.processing.destinations): what sending a report calls, on it alone.
+FAILURE_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:SendMessage")
+FAILURE_TOPIC_ACTIONS = ("sns:Publish",)
+FAILURE_BUCKET_ACTIONS = ("s3:PutObject",)
+FAILURE_KEY_ACTIONS = ("kms:GenerateDataKey", "kms:Decrypt")  # an SSE-KMS queue, topic or bucket
 PUT_METRIC_DATA = ("cloudwatch:PutMetricData",)
 
 # Spark sources (worker_lib.spark) record batch ends as items of CoordinatorState keyed "spark-batch#..."

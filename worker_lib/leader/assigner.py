@@ -377,6 +377,7 @@ class LeaseAssigner:
             stopped_shards=tuple(
                 sorted(lease.lease_key for lease in all_leases if lease.is_stopped and not lease.is_finished)
             ),
+            blocked_shards=sum(1 for lease in all_leases if lease.block is not None and not lease.is_finished),
             workers_total=len(workers),
             workers_assignable=len(snapshot.assignable_workers(self._config.worker_report_interval_s)),
             expired=sum(1 for lease in live if lease.lease_key in expired and lease.actual_owner is not None),

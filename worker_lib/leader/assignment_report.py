@@ -42,6 +42,8 @@ class AssignmentReport:
     """The worst MillisBehindLatest the owners of live leases reported (``lag`` in their rows); None if none did."""
     stopped_shards: tuple[str, ...] = ()
     """Leases stopped by the stop-shard failure policy: assigned to nobody until ``shardlease resume-shard``."""
+    blocked_shards: int = 0
+    """Leases whose processor keeps failing (a failure marker: retrying or stopped; docs/failures.md)."""
     foreign_owners: tuple[str, ...] = ()
     """In ``worker`` liveness mode: owners of leases that do not heartbeat (a KCL worker, or one of ours with the
     heartbeat off) — judged by lease counter, and unable to judge ``worker``-mode leases themselves."""

@@ -67,6 +67,7 @@ def cycle_metrics(report: CycleReport) -> list[MetricValue]:
             (LeaderMetric.WORKERS, run.workers_assignable),
             (LeaderMetric.FOREIGN_OWNERS, len(run.foreign_owners)),
             (LeaderMetric.SHARDS_STOPPED, len(run.stopped_shards)),
+            (LeaderMetric.SHARDS_BLOCKED, run.blocked_shards),
         ):
             out.append(MetricValue(name, COUNT, float(count)))
         out.append(MetricValue(LeaderMetric.LOAD_MAX_OVER_MEAN, NO_UNIT, float(run.max_over_mean)))

@@ -93,6 +93,25 @@ ROWS: tuple[tuple[Graph, ...], ...] = (
         Graph(title="Leader Lambda", aws_left="lambda"),
     ),
     (
+        _per_worker("Processor failures per worker (per minute)", WorkerMetric.PROCESSOR_FAILURES, "Sum"),
+        Graph(
+            title="Retries and bisections per worker",
+            left=(
+                Series(WorkerMetric.BATCH_RETRIES, "Sum", per_worker=True),
+                Series(WorkerMetric.BATCH_BISECTIONS, "Sum", per_worker=True),
+            ),
+        ),
+        Graph(
+            title="Records given up on; shards blocked",
+            left=(
+                Series(WorkerMetric.RECORDS_TO_DESTINATION, "Sum", per_worker=True),
+                Series(WorkerMetric.RECORDS_SKIPPED, "Sum", per_worker=True),
+                Series(WorkerMetric.DESTINATION_FAILURES, "Sum", per_worker=True),
+            ),
+            right=_each("Maximum", LeaderMetric.SHARDS_BLOCKED, LeaderMetric.SHARDS_STOPPED),
+        ),
+    ),
+    (
         Graph(title="DynamoDB consumed read capacity", aws_left="table-reads", width=12),
         Graph(title="DynamoDB consumed write capacity", aws_left="table-writes", width=12),
     ),

@@ -52,6 +52,7 @@ class LeaderMetric:
     FOREIGN_LOCK_HOLDER: Final = "LeaderLockForeignHolder"  # Count: 1 when the lock is held in another client's format
     MILLIS_BEHIND_MAX: Final = "MillisBehindLatestMax"  # Milliseconds: the worst lease's lag the workers reported
     SHARDS_STOPPED: Final = "ShardsStopped"  # Count: shards stopped by the stop-shard failure policy (alarm ≥ 1)
+    SHARDS_BLOCKED: Final = "ShardsBlockedByFailures"  # Count: shards whose processor keeps failing (retrying/stopped)
 
 
 class WorkerMetric:
