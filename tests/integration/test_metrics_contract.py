@@ -24,6 +24,7 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.names import UNITS
 from worker_lib.testing.streams import create_stream
@@ -100,6 +101,15 @@ def referenced(template: dict[str, Any], namespace: str) -> set[Metric]:
     return out
 
 
+class PoisonedRecorder(StreamRecorder):
+    """Fails every batch that holds the record ``r7``."""
+
+    def process_records(self, input: ProcessRecordsInput) -> None:
+        if any(r.data == b"r7" for r in input.records):
+            raise ValueError("r7 cannot be processed")
+        super().process_records(input)
+
+
 def emitted(cloudwatch: Any, namespace: str) -> dict[Metric, list[dict[str, str]]]:
     """Every metric put to ``namespace``, with the dimensions of one of its series."""
     out: dict[Metric, list[dict[str, str]]] = {}
@@ -116,6 +126,8 @@ def test_every_graphed_metric_is_emitted_and_every_emitted_metric_is_graphed_or_
     namespace = f"Contract/{app_name}"
     ddb, kinesis = aws.client("dynamodb", moto_aws), aws.client("kinesis", moto_aws)
     cloudwatch = aws.client("cloudwatch", moto_aws)
+    queue = f"{app_name}-failed"
+    aws.client("sqs", moto_aws).create_queue(QueueName=queue)
     ensure_tables(app_name, ddb)
     stream = f"{app_name}-s"
     create_stream(kinesis, stream, 2)
@@ -127,6 +139,9 @@ def test_every_graphed_metric_is_emitted_and_every_emitted_metric_is_graphed_or_
         "SHARDLEASE_METRICS": "cloudwatch",
         "SHARDLEASE_METRICS_NAMESPACE": namespace,
         "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS": "1000",
+        "SHARDLEASE_FAILURE_POLICY": "skip-and-record",
+        "SHARDLEASE_FAILURE_DESTINATION": f"arn:aws:sqs:us-east-1:123456789012:{queue}",
+        "SHARDLEASE_RETRY_BACKOFF_MS": "10",
     }.items():
         monkeypatch.setenv(name, value)
     # GIVEN a short fleet: two workers, both contending for leadership, publishing to CloudWatch
@@ -145,14 +160,15 @@ def test_every_graphed_metric_is_emitted_and_every_emitted_metric_is_graphed_or_
         )
         worker = Worker(
             config,
-            lambda: StreamRecorder(seen, threading.Lock()),
+            lambda: PoisonedRecorder(seen, threading.Lock()),
             aws_config=moto_aws,  # CloudWatch too
             dynamodb=ddb,
             kinesis=kinesis,
         )
         workers.append(worker)
         worker.start()
-    assert wait_until(lambda: len(seen) >= 40, timeout_s=60), len(seen)
+    # (r7 is a poison record: the failure policy isolates it and sends it to the queue, so its metrics are put too)
+    assert wait_until(lambda: len(seen) >= 39, timeout_s=60), len(seen)
     template = synthesized(app_name, namespace)
     wanted = referenced(template, namespace)
     # WHEN the metrics they put are listed (the leader's lag needs a report carrying lags, then a cycle)

@@ -19,8 +19,8 @@ from tests.support.checkpointers import RecordingCheckpointer
 from tests.support.processes import REPO
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.multilang import ChildRegistry, ChildSpec, MultiLangProcessor
-from worker_lib.multilang.processor import ChildBatchFailedError
 from worker_lib.multilang.child import ChildFailedError
+from worker_lib.multilang.processor import ChildBatchFailedError
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,

@@ -102,12 +102,8 @@ ROWS: tuple[tuple[Graph, ...], ...] = (
             ),
         ),
         Graph(
-            title="Records given up on; shards blocked",
-            left=(
-                Series(WorkerMetric.RECORDS_TO_DESTINATION, "Sum", per_worker=True),
-                Series(WorkerMetric.RECORDS_SKIPPED, "Sum", per_worker=True),
-                Series(WorkerMetric.DESTINATION_FAILURES, "Sum", per_worker=True),
-            ),
+            title="Records sent to the failure destination; shards blocked",
+            left=(Series(WorkerMetric.RECORDS_TO_DESTINATION, "Sum", per_worker=True),),
             right=_each("Maximum", LeaderMetric.SHARDS_BLOCKED, LeaderMetric.SHARDS_STOPPED),
         ),
     ),
