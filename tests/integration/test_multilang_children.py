@@ -3,6 +3,7 @@
 The checkpointer is the only stand-in: an in-memory one applying the real checkpoint rules
 (tests/support/checkpointers.py), so that each bad behaviour's table row — what the child does, what it gets, what
 is checkpointed — is checked without a lease table; the daemon with real tables is tests/e2e/test_multilang.py.
+The last test runs children under an in-process worker on moto, to see the failure policy apply to them.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ import pytest
 
 from tests.support.checkpointers import RecordingCheckpointer
 from tests.support.processes import REPO
+from tests.support.recording import stream_with_leases
+from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.multilang import ChildRegistry, ChildSpec, MultiLangProcessor
 from worker_lib.multilang.child import ChildFailedError
 from worker_lib.multilang.processor import ChildBatchFailedError
+from worker_lib.processing.config import FailureConfig, RetrievalConfig
+from worker_lib.processing.destinations import SqsDestination
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -28,6 +35,8 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.testing.waiting import wait_until
+from worker_lib.worker.worker import Worker, WorkerConfig
 
 SHARD = "shardId-000000000007"
 
@@ -183,3 +192,48 @@ def test_a_child_that_cannot_start_is_one_line(tmp_path: Path, registry: ChildRe
     processor = MultiLangProcessor(ChildSpec(command=(str(tmp_path / "no-such-program"),)), registry=registry)
     with pytest.raises(ChildFailedError, match=f"multilang child for {SHARD} could not start: .*no-such-program"):
         processor.initialize(InitializationInput(shard_id=SHARD, checkpoint=Checkpoint(sequence="LATEST")))
+
+
+def test_a_child_that_dies_on_a_poison_record_is_replaced_and_the_policy_sends_the_record_to_the_queue(
+    tmp_path: Path, registry: ChildRegistry, ddb: Any, kinesis: Any, *, app_name: str, moto_aws: AwsConfig
+) -> None:
+    # GIVEN a worker whose children die on any batch holding a poison record, with skip-and-record to a queue
+    stream, _, _ = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    datas = [b"poison-5" if n == 5 else f"r{n}".encode() for n in range(12)]
+    kinesis.put_records(StreamName=stream, Records=[{"Data": d, "PartitionKey": "k"} for d in datas])
+    sqs = aws.client("sqs", moto_aws)
+    queue_url = sqs.create_queue(QueueName=f"{app_name}-failed")["QueueUrl"]
+    queue_arn = f"arn:aws:sqs:us-east-1:123456789012:{app_name}-failed"
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        lease=LeaseConfig(failover_time_ms=3_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
+        discovery_interval_ms=200,
+    )
+    worker = Worker(
+        config,
+        lambda: make(tmp_path, "poison", registry),
+        dynamodb=ddb,
+        kinesis=kinesis,
+        failure_destination=SqsDestination(sqs, queue_arn),
+    )
+    worker.start()
+    try:
+        # THEN every other record reaches a child once, in order; each death brought a new child in its place
+        def handled() -> list[str]:
+            return [e["data"] for e in journal(tmp_path / "journal.jsonl") if e["kind"] == "record"]
+
+        assert wait_until(lambda: len(handled()) >= 11, timeout_s=30), handled()
+        assert handled() == [d.decode() for d in datas if d != b"poison-5"]
+        starts = [e for e in journal(tmp_path / "journal.jsonl") if e.get("action") == "initialize"]
+        assert len(starts) >= 1 + 3  # the first child, and one per failed delivery of the poison record
+        # AND the poison record alone is in the queue
+        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
+        (report,) = [json.loads(m["Body"]) for m in messages]
+        assert report["KinesisBatchInfo"]["batchSize"] == 1
+        assert report["shardlease"]["errorType"] == "ChildBatchFailedError"
+    finally:
+        assert worker.shutdown(timeout_s=10)

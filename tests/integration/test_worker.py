@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +20,15 @@ from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError,
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
-from worker_lib.processing.processor import ProcessorFailedError
+from worker_lib.processing.destinations import FailureDestination, SqsDestination
+from worker_lib.processing.failures import RecordFailedError
+from worker_lib.processing.processor import (
+    Checkpointer,
+    FunctionProcessor,
+    KinesisRecord,
+    ProcessorFailedError,
+    RecordProcessor,
+)
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.testing.waiting import wait_until
@@ -209,10 +218,11 @@ def test_a_graceful_handoff_moves_a_lease_at_a_batch_boundary_without_loss_or_du
 def w1_worker(
     app: str,
     stream: str,
-    factory: Callable[[], RecordingProcessor],
+    factory: Callable[[], RecordProcessor],
     consumer: ConsumerConfig | None = None,
     *,
     failures: FailureConfig | None = None,
+    destination: FailureDestination | None = None,
     ddb: Any,
     kinesis: Any,
 ) -> Worker:
@@ -227,7 +237,7 @@ def w1_worker(
         failures=failures or FailureConfig(),
         discovery_interval_ms=200,
     )
-    return Worker(config, factory, dynamodb=ddb, kinesis=kinesis)
+    return Worker(config, factory, dynamodb=ddb, kinesis=kinesis, failure_destination=destination)
 
 
 def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_batch(
@@ -291,6 +301,55 @@ def test_a_processor_failure_ends_the_lease_at_once_without_retry(
     assert attempts == [20] and worker.outcomes[key].value == "gave_up"
     stored = store.get_lease(key)
     assert stored is not None and not stored.checkpoint.is_real
+
+
+@pytest.mark.parametrize("style", ["returns batchItemFailures", "raises RecordFailedError"])
+def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes_to_the_queue(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker], *, moto_aws: AwsConfig, style: str
+) -> None:
+    # GIVEN w1's one lease with 20 records, record 7 poison, a function processor that reports the first record it
+    # could not handle (as a Lambda function with ReportBatchItemFailures does), and skip-and-record to a queue
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    produced = put(kinesis, stream, 0, 20)
+    sqs = aws.client("sqs", moto_aws)
+    queue_url = sqs.create_queue(QueueName=f"{app_name}-failed")["QueueUrl"]
+    queue_arn = f"arn:aws:sqs:us-east-1:123456789012:{app_name}-failed"
+    handled: list[bytes] = []
+
+    def handle(records: Sequence[KinesisRecord], checkpointer: Checkpointer) -> object:
+        for record in records:
+            if record.data == b"record-00007":
+                if style == "raises RecordFailedError":
+                    raise RecordFailedError(record) from ValueError("cannot parse")
+                return {"batchItemFailures": [{"itemIdentifier": record.sequence_number}]}
+            handled.append(record.data)
+        return None
+
+    worker = w1_worker(
+        app_name,
+        stream,
+        lambda: FunctionProcessor(handle),
+        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
+        destination=SqsDestination(sqs, queue_arn),
+        ddb=ddb,
+        kinesis=kinesis,
+    )
+    workers.append(worker)
+    worker.start()
+    # THEN every other record is handled once, in order; the poison record alone reaches the queue, once
+    assert wait_until(lambda: len(handled) >= 19, timeout_s=20)
+    assert handled == [d for d in produced if d != b"record-00007"]
+    body = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
+    (report,) = [json.loads(m["Body"]) for m in body]
+    assert report["requestContext"]["condition"] == "RetryAttemptsExhausted"
+    assert report["KinesisBatchInfo"]["batchSize"] == 1 and report["shardlease"]["workerId"] == "w1"
+
+    # AND the lease's checkpoint moves past it, without a failure mark left behind
+    def moved_past() -> bool:
+        lease = store.get_lease(key)
+        return lease is not None and lease.block is None and lease.checkpoint.is_real
+
+    assert wait_until(moved_past, timeout_s=10)
 
 
 def test_empty_reads_reach_the_processor_when_asked(

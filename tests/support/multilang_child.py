@@ -10,7 +10,9 @@ Behaviours (``MULTILANG_CHILD`` or the first argument), each at the ``MULTILANG_
 * ``wrong-status``: answers that batch with a status for another action;
 * ``beyond``: asks for a checkpoint one past the batch's last sequence number, then goes on as ``good``;
 * ``silent``: never answers that batch;
-* ``chatty``: prints lines of its own on stdout and stderr around every message, else ``good``.
+* ``chatty``: prints lines of its own on stdout and stderr around every message, else ``good``;
+* ``poison``: exits with code 3, before it handles any of them, on every batch that holds a record whose data starts
+  with ``poison`` (whatever ``MULTILANG_FAIL_AT``), else ``good``.
 
 With ``MULTILANG_FAIL_ONCE_DIR`` set, a failing behaviour fails once per shard (a marker file there remembers it),
 so the shard's next child is good. Every record handled and every checkpoint answer is appended to the JSON-lines
@@ -77,12 +79,14 @@ def main() -> int:
             _journal({"kind": "message", "action": action, "shard": SHARD[0], "sequence": message["sequenceNumber"]})
         elif action == "processRecords":
             batches += 1
-            failing = batches == fail_at and behaviour not in ("good", "chatty")
+            failing = batches == fail_at and behaviour not in ("good", "chatty", "poison")
             if failing and once_dir:
                 marker = Path(once_dir) / f"{SHARD[0]}.{behaviour}"
                 failing = not marker.exists()
                 marker.touch()
             records = message["records"]
+            if behaviour == "poison" and any(base64.b64decode(r["data"]).startswith(b"poison") for r in records):
+                os._exit(3)
             for index, record in enumerate(records):
                 _journal(
                     {
