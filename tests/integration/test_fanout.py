@@ -9,17 +9,18 @@ from typing import Any
 
 import pytest
 
-from tests.support.recording import Journal, recording_worker, stream_with_leases
+from tests.support.recording import Journal, RecordingProcessor, recording_worker, stream_with_leases
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Checkpoint
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.processing.config import FailureConfig, RetrievalConfig
 from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers
+from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.testing.fanout_proxy import FanOutProxy
 from worker_lib.testing.streams import create_stream
 from worker_lib.testing.waiting import wait_until
-from worker_lib.worker.worker import Worker
+from worker_lib.worker.worker import Worker, WorkerConfig
 
 FANOUT = RetrievalConfig(mode="fanout", idle_time_between_reads_ms=100)
 
@@ -162,3 +163,38 @@ def test_a_split_ends_the_parent_with_its_children_and_they_follow(
     children = {lease.lease_key for lease in store.list_leases() if lease.lease_key != parent}
     assert len(children) == 2
     assert sorted(journal.datas()) == sorted(before)
+
+
+def test_a_poison_record_under_fanout_stops_its_shard_by_the_failure_policy(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
+) -> None:
+    # GIVEN a 1-shard stream read by fan-out, a processor that cannot take one record, and policy stop-shard
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    journal = Journal()
+
+    class Poisoned(RecordingProcessor):
+        def process_records(self, input: ProcessRecordsInput) -> None:
+            if any(r.data == b"p-0005" for r in input.records):
+                raise ValueError("cannot parse")
+            super().process_records(input)
+
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        retrieval=FANOUT,
+        failures=FailureConfig(on_failure="stop-shard", retry_backoff_ms=10),
+        discovery_interval_ms=200,
+        shutdown_timeout_ms=10_000,
+    )
+    worker = Worker(config, lambda: Poisoned(journal), dynamodb=ddb, kinesis=kinesis)
+    workers.append(worker)
+    produced = put(kinesis, stream, "p-", 10)
+    worker.start()
+    # THEN the records before it are processed (bisection), the shard stops at it, marked, and given up
+    assert wait_until(lambda: (lease := store.get_lease(key)) is not None and lease.is_stopped, timeout_s=30)
+    assert journal.datas() == produced[:5]
+    stopped = store.get_lease(key)
+    assert stopped is not None and stopped.lease_owner is None and stopped.block is not None
+    assert wait_until(lambda: key in worker.outcomes, timeout_s=10)
+    assert worker.outcomes[key].value == "stopped"

@@ -453,12 +453,15 @@ class ShardConsumer:
         self._processor_lease_lost()
         stopped = self._holder.stop_shard(self.lease_key, block)
         log.error(
-            "shard %s STOPPED at record %s (policy stop-shard%s): nothing more is processed on it until "
-            "`shardlease resume-shard --shard %s`",
+            "shard %s STOPPED at record %s after %d failed deliveries (%s; policy stop-shard%s): nothing more is "
+            "processed on it until `shardlease resume-shard --app %s --shard %s`",
             self.lease_key,
             at.checkpoint,
+            block.attempts,
+            _one_line(failure.error),
             "" if stopped else "; the mark could not be written, the lease was given up",
-            self.shard_id,
+            self._failures.application or "APP",
+            self.lease_key,
         )
         return ConsumerOutcome.STOPPED
 

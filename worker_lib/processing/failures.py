@@ -244,15 +244,7 @@ class BatchDelivery:
             log.error("%s failed %d times (%s): skipped (policy skip, not recorded)", where, attempts, error)
             self.stats.skipped += len(sub)
             return None
-        if action is FailureAction.STOP_SHARD:
-            log.error(
-                "%s failed %d times (%s): shard stopped at %s (policy stop-shard); resume it with "
-                "`shardlease resume-shard`",
-                where,
-                attempts,
-                error,
-                sub[0].checkpoint,
-            )
+        if action is FailureAction.STOP_SHARD:  # the consumer logs the one line, once the lease is marked
             self.stopped_at = sub[0]
             self.stats.stopped += 1
             self.ports.blocked(sub, attempts=attempts, failure=failure)
