@@ -47,7 +47,7 @@ from worker_lib.tables.admin import ensure_tables  # noqa: E402
 from worker_lib.testing.emulators import start_kinesalite, start_moto  # noqa: E402
 from worker_lib.testing.processes import ProcessFleet  # noqa: E402
 from worker_lib.testing.producers import Producer, shard_hash_keys  # noqa: E402
-from worker_lib.testing.streams import create_stream, list_all_shards  # noqa: E402
+from worker_lib.testing.streams import create_stream, list_all_shards, record_positions  # noqa: E402
 
 PROCESSOR = "failures_support.processor:Poisoned"
 POISON_PER = 10_000
@@ -137,25 +137,6 @@ def drain(sqs: Any, queue_url: str) -> list[str]:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
 
 
-def sequences(kinesis: Any, stream: str, wanted: set[str]) -> dict[str, str]:
-    """The sequence number of each record id in ``wanted`` (reading the stream)."""
-    found: dict[str, str] = {}
-    for shard in list_all_shards(kinesis, stream):
-        iterator = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while iterator:
-            reply = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
-            for record in reply["Records"]:
-                identifier = record["Data"].split(b"|", 1)[0].decode()
-                if identifier in wanted:
-                    found[identifier] = record["SequenceNumber"]
-            if not reply["Records"]:
-                break
-            iterator = reply.get("NextShardIterator")
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=8)
@@ -214,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                     rate = processed_ids_count(lines) / (done - began)
                     throughput[kind].append(rate)
                     made = [r for r in chosen if r in set(producer.produced)]
-                    where = sequences(kinesis, stream, set(made))
+                    positions = record_positions(kinesis, stream)
+                    where = {identifier: positions[identifier][1] for identifier in made}
                     run_stalls = stalls_of(lines, where)
                     stalls += run_stalls
                     reported = sorted(set(drain(sqs, queue_url)))

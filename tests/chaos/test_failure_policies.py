@@ -38,7 +38,7 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.producers import Producer, shard_hash_keys
-from worker_lib.testing.streams import create_stream, list_all_shards
+from worker_lib.testing.streams import create_stream, record_positions
 from worker_lib.testing.waiting import wait_until
 
 pytestmark = pytest.mark.kinesalite
@@ -99,23 +99,6 @@ def destinations(moto_endpoint: str, app_name: str) -> Destinations:
     return Destinations(
         sqs=sqs, s3=s3, queue_url=queue_url, topic_queue_url=topic_queue_url, bucket=bucket, topic_arn=topic_arn
     )
-
-
-def stream_records(kinesis: Any, stream: str) -> dict[str, tuple[str, str]]:
-    """Every record in the stream: its id -> (shard, sequence number)."""
-    found: dict[str, tuple[str, str]] = {}
-    for shard in list_all_shards(kinesis, stream):
-        iterator = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while iterator:
-            reply = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
-            for record in reply["Records"]:
-                found[record["Data"].decode().split("|", 1)[0]] = (shard["ShardId"], record["SequenceNumber"])
-            if not reply["Records"] and reply.get("MillisBehindLatest", 0) == 0:
-                break
-            iterator = reply.get("NextShardIterator")
-    return found
 
 
 def recorded_sequences(reports: list[dict[str, Any]], records: dict[str, tuple[str, str]]) -> set[tuple[str, str]]:
@@ -219,7 +202,7 @@ def test_skip_and_record_sends_each_poison_record_to_its_destination_across_a_ki
         assert wait_until(kill_failing, timeout_s=30, step_s=0.05), f"no failed delivery in {set(kinds) - killed}"
         time.sleep(12.0)  # the flow goes on past the restarts: real time is what the stalls are measured in
         producer.stop()
-        records = stream_records(kinesis, stream)
+        records = record_positions(kinesis, stream)
         good = [r for r in producer.produced if not is_poison(r, seed=seed, every=POISON_EVERY)]
         poison = {records[r] for r in producer.produced if is_poison(r, seed=seed, every=POISON_EVERY)}
         assert poison, "the seed gave no poison record"
@@ -303,7 +286,7 @@ def test_stop_shard_stops_at_the_poison_record_and_retry_holds_there_until_the_p
             )
             for policy in policies
         }
-        records = stream_records(kinesis, stream)
+        records = record_positions(kinesis, stream)
         poison_seq = int(records["poison-1"][1])
         # THEN with stop-shard the shard stopped exactly at the poison record: assigned to nobody, shown as stopped
         stopped = stores["stop-shard"].get_lease(poisoned_shard)

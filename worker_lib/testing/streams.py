@@ -45,6 +45,24 @@ def list_all_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
         kwargs = {"NextToken": token}
 
 
+def record_positions(kinesis: Any, stream: str) -> dict[str, tuple[str, str]]:
+    """Every record now in ``stream``, read from TRIM_HORIZON: its id (the data before any ``|``, as
+    :class:`~worker_lib.testing.producers.Producer` writes it) -> (shard id, sequence number)."""
+    found: dict[str, tuple[str, str]] = {}
+    for shard in list_all_shards(kinesis, stream):
+        iterator = kinesis.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while iterator:
+            reply = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
+            for record in reply["Records"]:
+                found[record["Data"].split(b"|", 1)[0].decode()] = (shard["ShardId"], record["SequenceNumber"])
+            if not reply["Records"] and reply.get("MillisBehindLatest", 0) == 0:
+                break  # at the tip (an empty page behind the tip is not the end)
+            iterator = reply.get("NextShardIterator")
+    return found
+
+
 def split_shard(kinesis: Any, stream: str, shard_id: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
     """Split ``shard_id`` at the middle of its hash range."""
     shard = next(s for s in list_all_shards(kinesis, stream) if s["ShardId"] == shard_id)
