@@ -352,6 +352,51 @@ def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes
     assert wait_until(moved_past, timeout_s=10)
 
 
+def test_a_failure_destination_that_fails_holds_the_shard_and_drops_nothing(
+    ddb: Any, kinesis: Any, app_name: str, workers: list[Worker], *, moto_aws: AwsConfig
+) -> None:
+    # GIVEN skip-and-record to a queue that does not exist yet, and a poison record among 12
+    stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    produced = put(kinesis, stream, 0, 12)
+    sqs = aws.client("sqs", moto_aws)
+    queue = f"{app_name}-failed"
+    queue_arn = f"arn:aws:sqs:us-east-1:123456789012:{queue}"
+    handled: list[bytes] = []
+
+    def handle(records: Sequence[KinesisRecord], checkpointer: Checkpointer) -> object:
+        if any(r.data == b"record-00005" for r in records):
+            raise ValueError("cannot parse")
+        handled.extend(r.data for r in records)
+        return None
+
+    worker = w1_worker(
+        app_name,
+        stream,
+        lambda: FunctionProcessor(handle),
+        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
+        destination=SqsDestination(sqs, queue_arn),
+        ddb=ddb,
+        kinesis=kinesis,
+    )
+    workers.append(worker)
+    worker.start()
+
+    # WHEN the destination cannot take the report THEN the shard waits at the poison record, marked as blocked
+    def blocked() -> bool:
+        lease = store.get_lease(key)
+        return lease is not None and lease.block is not None
+
+    assert wait_until(lambda: handled == produced[:5] and blocked(), timeout_s=20)
+    time.sleep(1.5)  # the destination keeps failing meanwhile (its retries are real-time backoffs)
+    assert handled == produced[:5]
+    # WHEN the queue appears THEN the report is sent, the shard goes on, and the mark is removed
+    queue_url = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    assert wait_until(lambda: handled == [d for d in produced if d != b"record-00005"], timeout_s=40)
+    (message,) = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
+    assert json.loads(message["Body"])["KinesisBatchInfo"]["batchSize"] == 1
+    assert wait_until(lambda: not blocked(), timeout_s=10)
+
+
 def test_empty_reads_reach_the_processor_when_asked(
     ddb: Any, kinesis: Any, app_name: str, workers: list[Worker]
 ) -> None:

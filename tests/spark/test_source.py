@@ -70,7 +70,11 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     assert sorted(datas) == sorted(env.produced)
     assert len(datas) == len(set(datas)) == 600
 
-    # A new query with a *new* Spark checkpoint resumes from the lease table; availableNow stops by itself.
+    # A new query with a *new* Spark checkpoint resumes from the lease table; availableNow stops by itself. It reads
+    # what is assigned to it when it starts: wait for the stand-in leader to hand the given-up leases back first
+    # (under CI's load a fresh query could otherwise start between the give-up and the reassignment, hold nothing,
+    # and — rightly for availableNow — end at once).
+    assert wait_until(lambda: all(lease.lease_owner == "spark-a" for lease in env.store.list_leases()), timeout_s=20)
     env.produce(100)
     fresh = Sink()
     query = start_query(spark, env, fresh, tmp_path / "ckpt-new", "spark-a", available_now=True)

@@ -160,48 +160,46 @@ class BatchDelivery:
         if not pending and at_shard_end:
             return Delivered.DONE
         blocked = False
-        try:
-            while pending:
-                sub = self._expire(pending.popleft())
-                if not sub:
+        while pending:
+            sub = self._expire(pending.popleft())
+            if not sub:
+                continue
+            attempts = 0
+            while True:
+                failure = self.ports.process(sub, at_shard_end=at_shard_end and not pending)
+                if failure is None:
+                    break
+                self.stats.failures += 1
+                self.last_failure = failure
+                if failure.first_failed > 0:  # a partial result: what came before it is done
+                    self.ports.checkpoint(sub[failure.first_failed - 1])
+                    sub = sub[failure.first_failed :]
+                attempts += 1
+                if not blocked:
+                    blocked = True
+                    self.ports.blocked(sub, attempts=attempts, failure=failure)
+                if self.config.bisects and len(sub) > 1:
+                    # A named record is the culprit: isolate it; otherwise halve. No backoff, no attempt used.
+                    cut = 1 if failure.first_failed > 0 or isinstance(failure.error, PartialBatchFailure) else None
+                    cut = cut or len(sub) // 2
+                    pending.appendleft(sub[cut:])
+                    sub = sub[:cut]
+                    self.stats.bisections += 1
+                    attempts = 0
                     continue
-                attempts = 0
-                while True:
-                    failure = self.ports.process(sub, at_shard_end=at_shard_end and not pending)
-                    if failure is None:
-                        break
-                    self.stats.failures += 1
-                    self.last_failure = failure
-                    if failure.first_failed > 0:  # a partial result: what came before it is done
-                        self.ports.checkpoint(sub[failure.first_failed - 1])
-                        sub = sub[failure.first_failed :]
-                    attempts += 1
-                    if not blocked:
-                        blocked = True
-                        self.ports.blocked(sub, attempts=attempts, failure=failure)
-                    if self.config.bisects and len(sub) > 1:
-                        # A named record is the culprit: isolate it; otherwise halve. No backoff, no attempt used.
-                        cut = 1 if failure.first_failed > 0 or isinstance(failure.error, PartialBatchFailure) else None
-                        cut = cut or len(sub) // 2
-                        pending.appendleft(sub[cut:])
-                        sub = sub[:cut]
-                        self.stats.bisections += 1
-                        attempts = 0
-                        continue
-                    if attempts >= self.config.max_attempts:
-                        outcome = self._exhausted(sub, attempts, failure)
-                        if outcome is not None:
-                            return outcome
-                        break
-                    if not self.ports.wait(self.config.retry_backoff_s(attempts)):
-                        return Delivered.INTERRUPTED
-                    self.stats.retries += 1
-                    sub = self._expire(sub)
-                    if not sub:
-                        break
-        finally:
-            if blocked and self.stopped_at is None:
-                self.ports.blocked((), attempts=0, failure=None)
+                if attempts >= self.config.max_attempts:
+                    outcome = self._exhausted(sub, attempts, failure)
+                    if outcome is not None:
+                        return outcome  # the shard stays marked: the next owner, status and the leader see it
+                    break
+                if not self.ports.wait(self.config.retry_backoff_s(attempts)):
+                    return Delivered.INTERRUPTED
+                self.stats.retries += 1
+                sub = self._expire(sub)
+                if not sub:
+                    break
+        # Through: remove the mark (ours, or one a previous owner left while the shard was failing).
+        self.ports.blocked((), attempts=0, failure=None)
         return Delivered.DONE
 
     def _expire(self, sub: Sequence[KinesisRecord]) -> Sequence[KinesisRecord]:
