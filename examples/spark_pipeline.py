@@ -168,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
+    import worker_lib
     from worker_lib.spark import register, stop_between_batches
 
+    say(f"shardlease from {Path(worker_lib.__file__).resolve().parent}")
     say("starting Spark" + (" (local[2])" if args.local else "") + " ...")
     builder = SparkSession.builder.appName("shardlease-example")
     if args.local:

@@ -63,6 +63,11 @@ from worker_lib.workermetrics.throughput import ThroughputRecorder
 
 log = logging.getLogger(__name__)
 
+# Trigger.AvailableNow: how long a run that holds nothing to read waits for leases assigned to it that it cannot
+# take yet (a previous runner under the same worker id still leaving), before it ends with what it read.
+AVAILABLE_NOW_TAKE_WAIT_S = 20.0
+AVAILABLE_NOW_RETRY_S = 0.5
+
 
 class SparkLeaseCoordinator:
     """Leases, planning and checkpoints of one Spark application (one streaming query)."""
@@ -309,30 +314,53 @@ class SparkLeaseCoordinator:
             if not candidate.shards or is_idle(start, ends, candidate):
                 # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be
                 # taken (a take can lose a race with the previous holder's last renewal and only succeed a moment
-                # later; a previous runner under our worker id may still be leaving, and nothing is taken until it
-                # has stood down).
-                self._keeper.wait_to_take()
-                self._keeper.discover()
-                held = self.held_leases()
-                now = self._clock.wall()
-                candidate = without_shards(
-                    plan_next_offset(
-                        start,
-                        ends,
-                        held,
-                        now_epoch_s=now,
-                        initial_timestamp_epoch_s=initial_ts,
-                        delivered=self._delivered,
-                    ),
-                    self._done_for_trigger,
-                )
-                if not candidate.shards or is_idle(start, ends, candidate):
-                    return start
+                # later; a previous runner under our worker id may still be leaving — on a loaded machine for
+                # seconds — and nothing is taken until it has stood down).
+                deadline = self._clock.monotonic() + AVAILABLE_NOW_TAKE_WAIT_S
+                while True:
+                    self._keeper.wait_to_take()
+                    self._keeper.discover()
+                    candidate = without_shards(
+                        plan_next_offset(
+                            start,
+                            ends,
+                            self.held_leases(),
+                            now_epoch_s=self._clock.wall(),
+                            initial_timestamp_epoch_s=initial_ts,
+                            delivered=self._delivered,
+                        ),
+                        self._done_for_trigger,
+                    )
+                    if candidate.shards and not is_idle(start, ends, candidate):
+                        break
+                    waiting = self._assigned_not_held()
+                    if not waiting or self._clock.monotonic() >= deadline:
+                        if waiting:
+                            log.warning(
+                                "spark source %s: availableNow ends without %d leases assigned to it that it could "
+                                "not take within %.0f s: %s",
+                                self.worker_id,
+                                len(waiting),
+                                AVAILABLE_NOW_TAKE_WAIT_S,
+                                ", ".join(waiting[:5]),
+                            )
+                        return start
+                    self._clock.sleep(AVAILABLE_NOW_RETRY_S)
         elif is_idle(start, ends, candidate) and not self._probe(candidate):
             return start
         for key in candidate.shards:
             self._last_planned[key] = candidate.batch
         return candidate
+
+    def _assigned_not_held(self) -> list[str]:
+        """Unfinished leases the table assigns to us that we do not hold (yet), and that this trigger has not read."""
+        try:
+            keys = set(self._store.list_lease_keys_for_owner(self.worker_id)) - set(self._holder.held_keys())
+            leases = self._store.get_leases(sorted(keys - self._done_for_trigger)).values()
+        except DependencyError as exc:
+            log.warning("spark source %s: lease lookup failed: %s", self.worker_id, exc)
+            return []
+        return sorted(lease.lease_key for lease in leases if not lease.is_finished and not lease.is_stopped)
 
     def planned(self, end: SourceOffset) -> None:
         """``partitions(start, end)`` was called: batch ``end`` starts now (also after a restart's replay)."""

@@ -47,7 +47,8 @@ class Producer:
       sequence (e.g. :func:`shard_hash_keys`, or the keys of the shards that should get records), or
       ``hash_keys(n)`` for a function (a skewed distribution); by default the partition key (the id) spreads them.
     * ``payload_bytes``: pad each record's data to this size as ``<id>|xxx…`` (a reader takes the id before
-      ``|``); by default the data is the id alone.
+      ``|``); by default the data is the id alone. ``data``: a function of the id giving the record's bytes instead
+      (a JSON event, say).
 
     A put call that raises (an emulator busy resharding, a throttle) counts one error and is retried with the same
     numbers at the next tick; a record the reply says failed counts one error and its number is skipped. Ticks
@@ -68,6 +69,7 @@ class Producer:
         digits: int = 7,
         hash_keys: Sequence[str] | Callable[[int], str] = (),
         payload_bytes: int = 0,
+        data: Callable[[str], bytes] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         name: str = "producer",
     ) -> None:
@@ -78,6 +80,7 @@ class Producer:
         self.prefix, self.digits = prefix, digits
         self.hash_keys = hash_keys if callable(hash_keys) else list(hash_keys)
         self.payload_bytes = payload_bytes
+        self.data = data
         self.clock = clock
         self.name = name
         self.produced: list[str] = []
@@ -131,6 +134,8 @@ class Producer:
         return self.hash_keys[number % len(self.hash_keys)] if self.hash_keys else None
 
     def _data(self, rid: str) -> bytes:
+        if self.data is not None:
+            return self.data(rid)
         if self.payload_bytes <= len(rid):
             return rid.encode()
         return (rid + "|").encode() + b"x" * (self.payload_bytes - len(rid) - 1)

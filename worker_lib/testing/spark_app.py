@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{args.worker_id}: {rows[0]} rows so far")
     say(f"{args.worker_id}: stopping the query")
     stop_between_batches(query)
+    # When the micro-batch in flight had ended and the query stopped (the system's monotonic clock, which a test in
+    # another process reads too): a hand-over is measured from here, the batch's own duration apart.
+    say(f"{args.worker_id}: query stopped at monotonic {time.monotonic():.3f}")
     spark.stop()
     say(f"{args.worker_id}: stopped after {rows[0]} rows")
     return 0
