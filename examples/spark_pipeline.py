@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -139,6 +140,10 @@ def await_with_progress(query: Any, started: float) -> None:
             return
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="run everything locally on moto")
@@ -158,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     args.output = args.output or str(workdir / "aggregates")
     args.checkpoint = args.checkpoint or str(workdir / "checkpoint")
 
+    # SIGTERM (a container stopping, a cluster manager, `kill`) stops the query between micro-batches as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     emulator = None
     if args.local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             await_with_progress(query, started)
         except KeyboardInterrupt:
-            # Ctrl-C in --continuous mode: let the running micro-batch finish, so the source leaves cleanly.
+            # Ctrl-C or SIGTERM in --continuous mode: let the running micro-batch finish, so the source leaves cleanly.
             say("stopping the query between micro-batches ...")
             stop_between_batches(query)
         elapsed = time.monotonic() - started

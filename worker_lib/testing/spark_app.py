@@ -1,13 +1,14 @@
 """A Spark application reading a stream through the shardlease source, for end-to-end tests and benchmarks.
 
     python -m worker_lib.testing.spark_app --app APP --stream STREAM --worker-id spark-a --out DIR \\
-        [--cores 2] [--trigger-ms 1000] [--option name=value ...]
+        [--cores 2] [--trigger-ms 1000] [--option name=value ...] [--remote sc://127.0.0.1:15002]
 
-It runs one query (local[cores], processing-time trigger) whose ``foreachBatch`` sink writes each micro-batch's
-rows to ``DIR/<worker id>/batch-<id>.jsonl`` (overwritten when Spark replays the batch, so the output is
-idempotent) as ``{"shard", "seq", "sub", "data", "arrival_ms", "written_ms"}``. SIGTERM or SIGINT stops the query
-between micro-batches (``stop_between_batches``) and the session, then the process exits 0. AWS settings come from
-the environment (``SHARDLEASE_ENDPOINT_URL``, ``AWS_REGION``) as for any worker.
+It runs one query (local[cores], or on a Spark Connect server with ``--remote``; a processing-time trigger)
+whose ``foreachBatch`` sink writes each micro-batch's rows to ``DIR/<worker id>/batch-<id>.jsonl`` (overwritten
+when Spark replays the batch, so the output is idempotent) as ``{"shard", "seq", "sub", "data", "arrival_ms",
+"written_ms"}``. SIGTERM or SIGINT stops the query between micro-batches (``stop_between_batches``) and the
+session, then the process exits 0. AWS settings come from the environment (``SHARDLEASE_ENDPOINT_URL``,
+``AWS_REGION``) as for any worker.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--trigger-ms", type=int, default=1_000)
     parser.add_argument("--option", action="append", default=[], help="a source option, name=value")
+    parser.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run as a Spark Connect client of this server (the source, its "
+        "leases and the sink run in the server's processes)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -74,17 +81,20 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out / args.worker_id
     out.mkdir(parents=True, exist_ok=True)
-    spark = (
-        SparkSession.builder.master(f"local[{args.cores}]")
-        .appName(f"shardlease-{args.worker_id}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(args.cores))
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
+    if args.remote:
+        spark = SparkSession.builder.remote(args.remote).getOrCreate()  # the server's session settings apply
+    else:
+        spark = (
+            SparkSession.builder.master(f"local[{args.cores}]")
+            .appName(f"shardlease-{args.worker_id}")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(args.cores))
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.streaming.stopTimeout", "30s")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("WARN")
     register(spark)
     options = dict(option.split("=", 1) for option in args.option)
     rows = [0]

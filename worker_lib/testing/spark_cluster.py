@@ -60,6 +60,7 @@ class SparkCluster:
         cores_per_worker: int = 1,
         memory: str = "1g",
         env: Mapping[str, str] | None = None,
+        submit_dir: Path | None = None,
         start_timeout_s: float = 90.0,
     ) -> None:
         self.work_dir = work_dir
@@ -74,7 +75,10 @@ class SparkCluster:
             "SPARK_LOG_DIR": str(work_dir / "spark-logs"),
             "SPARK_NO_DAEMONIZE": "1",
         }
-        self.fleet = ProcessFleet(work_dir, env=self.env, cwd=work_dir, log_level="WARNING")
+        work_dir.mkdir(parents=True, exist_ok=True)
+        # Every process starts in ``submit_dir`` (where a client-mode driver finds what it was given, e.g. an
+        # unpacked ./environment); the cluster's own processes do not mind.
+        self.fleet = ProcessFleet(work_dir, env=self.env, cwd=submit_dir or work_dir, log_level="WARNING")
         self.master_port = free_port()
         self.master_ui_port = free_port()
 
@@ -176,6 +180,15 @@ class SparkCluster:
         for key, value in (conf or {}).items():
             command += ["--conf", f"{key}={value}"]
         return self.fleet.start(name, [*command, str(script), *args], env=env, role="spark-submit")
+
+    def driver_pid(self, name: str) -> int:
+        """The pid of a submitted job's Python driver (client mode: the child of ``spark-submit``'s JVM). A signal
+        meant for the job goes there: the JVM's own SIGTERM handler stops the SparkContext under it."""
+        parent = self.fleet.processes[name].pid
+        for pid, ppid in _processes():
+            if ppid == parent and not _runs(pid, "java"):
+                return pid
+        raise SparkClusterError(f"{name} has no Python driver process (yet)")
 
     def executor_pids(self) -> list[int]:
         """The pids of the executor JVMs the workers launched (children of our worker processes)."""

@@ -1,0 +1,214 @@
+"""The example job on a real standalone Spark cluster, submitted the way docs/spark.md tells cluster users to.
+
+A master and two workers (one core each, separate JVMs) from PySpark's own ``spark-class``; the job
+(examples/spark_pipeline.py) goes in with ``spark-submit --archives env.tar.gz#environment``: a virtualenv built from
+the wheel and packed with venv-pack, exactly as docs/spark.md's recipe says — nothing from the checkout is on any
+path of the driver or the executors (the job reports where it imported ``worker_lib`` from). Kinesis and DynamoDB
+on moto, a ``shardlease leader`` process assigning the leases, a producer writing events meanwhile.
+
+What is checked: both executors read shards (Spark's own event log: the source's tasks ran on executor 0 and 1);
+one executor SIGKILLed in the middle of the run (Spark retries its tasks elsewhere or on its replacement); the driver
+SIGKILLed and submitted again with the same checkpoint location; in the end the Parquet output holds every event
+exactly once (its per-window counts and amounts add up to what was produced), and the leases' checkpoints are at the
+stream's tips.
+
+Marked slow: about two minutes on the 2-core machine (the virtualenv and its pack, two JVM workers, two drivers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import REPO
+from tests.support.wheel import build_wheel, clean_env, fresh_venv
+from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.testing.producers import Producer
+from worker_lib.testing.spark_cluster import SparkCluster
+from worker_lib.testing.streams import create_stream, record_positions
+from worker_lib.testing.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+SHARDS = 4
+EXAMPLE = REPO / "examples" / "spark_pipeline.py"
+
+
+def packed_env(work: Path) -> tuple[Path, Path]:
+    """docs/spark.md's recipe for a cluster without a bootstrap step: the wheel and pyarrow in a virtualenv, packed
+    with venv-pack. (the virtualenv's python for the driver, the archive for the executors)"""
+    wheel = build_wheel(work / "wheel")
+    env_dir = work / "env"
+    bin_dir = fresh_venv(env_dir, wheel)
+    subprocess.run(
+        [
+            str(bin_dir / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "pyarrow>=18",
+            "venv-pack",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    archive = work / "env.tar.gz"
+    subprocess.run(
+        [str(bin_dir / "venv-pack"), "-p", str(env_dir), "-o", str(archive)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return bin_dir / "python", archive
+
+
+KINDS = ("order", "refund", "view")
+
+
+def event(record_id: str) -> bytes:
+    """The example's JSON event for a producer's record id ``e0000042``: kind and amount follow from its number."""
+    n = int(record_id[1:])
+    return json.dumps({"id": n, "kind": KINDS[n % 3], "amount": float(n % 100), "ts": time.time()}).encode()
+
+
+def expected(produced: list[str]) -> tuple[int, dict[str, float]]:
+    amounts: dict[str, float] = {}
+    for record_id in produced:
+        n = int(record_id[1:])
+        amounts[KINDS[n % 3]] = round(amounts.get(KINDS[n % 3], 0.0) + float(n % 100), 2)
+    return len(produced), amounts
+
+
+def task_executors(event_logs: Path) -> set[str]:
+    """The executor ids Spark's event log records for finished tasks (every application in the directory)."""
+    found: set[str] = set()
+    for path in (p for p in event_logs.rglob("*") if p.is_file()):  # Spark 4's rolling logs: a directory per app
+        for line in path.read_text(errors="replace").splitlines():
+            if '"SparkListenerTaskEnd"' in line:
+                found.add(json.loads(line)["Task Info"]["Executor ID"])
+    return found
+
+
+def checkpoints_at_tips(kinesis: Any, ddb: Any, app: str, stream: str) -> bool:
+    """Every lease's checkpoint is its shard's last record (the producer has stopped)."""
+    tips = {shard: positions[1] for shard, positions in _last_per_shard(kinesis, stream).items()}
+    leases = DynamoDBLeaseStore(app, client=ddb).list_leases()
+    return {lease.lease_key: lease.checkpoint.sequence for lease in leases} == tips
+
+
+def _last_per_shard(kinesis: Any, stream: str) -> dict[str, tuple[str, str]]:
+    last: dict[str, tuple[str, str]] = {}
+    for record_id, (shard, sequence) in record_positions(kinesis, stream).items():
+        if shard not in last or int(sequence) > int(last[shard][1]):
+            last[shard] = (record_id, sequence)
+    return last
+
+
+def aggregated(output: Path) -> tuple[int, dict[str, float]]:
+    """The Parquet output's total events and amount per kind (each batch directory counts once: a replayed batch
+    overwrote its own)."""
+    import pyarrow.parquet as pq
+
+    total, amounts = 0, dict[str, float]()
+    for part in output.glob("batch_id=*/*.parquet"):
+        table = pq.read_table(part).to_pylist()
+        for row in table:
+            total += int(row["events"])
+            amounts[row["kind"]] = round(amounts.get(row["kind"], 0.0) + float(row["amount"]), 2)
+    return total, amounts
+
+
+def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survives_an_executor_and_a_driver_kill(
+    moto_endpoint: str, app_name: str, tmp_path: Path
+) -> None:
+    aws_config = AwsConfig(endpoint_url=moto_endpoint, max_attempts=3)
+    kinesis, ddb = aws.client("kinesis", aws_config), aws.client("dynamodb", aws_config)
+    ensure_tables(app_name, ddb)
+    stream = f"{app_name}-events"
+    create_stream(kinesis, stream, SHARDS)
+    _, archive = packed_env(tmp_path)
+    output, checkpoint, events = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "events"
+    events.mkdir()
+    job_env = clean_env(
+        tmp_path / "submit" / "environment" / "bin",
+        AWS_ACCESS_KEY_ID="local",
+        AWS_SECRET_ACCESS_KEY="local",
+        SHARDLEASE_LEADER_TIMINGS="",
+    )
+    # docs/spark.md's recipe for client mode: the archive unpacked where the job is submitted, as ./environment, the
+    # same relative path the executors find it under
+    submit_dir = tmp_path / "submit"
+    (submit_dir / "environment").mkdir(parents=True)
+    subprocess.run(["tar", "-xzf", str(archive), "-C", str(submit_dir / "environment")], check=True, timeout=300)
+    conf = {
+        "spark.pyspark.python": "./environment/bin/python",
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.executor.memory": "768m",
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": events.as_uri(),
+        "spark.eventLog.compress": "false",  # Spark 4 compresses with zstd by default
+        "spark.sql.streaming.stopTimeout": "30s",
+        "spark.ui.enabled": "false",
+    }
+    args = [
+        "--app", app_name, "--stream", stream, "--region", "us-east-1", "--endpoint-url", moto_endpoint,
+        "--worker-id", "cluster-a", "--output", str(output), "--checkpoint", str(checkpoint), "--continuous",
+    ]  # fmt: skip
+    with SparkCluster(
+        tmp_path / "cluster", workers=2, cores_per_worker=1, env=job_env, submit_dir=submit_dir
+    ) as cluster:
+        leader = cluster.fleet.start(
+            "leader",
+            [sys.executable, "-m", "worker_lib.cli", "leader", "--app", app_name, "--stream", stream,
+             "--endpoint-url", moto_endpoint, "--initial-position", "TRIM_HORIZON"],
+            env={**os.environ, "PYTHONPATH": str(REPO), "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "1000"},
+        )  # fmt: skip
+        producer = Producer(kinesis, stream, per_tick=5, tick_s=0.1, prefix="e", data=event)
+        with producer:
+            # GIVEN the job submitted to the cluster with the packed virtualenv
+            first = cluster.submit("driver-1", EXAMPLE, *args, archives=[f"{archive}#environment"], conf=conf)
+            assert wait_until(lambda: task_executors(events) >= {"0", "1"}, timeout_s=120), first.log_path.read_text()[
+                -3000:
+            ]
+            # WHEN one executor is killed in the middle of the run
+            (victim, *_) = cluster.executor_pids()
+            os.kill(victim, signal.SIGKILL)
+            time.sleep(8.0)  # micro-batches go on meanwhile: a kill of the driver in the middle of the flow
+            # AND the driver is killed, then submitted again with the same checkpoint location
+            cluster.fleet.kill("driver-1")
+            second = cluster.submit("driver-2", EXAMPLE, *args, archives=[f"{archive}#environment"], conf=conf)
+            time.sleep(8.0)
+        produced = list(producer.produced)
+        # THEN every event is in the Parquet output exactly once
+        want = expected(produced)
+        assert wait_until(lambda: aggregated(output) == want, timeout_s=120), (aggregated(output), want)
+        # AND the driver imported shardlease from the virtualenv built from the wheel, not from the checkout
+        for driver in (first, second):
+            (where,) = re.findall(r"shardlease from (\S+)", driver.log_path.read_text())
+            assert Path(where).is_relative_to(submit_dir / "environment"), where
+        # AND the leases' checkpoints are at the stream's tips once the last micro-batch is committed
+        assert wait_until(lambda: checkpoints_at_tips(kinesis, ddb, app_name, stream), timeout_s=60)
+        # AND a SIGTERM to the driver stops the query between micro-batches: the job exits 0, its leases given up
+        os.kill(cluster.driver_pid("driver-2"), signal.SIGTERM)
+        stopping = time.monotonic()
+        assert cluster.fleet.wait("driver-2", timeout_s=90) == 0, second.log_path.read_text()[-2000:]
+        store = DynamoDBLeaseStore(app_name, client=ddb)
+        assert wait_until(lambda: all(lease.lease_owner is None for lease in store.list_leases()), timeout_s=10)
+        print(f"driver stopped and its leases given up {time.monotonic() - stopping:.1f} s after its SIGTERM")
+        assert leader.alive()
