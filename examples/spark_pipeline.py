@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) ->
         options["max_records_per_shard"] = str(args.max_records_per_shard)
     if args.endpoint_url:
         options["endpoint_url"] = args.endpoint_url
+    options.update(option.split("=", 1) for option in args.option)  # any other source option (docs/spark.md)
     events = (
         spark.readStream.format("shardlease")
         .options(**options)
@@ -126,10 +128,16 @@ def local_setup(args: argparse.Namespace, events: int) -> tuple[Any, int]:
     return emulator, events
 
 
+STOP_REQUESTED = threading.Event()  # set by SIGTERM: the query stops between micro-batches, as on Ctrl-C
+
+
 def await_with_progress(query: Any, started: float) -> None:
-    """Wait for the query, printing each new micro-batch (batch id, rows, elapsed) as Spark reports it."""
+    """Wait for the query, printing each new micro-batch (batch id, rows, elapsed) as Spark reports it; a SIGTERM
+    ends the wait as Ctrl-C does."""
     seen = -1
     while True:
+        if STOP_REQUESTED.is_set():
+            raise KeyboardInterrupt
         finished = query.awaitTermination(2)
         progress = query.lastProgress
         if progress is not None and progress["batchId"] != seen:
@@ -140,8 +148,9 @@ def await_with_progress(query: Any, started: float) -> None:
             return
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+def _request_stop(signum: int, frame: Any) -> None:
+    # Only a flag: raising here could land inside a Py4J call and break the connection to the JVM.
+    STOP_REQUESTED.set()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--max-records-per-shard", type=int, default=None, help="default: the source's (100 000)")
     parser.add_argument("--continuous", action="store_true", help="keep running (processing-time trigger)")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="NAME=VALUE", help="another source option (repeatable)"
+    )
     parser.add_argument("--keep-output", action="store_true", help="keep the temporary output and checkpoint")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="shardlease-spark-example-"))
@@ -164,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args.checkpoint = args.checkpoint or str(workdir / "checkpoint")
 
     # SIGTERM (a container stopping, a cluster manager, `kill`) stops the query between micro-batches as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, _request_stop)
     emulator = None
     if args.local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import REPO
+from tests.support.processes import REPO, shardlease_run
 from tests.support.wheel import build_wheel, clean_env, fresh_venv
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
@@ -104,6 +104,13 @@ def task_executors(event_logs: Path) -> set[str]:
     return found
 
 
+def lagging_shards(app: str, endpoint: str) -> int:
+    """How many shards `shardlease status --json` reports a lag for, owned by the Spark application."""
+    status = shardlease_run("status", "--app", app, "--endpoint-url", endpoint, "--json")
+    lags = json.loads(status.stdout)["lags"] if status.returncode == 0 else []
+    return sum(1 for lag in lags if lag["owner"] == "cluster-a")
+
+
 def checkpoints_at_tips(kinesis: Any, ddb: Any, app: str, stream: str) -> bool:
     """Every lease's checkpoint is its shard's last record (the producer has stopped)."""
     tips = {shard: positions[1] for shard, positions in _last_per_shard(kinesis, stream).items()}
@@ -169,6 +176,7 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
     args = [
         "--app", app_name, "--stream", stream, "--region", "us-east-1", "--endpoint-url", moto_endpoint,
         "--worker-id", "cluster-a", "--output", str(output), "--checkpoint", str(checkpoint), "--continuous",
+        "--option", "metrics_report_interval_ms=1000",
     ]  # fmt: skip
     with SparkCluster(
         tmp_path / "cluster", workers=2, cores_per_worker=1, env=job_env, submit_dir=submit_dir
@@ -186,6 +194,8 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
             assert wait_until(lambda: task_executors(events) >= {"0", "1"}, timeout_s=120), first.log_path.read_text()[
                 -3000:
             ]
+            # AND `shardlease status` shows the application's lag per shard, as a worker's
+            assert wait_until(lambda: lagging_shards(app_name, moto_endpoint) == SHARDS, timeout_s=60)
             # WHEN one executor is killed in the middle of the run
             (victim, *_) = cluster.executor_pids()
             os.kill(victim, signal.SIGKILL)
@@ -205,7 +215,7 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
         # AND the leases' checkpoints are at the stream's tips once the last micro-batch is committed
         assert wait_until(lambda: checkpoints_at_tips(kinesis, ddb, app_name, stream), timeout_s=60)
         # AND a SIGTERM to the driver stops the query between micro-batches: the job exits 0, its leases given up
-        os.kill(cluster.driver_pid("driver-2"), signal.SIGTERM)
+        os.kill(cluster.driver_pid("driver-2", EXAMPLE), signal.SIGTERM)
         stopping = time.monotonic()
         assert cluster.fleet.wait("driver-2", timeout_s=90) == 0, second.log_path.read_text()[-2000:]
         store = DynamoDBLeaseStore(app_name, client=ddb)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from worker_lib.core.errors import CorruptItemError
-from worker_lib.core.models import WorkerMetricStats
+from worker_lib.core.models import Checkpoint, WorkerMetricStats
 from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
 
 # An item as KCL 3.x writes it: wid, lut (epoch s), sts and opr maps of number lists (−1 = window without samples).
@@ -160,3 +160,17 @@ def test_capacity_round_trips_as_cap_and_is_absent_from_a_kcl_item() -> None:
 def test_a_capacity_that_is_not_a_positive_number_is_read_as_not_reported(raw: dict[str, Any]) -> None:
     # GIVEN an item whose cap another writer got wrong WHEN read THEN the item is kept, without a capacity
     assert from_item({**KCL_ITEM, "cap": raw}).capacity is None
+
+
+def test_a_spark_batch_end_carries_its_shards_lag_and_an_older_item_reads_as_unknown() -> None:
+    # GIVEN a read that ended 1 500 ms behind the tip of its shard
+    from worker_lib.spark.planning import BatchEnd
+    from worker_lib.tables.coordinator_items import BatchEndAttr, batch_end_item, parse_batch_end
+
+    end = BatchEnd(lease_key="shardId-1", position=Checkpoint(sequence="49"), records=3, millis_behind_latest=1_500)
+    # WHEN it is written as a batch-end item and read back
+    item = batch_end_item("spark-batch#a", end, now_epoch_s=1_800_000_000)
+    # THEN the lag survives; an item written before lags were recorded reads as unknown
+    assert BatchEnd(**parse_batch_end(item)) == end
+    del item[BatchEndAttr.MILLIS_BEHIND]
+    assert parse_batch_end(item)["millis_behind_latest"] is None

@@ -129,6 +129,7 @@ class SparkLeaseCoordinator:
                 ),
                 clock=clock,
                 capacity=lambda: float(self.executor_cpu.slots),  # executor slots: the application's CPUs
+                lags=self.lags,  # MillisBehindLatest per shard: shardlease status, the leader's lag metric, alarm
             )
         self._session = new_run_id()[:6]
         self._takes = 0
@@ -141,6 +142,7 @@ class SparkLeaseCoordinator:
         self._delivered: dict[str, Checkpoint] = {}  # per shard, how far batches Spark committed have read
         self._pending_shard_ends: dict[str, BatchEnd] = {}
         self._last_probe: dict[str, float] = {}
+        self._lags: dict[str, int] = {}  # per shard, MillisBehindLatest of its last committed read
         self._available_now_until: float | None = None
         self._done_for_trigger: set[str] = set()  # AvailableNow: shards read up to the tip since the trigger
         self._initial: SourceOffset | None = None
@@ -430,6 +432,8 @@ class SparkLeaseCoordinator:
         for key, end in ends.items():
             if not end.position.is_sentinel and not end.ended:
                 self._delivered[key] = later_of(self._delivered.get(key, end.position), end.position)
+            if end.millis_behind_latest is not None:
+                self._lags[key] = end.millis_behind_latest
         actions = commit_actions(offset, ends, held_epochs=self._held_epochs(), lease_checkpoints=lease_checkpoints)
         for action in actions:
             if action.bytes:
@@ -454,6 +458,12 @@ class SparkLeaseCoordinator:
         if previous:
             self._batches.delete(batch_item_key(self.worker_id, offset.run, offset.batch - 1, key) for key in previous)
         return ends
+
+    def lags(self) -> dict[str, int]:
+        """MillisBehindLatest of each held shard's last committed read, for the worker-metrics report (as a worker
+        reports its consumers' lags: ``shardlease status``, the leader's ``MillisBehindLatestMax`` and its alarm)."""
+        held = set(self._holder.held_keys())
+        return {key: millis for key, millis in self._lags.items() if key in held}
 
     def _complete_handoffs(self) -> None:
         requested = [key for key in self._holder.held_keys() if self._holder.handoff_requested(key)]

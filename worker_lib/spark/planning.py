@@ -132,6 +132,7 @@ class BatchEnd:
       time budget); with ``records == 0`` this means the shard had nothing new.
     started_at / finished_at: wall epoch seconds of the read.
     cpu_seconds: CPU time the executor's Python process spent on the read (the load metric).
+    millis_behind_latest: how far behind the tip of the shard the read's last GetRecords was (None: unknown).
     """
 
     lease_key: str
@@ -143,6 +144,7 @@ class BatchEnd:
     started_at: float = 0.0
     finished_at: float = 0.0
     cpu_seconds: float = 0.0
+    millis_behind_latest: int | None = None
 
     @property
     def ended(self) -> bool:

@@ -151,6 +151,7 @@ def _read(
 ) -> ShardRead:
     settings = task.settings
     records: list[KinesisRecord] = []
+    millis_behind: int | None = None  # the last read's MillisBehindLatest: the shard's lag, for the driver's report
     caught_up = False
     ended = False
     deadline = clock.monotonic() + settings.max_read_ms / 1000
@@ -189,6 +190,8 @@ def _read(
             fetcher.restart()
             continue
         failures = 0
+        if batch.millis_behind_latest is not None:
+            millis_behind = batch.millis_behind_latest
         done = False
         for record in batch.records:
             if bound is not None and not bound.is_shard_end and record.checkpoint.is_after(bound):
@@ -243,6 +246,7 @@ def _read(
         started_at=started,
         finished_at=finished,
         cpu_seconds=time.process_time() - cpu_started,
+        millis_behind_latest=0 if caught_up or ended else millis_behind,
     )
     return ShardRead(records=tuple(records), end=end)
 

@@ -329,6 +329,7 @@ class BatchEndAttr:
     STARTED = "t0"
     FINISHED = "t1"
     CPU = "cpu"  # CPU seconds the executor spent on the read (the load metric; absent in older items)
+    MILLIS_BEHIND = "mbl"  # MillisBehindLatest of the read's last GetRecords (the shard's lag; absent if unknown)
     TTL = "ttl"  # a table with TTL enabled on it sweeps abandoned lineages
     CHILDREN = "ch"
 
@@ -357,6 +358,8 @@ class BatchEndLike(Protocol):
     def finished_at(self) -> float: ...
     @property
     def cpu_seconds(self) -> float: ...
+    @property
+    def millis_behind_latest(self) -> int | None: ...
 
 
 class BatchEndFields(TypedDict):
@@ -371,6 +374,7 @@ class BatchEndFields(TypedDict):
     started_at: float
     finished_at: float
     cpu_seconds: float
+    millis_behind_latest: int | None
 
 
 def batch_end_item(item_key: str, end: BatchEndLike, *, now_epoch_s: float) -> Item:
@@ -389,6 +393,8 @@ def batch_end_item(item_key: str, end: BatchEndLike, *, now_epoch_s: float) -> I
     }
     if end.children:
         item[BatchEndAttr.CHILDREN] = {"L": [{"S": child} for child in end.children]}
+    if end.millis_behind_latest is not None:
+        item[BatchEndAttr.MILLIS_BEHIND] = {"N": str(end.millis_behind_latest)}
     return item
 
 
@@ -405,4 +411,5 @@ def parse_batch_end(item: Mapping[str, Any]) -> BatchEndFields:
         started_at=float(item[BatchEndAttr.STARTED]["N"]),
         finished_at=float(item[BatchEndAttr.FINISHED]["N"]),
         cpu_seconds=float(item.get(BatchEndAttr.CPU, {}).get("N", 0.0)),
+        millis_behind_latest=int(item[BatchEndAttr.MILLIS_BEHIND]["N"]) if BatchEndAttr.MILLIS_BEHIND in item else None,
     )

@@ -181,14 +181,15 @@ class SparkCluster:
             command += ["--conf", f"{key}={value}"]
         return self.fleet.start(name, [*command, str(script), *args], env=env, role="spark-submit")
 
-    def driver_pid(self, name: str) -> int:
-        """The pid of a submitted job's Python driver (client mode: the child of ``spark-submit``'s JVM). A signal
-        meant for the job goes there: the JVM's own SIGTERM handler stops the SparkContext under it."""
+    def driver_pid(self, name: str, script: str | Path) -> int:
+        """The pid of a submitted job's Python driver running ``script`` (client mode: a child of ``spark-submit``'s
+        JVM, beside the Python workers the JVM starts for itself). A signal meant for the job goes there: the JVM's
+        own SIGTERM handler stops the SparkContext under it."""
         parent = self.fleet.processes[name].pid
         for pid, ppid in _processes():
-            if ppid == parent and not _runs(pid, "java"):
+            if ppid == parent and _runs(pid, Path(script).name):
                 return pid
-        raise SparkClusterError(f"{name} has no Python driver process (yet)")
+        raise SparkClusterError(f"{name} has no Python driver process running {script} (yet)")
 
     def executor_pids(self) -> list[int]:
         """The pids of the executor JVMs the workers launched (children of our worker processes)."""
