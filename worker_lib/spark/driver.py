@@ -299,15 +299,7 @@ class SparkLeaseCoordinator:
         ends = self.commit(start)
         self._retry_shard_ends()
         self._complete_handoffs()
-        initial_ts = self.options.initial_timestamp.timestamp() if self.options.initial_timestamp else None
-        candidate = plan_next_offset(
-            start,
-            ends,
-            self.held_leases(),
-            now_epoch_s=self._clock.wall(),
-            initial_timestamp_epoch_s=initial_ts,
-            delivered=self._delivered,
-        )
+        candidate = self._plan(start, ends)
         if not candidate.shards and not start.shards:
             return start
         if self._available_now_until is not None:
@@ -322,17 +314,7 @@ class SparkLeaseCoordinator:
                 while True:
                     self._keeper.wait_to_take()
                     self._keeper.discover()
-                    candidate = without_shards(
-                        plan_next_offset(
-                            start,
-                            ends,
-                            self.held_leases(),
-                            now_epoch_s=self._clock.wall(),
-                            initial_timestamp_epoch_s=initial_ts,
-                            delivered=self._delivered,
-                        ),
-                        self._done_for_trigger,
-                    )
+                    candidate = without_shards(self._plan(start, ends), self._done_for_trigger)
                     if candidate.shards and not is_idle(start, ends, candidate):
                         break
                     waiting = self._assigned_not_held()
@@ -353,6 +335,18 @@ class SparkLeaseCoordinator:
         for key in candidate.shards:
             self._last_planned[key] = candidate.batch
         return candidate
+
+    def _plan(self, start: SourceOffset, ends: dict[str, BatchEnd]) -> SourceOffset:
+        """The next batch's offset from the leases held now (:func:`plan_next_offset`)."""
+        initial = self.options.initial_timestamp
+        return plan_next_offset(
+            start,
+            ends,
+            self.held_leases(),
+            now_epoch_s=self._clock.wall(),
+            initial_timestamp_epoch_s=initial.timestamp() if initial else None,
+            delivered=self._delivered,
+        )
 
     def _assigned_not_held(self) -> list[str]:
         """Unfinished leases the table assigns to us that we do not hold (yet), and that this trigger has not read."""
