@@ -303,6 +303,23 @@ def test_a_processor_failure_ends_the_lease_at_once_without_retry(
     assert stored is not None and not stored.checkpoint.is_real
 
 
+def skip_and_record_worker(
+    app: str, stream: str, handle: Callable[..., object], sqs: Any, queue_arn: str, *, ddb: Any, kinesis: Any
+) -> Worker:
+    """w1 with a function processor, policy skip-and-record to the queue (short backoffs), started."""
+    worker = w1_worker(
+        app,
+        stream,
+        lambda: FunctionProcessor(handle),
+        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
+        destination=SqsDestination(sqs, queue_arn),
+        ddb=ddb,
+        kinesis=kinesis,
+    )
+    worker.start()
+    return worker
+
+
 @pytest.mark.parametrize("style", ["returns batchItemFailures", "raises RecordFailedError"])
 def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes_to_the_queue(
     ddb: Any, kinesis: Any, app_name: str, workers: list[Worker], *, moto_aws: AwsConfig, style: str
@@ -325,17 +342,7 @@ def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes
             handled.append(record.data)
         return None
 
-    worker = w1_worker(
-        app_name,
-        stream,
-        lambda: FunctionProcessor(handle),
-        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
-        destination=SqsDestination(sqs, queue_arn),
-        ddb=ddb,
-        kinesis=kinesis,
-    )
-    workers.append(worker)
-    worker.start()
+    workers.append(skip_and_record_worker(app_name, stream, handle, sqs, queue_arn, ddb=ddb, kinesis=kinesis))
     # THEN every other record is handled once, in order; the poison record alone reaches the queue, once
     assert wait_until(lambda: len(handled) >= 19, timeout_s=20)
     assert handled == [d for d in produced if d != b"record-00007"]
@@ -369,17 +376,7 @@ def test_a_failure_destination_that_fails_holds_the_shard_and_drops_nothing(
         handled.extend(r.data for r in records)
         return None
 
-    worker = w1_worker(
-        app_name,
-        stream,
-        lambda: FunctionProcessor(handle),
-        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
-        destination=SqsDestination(sqs, queue_arn),
-        ddb=ddb,
-        kinesis=kinesis,
-    )
-    workers.append(worker)
-    worker.start()
+    workers.append(skip_and_record_worker(app_name, stream, handle, sqs, queue_arn, ddb=ddb, kinesis=kinesis))
 
     # WHEN the destination cannot take the report THEN the shard waits at the poison record, marked as blocked
     def blocked() -> bool:
