@@ -15,7 +15,7 @@ from worker_lib.core.models import SHARD_END, Checkpoint, Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
-from worker_lib.processing.consumer import LeaseCheckpointer
+from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.processor import InvalidCheckpointError
 from worker_lib.tables.admin import ensure_tables
 

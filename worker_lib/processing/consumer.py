@@ -29,6 +29,7 @@ from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardBlock, Sha
 from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
+from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
 from worker_lib.processing.destinations import FailureDestination, FailureReport, describe_error
 from worker_lib.processing.failures import (
@@ -38,19 +39,18 @@ from worker_lib.processing.failures import (
     FailureStats,
     failure_from_exception,
     failure_from_result,
+    one_line,
 )
 from worker_lib.processing.processor import (
     InitializationInput,
     KinesisRecord,
     LeaseLostInput,
-    PreparedCheckpointer,
     ProcessorFailedError,
     ProcessRecordsInput,
     RecordProcessor,
     ShardEndedInput,
     ShutdownError,
     ShutdownRequestedInput,
-    validate_checkpoint_value,
 )
 from worker_lib.processing.retrieval import RecordBatch, RecordSource, ShardRecordFetcher
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
@@ -89,99 +89,6 @@ class ConsumerOutcome(enum.Enum):
     LOST = "lost"  # lease lost or not renewed in time
     GAVE_UP = "gave_up"  # processor kept failing (policy retry): lease given up for a retry from the checkpoint
     STOPPED = "stopped"  # processor kept failing (policy stop-shard): lease given up, marked stopped
-
-
-# --- checkpointer ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    checkpointer: LeaseCheckpointer
-    value: Checkpoint
-
-    @property
-    def pending_checkpoint(self) -> Checkpoint:
-        return self.value
-
-    def checkpoint(self) -> None:
-        self.checkpointer._write(self.value)
-
-
-class LeaseCheckpointer:
-    """The :class:`~worker_lib.processing.processor.Checkpointer` handed to processors for one lease."""
-
-    def __init__(self, holder: LeaseHolder, lease_key: str, *, initial: Checkpoint) -> None:
-        self._holder = holder
-        self._lease_key = lease_key
-        self._last: Checkpoint | None = initial
-        self.largest_permitted: Checkpoint | None = None  # the last delivered record, or SHARD_END at the end
-        self.last_record_at_shard_end: Checkpoint | None = None  # once the shard ended: its last record
-        self.writes = 0
-
-    def end_shard(self) -> None:
-        """The shard ended: ``checkpoint()`` now writes SHARD_END, and so does a checkpoint at the shard's last
-        record (KCL's sequenceNumberAtShardEnd: MultiLang clients checkpoint a record, not SHARD_END)."""
-        if self.largest_permitted != SHARD_END:
-            self.last_record_at_shard_end = self.largest_permitted
-            self.largest_permitted = SHARD_END
-
-    @property
-    def last_checkpoint(self) -> Checkpoint | None:
-        return self._last
-
-    def _value(self, sequence: str | None, sub_sequence: int) -> Checkpoint | None:
-        if sequence is None:
-            return self.largest_permitted  # None: nothing delivered yet, nothing to record
-        largest = self.largest_permitted
-        if largest == SHARD_END and sequence != SHARD_END.sequence:
-            last = self.last_record_at_shard_end
-            if last is not None and Checkpoint(sequence=sequence, sub_sequence=sub_sequence) == last:
-                return SHARD_END
-            largest = last  # a number beyond the shard's last record is refused, as before the end
-        return validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=largest)
-
-    def _write(self, value: Checkpoint) -> None:
-        if self._last is not None and value == self._last:
-            return  # already recorded: spare a write
-        # Infrastructure errors (throttling, 5xx, timeouts beyond botocore's own retries) are retried here while
-        # the lease is still valid: letting them out of process_records would make the consumer deliver the same
-        # batch again — duplicates without any ownership change.
-        delay = 0.2
-        while True:
-            try:
-                written = self._holder.checkpoint(self._lease_key, value)
-                break
-            except DependencyError as exc:
-                if not self._holder.is_valid(self._lease_key):
-                    raise ShutdownError(
-                        f"lease {self._lease_key}: checkpoint could not be written before the lease ran out ({exc})"
-                    ) from exc
-                log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self._lease_key, delay, exc)
-                self._holder.clock.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        if written is None:
-            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
-        self._last = value
-        self.writes += 1
-
-    def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
-        value = self._value(sequence, sub_sequence)
-        if value is not None:
-            self._write(value)
-
-    def checkpoint_record(self, record: KinesisRecord) -> None:
-        self.checkpoint(record.sequence_number, record.sub_sequence_number)
-
-    def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
-        value = self._value(sequence, sub_sequence)
-        if value is None:
-            raise ShutdownError(f"nothing delivered on {self._lease_key} yet: no checkpoint to prepare")
-        if self._holder.prepare_checkpoint(self._lease_key, value) is None:
-            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; nothing prepared")
-        return _Prepared(self, value)
-
-    def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
-        return self.prepare_checkpoint(record.sequence_number, record.sub_sequence_number)
 
 
 # --- the consumer ------------------------------------------------------------------------------------------------
@@ -249,10 +156,7 @@ class ShardConsumer:
 
     def _lease_lost(self) -> ConsumerOutcome:
         log.info("lease lost lease=%s: stopping processing", self.lease_key)
-        try:
-            self._processor.lease_lost(LeaseLostInput(shard_id=self.shard_id))
-        except Exception as exc:
-            log.warning("processor.lease_lost raised on %s: %s", self.lease_key, _one_line(exc))
+        self._processor_lease_lost()
         return ConsumerOutcome.LOST
 
     def _shutdown_requested(self, checkpointer: LeaseCheckpointer) -> None:
@@ -261,7 +165,7 @@ class ShardConsumer:
                 ShutdownRequestedInput(shard_id=self.shard_id, checkpointer=checkpointer)
             )
         except Exception as exc:
-            log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, _one_line(exc))
+            log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, one_line(exc))
 
     def _processor_failed(self, exc: ProcessorFailedError, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
         """The processor can do nothing more: no retry, no checkpoint; the lease goes back to the leader at once."""
@@ -395,14 +299,9 @@ class ShardConsumer:
 
     def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome | None:
         """Deliver one batch under the failure policy (:mod:`worker_lib.processing.failures`)."""
-        before = self.failure_stats.as_dict()
         ports = _DeliveryPorts(self, batch, checkpointer)
         delivery = BatchDelivery(
-            config=self._failures.config,
-            ports=ports,
-            lease_key=self.lease_key,
-            now=self._clock.wall(),
-            stats=self.failure_stats,
+            config=self._failures.config, ports=ports, lease_key=self.lease_key, now=self._clock.wall()
         )
         try:
             if batch.records:
@@ -419,7 +318,7 @@ class ShardConsumer:
         except _Interrupted:
             delivered = Delivered.INTERRUPTED
         finally:
-            self._publish_failure_counts(before)
+            self._count_failures(delivery.stats)
         if delivered is Delivered.INTERRUPTED:
             # the loop gives the lease up (stop) or reports it lost; nothing past the last checkpoint is lost
             return None if self._holder.is_valid(self.lease_key) else self._lease_lost()
@@ -458,7 +357,7 @@ class ShardConsumer:
             self.lease_key,
             at.checkpoint,
             block.attempts,
-            _one_line(failure.error),
+            one_line(failure.error),
             "" if stopped else "; the mark could not be written, the lease was given up",
             self._failures.application or "APP",
             self.lease_key,
@@ -469,15 +368,17 @@ class ShardConsumer:
         try:
             self._processor.lease_lost(LeaseLostInput(shard_id=self.shard_id))
         except Exception as exc:
-            log.warning("processor.lease_lost raised on %s: %s", self.lease_key, _one_line(exc))
+            log.warning("processor.lease_lost raised on %s: %s", self.lease_key, one_line(exc))
 
-    def _publish_failure_counts(self, before: dict[str, int]) -> None:
-        after = self.failure_stats.as_dict()
-        metrics = self._failures.metrics
-        for key, name in _FAILURE_METRICS.items():
-            delta = after[key] - before[key]
-            if delta:
-                metrics.add(name, delta)
+    def _count_failures(self, stats: FailureStats) -> None:
+        """Add one delivery's counts to the consumer's and publish them (nothing to do for a clean batch)."""
+        if not stats:
+            return
+        self.failure_stats.add(stats)
+        for field_name, metric in _FAILURE_METRICS.items():
+            count = getattr(stats, field_name)
+            if count:
+                self._failures.metrics.add(metric, count)
 
     # --- SHARD_END ------------------------------------------------------------------------------------------
 
@@ -522,7 +423,7 @@ class ShardConsumer:
             except DependencyError as exc:
                 log.warning("SHARD_END handling for %s failed: %s", self.lease_key, exc)
             except Exception as exc:
-                log.error("processor.shard_ended raised on %s: %s", self.lease_key, _one_line(exc))
+                log.error("processor.shard_ended raised on %s: %s", self.lease_key, one_line(exc))
             self._wait(self._config.shard_end_retry_interval_ms / 1000)
 
 
@@ -580,7 +481,7 @@ class _DeliveryPorts:
             len(records) - failure.first_failed,
             first,
             self._attempt,
-            _one_line(failure.error),
+            one_line(failure.error),
         )
         return failure
 
@@ -662,8 +563,3 @@ class _DeliveryPorts:
             )
         if consumer._holder.mark_block(consumer.lease_key, block) is not None:
             consumer._block = block
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

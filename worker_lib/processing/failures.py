@@ -105,7 +105,7 @@ class Delivered(enum.Enum):
 
 @dataclass
 class FailureStats:
-    """Counts since the consumer started (the worker publishes them as metrics)."""
+    """Counts of what the policy did: one batch's delivery, or (summed) since a consumer started."""
 
     failures: int = 0  # deliveries that raised or reported a failed record
     retries: int = 0  # deliveries again after a backoff
@@ -115,8 +115,13 @@ class FailureStats:
     expired: int = 0  # records older than max_record_age_s, sent to the destination unprocessed
     stopped: int = 0  # shards stopped (policy stop-shard)
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+    def __bool__(self) -> bool:
+        """Whether anything happened (most batches: nothing, and nothing to count or publish)."""
+        return any(vars(self).values())
+
+    def add(self, other: FailureStats) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
 
 
 class BatchPorts(Protocol):
@@ -157,8 +162,6 @@ class BatchDelivery:
 
     def run(self, records: Sequence[KinesisRecord], *, at_shard_end: bool = False) -> Delivered:
         pending: deque[Sequence[KinesisRecord]] = deque([records]) if records else deque()
-        if not pending and at_shard_end:
-            return Delivered.DONE
         blocked = False
         while pending:
             sub = self._expire(pending.popleft())
@@ -180,8 +183,8 @@ class BatchDelivery:
                     self.ports.blocked(sub, attempts=attempts, failure=failure)
                 if self.config.bisects and len(sub) > 1:
                     # A named record is the culprit: isolate it; otherwise halve. No backoff, no attempt used.
-                    cut = 1 if failure.first_failed > 0 or isinstance(failure.error, PartialBatchFailure) else None
-                    cut = cut or len(sub) // 2
+                    named = failure.first_failed > 0 or isinstance(failure.error, PartialBatchFailure)
+                    cut = 1 if named else len(sub) // 2
                     pending.appendleft(sub[cut:])
                     sub = sub[:cut]
                     self.stats.bisections += 1
@@ -231,7 +234,7 @@ class BatchDelivery:
         """Attempts spent on ``sub``: the policy's action. None to go on with the next records."""
         action = self.config.on_failure
         where = f"{self.lease_key} records {sub[0].checkpoint}..{sub[-1].checkpoint} ({len(sub)})"
-        error = _one_line(failure.error)
+        error = one_line(failure.error)
         if action is FailureAction.SKIP_AND_RECORD:
             log.error("%s failed %d times (%s): sent to the failure destination, shard goes on", where, attempts, error)
             self.ports.record(sub, condition=RETRIES_EXHAUSTED, attempts=attempts, error=failure)
@@ -263,6 +266,7 @@ def _epoch(moment: datetime) -> float:
     return moment.timestamp()
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of its message``: how the consumer and the policy name an error in one log line."""
     text = str(exc).splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -1,0 +1,109 @@
+"""The checkpointer a shard consumer hands its processor: every write fenced by the lease counter, values checked
+against what was delivered, infrastructure errors retried while the lease is valid (docs/worker.md)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from worker_lib.core.errors import DependencyError
+from worker_lib.core.models import SHARD_END, Checkpoint
+from worker_lib.leases.renewer import LeaseHolder
+from worker_lib.processing.processor import (
+    KinesisRecord,
+    PreparedCheckpointer,
+    ShutdownError,
+    validate_checkpoint_value,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    checkpointer: LeaseCheckpointer
+    value: Checkpoint
+
+    @property
+    def pending_checkpoint(self) -> Checkpoint:
+        return self.value
+
+    def checkpoint(self) -> None:
+        self.checkpointer._write(self.value)
+
+
+class LeaseCheckpointer:
+    """The :class:`~worker_lib.processing.processor.Checkpointer` handed to processors for one lease."""
+
+    def __init__(self, holder: LeaseHolder, lease_key: str, *, initial: Checkpoint) -> None:
+        self._holder = holder
+        self._lease_key = lease_key
+        self._last: Checkpoint | None = initial
+        self.largest_permitted: Checkpoint | None = None  # the last delivered record, or SHARD_END at the end
+        self.last_record_at_shard_end: Checkpoint | None = None  # once the shard ended: its last record
+        self.writes = 0
+
+    def end_shard(self) -> None:
+        """The shard ended: ``checkpoint()`` now writes SHARD_END, and so does a checkpoint at the shard's last
+        record (KCL's sequenceNumberAtShardEnd: MultiLang clients checkpoint a record, not SHARD_END)."""
+        if self.largest_permitted != SHARD_END:
+            self.last_record_at_shard_end = self.largest_permitted
+            self.largest_permitted = SHARD_END
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self._last
+
+    def _value(self, sequence: str | None, sub_sequence: int) -> Checkpoint | None:
+        if sequence is None:
+            return self.largest_permitted  # None: nothing delivered yet, nothing to record
+        largest = self.largest_permitted
+        if largest == SHARD_END and sequence != SHARD_END.sequence:
+            last = self.last_record_at_shard_end
+            if last is not None and Checkpoint(sequence=sequence, sub_sequence=sub_sequence) == last:
+                return SHARD_END
+            largest = last  # a number beyond the shard's last record is refused, as before the end
+        return validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=largest)
+
+    def _write(self, value: Checkpoint) -> None:
+        if self._last is not None and value == self._last:
+            return  # already recorded: spare a write
+        # Infrastructure errors (throttling, 5xx, timeouts beyond botocore's own retries) are retried here while
+        # the lease is still valid: letting them out of process_records would make the consumer deliver the same
+        # batch again — duplicates without any ownership change.
+        delay = 0.2
+        while True:
+            try:
+                written = self._holder.checkpoint(self._lease_key, value)
+                break
+            except DependencyError as exc:
+                if not self._holder.is_valid(self._lease_key):
+                    raise ShutdownError(
+                        f"lease {self._lease_key}: checkpoint could not be written before the lease ran out ({exc})"
+                    ) from exc
+                log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self._lease_key, delay, exc)
+                self._holder.clock.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        if written is None:
+            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
+        self._last = value
+        self.writes += 1
+
+    def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
+        value = self._value(sequence, sub_sequence)
+        if value is not None:
+            self._write(value)
+
+    def checkpoint_record(self, record: KinesisRecord) -> None:
+        self.checkpoint(record.sequence_number, record.sub_sequence_number)
+
+    def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
+        value = self._value(sequence, sub_sequence)
+        if value is None:
+            raise ShutdownError(f"nothing delivered on {self._lease_key} yet: no checkpoint to prepare")
+        if self._holder.prepare_checkpoint(self._lease_key, value) is None:
+            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; nothing prepared")
+        return _Prepared(self, value)
+
+    def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
+        return self.prepare_checkpoint(record.sequence_number, record.sub_sequence_number)
