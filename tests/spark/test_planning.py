@@ -311,3 +311,63 @@ def test_lease_options_come_from_the_environment_with_the_options_over_them() ->
         SourceOptions.parse({**base, "liveness_mode": "per-lease"}, env={})
     with pytest.raises(ConfigError, match="needs the worker heartbeat"):
         SourceOptions.parse({**base, "liveness_mode": "worker", "heartbeat_interval_ms": "0"}, env={})
+
+
+def test_publishing_comes_from_the_environment_with_the_options_over_it() -> None:
+    # GIVEN an environment publishing to CloudWatch under a namespace of its own
+    env = {"SHARDLEASE_METRICS": "cloudwatch", "SHARDLEASE_METRICS_NAMESPACE": "Ops"}
+    # WHEN the source is configured with and without its own options
+    implicit = SourceOptions.parse({"app": "orders", "stream": "s"}, env)
+    explicit = SourceOptions.parse(
+        {"app": "orders", "stream": "s", "publish_metrics": "EMF", "metrics_flush_interval_ms": "5000"}, env
+    )
+    # THEN the environment fills what the options leave out, and an option wins
+    assert (implicit.publishing.mode, implicit.publishing.namespace) == ("cloudwatch", "Ops")
+    assert (explicit.publishing.mode, explicit.publishing.namespace) == ("emf", "Ops")
+    assert explicit.publishing.flush_interval_ms == 5000
+    assert SourceOptions.parse({"app": "orders", "stream": "s"}, {}).publishing.mode == "off"
+    # AND a mode that does not exist is one error naming the option
+    with pytest.raises(ConfigError, match="shardlease option publish_metrics='statsd': expected off, emf or cloudw"):
+        SourceOptions.parse({"app": "orders", "stream": "s", "publish_metrics": "statsd"}, {})
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.added: list[tuple[str, float, str, str]] = []
+        self.flushes = 0
+
+    def add(self, name: str, value: float, *, unit: str = "Count", aggregation: str = "sum") -> None:
+        self.added.append((name, value, unit, aggregation))
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_a_committed_batch_counts_its_records_bytes_and_worst_lag_and_flushes_once_an_interval() -> None:
+    from worker_lib.spark.telemetry import SparkWorkerMetrics
+
+    # GIVEN the metrics of a driver holding 3 leases whose load metric last sampled 42 %, flushing every 10 s
+    clock, publisher = ManualClock(), RecordingPublisher()
+    metrics = SparkWorkerMetrics(
+        publisher, flush_interval_ms=10_000, leases_held=lambda: 3, cpu_percent=lambda: 42.0, clock=clock
+    )
+    ends = [
+        BatchEnd(lease_key="a", position=Checkpoint(sequence="1"), records=10, bytes=1000, millis_behind_latest=500),
+        BatchEnd(lease_key="b", position=Checkpoint(sequence="2"), records=5, bytes=200, millis_behind_latest=9000),
+        BatchEnd(lease_key="c", position=Checkpoint(sequence="3")),
+    ]
+    # WHEN a batch is committed before the interval has passed
+    metrics.committed(ends)
+    # THEN its records and bytes are counted, its worst lag kept, and nothing is flushed yet
+    sums = {name: sum(v for n, v, _, _ in publisher.added if n == name) for name, *_ in publisher.added}
+    assert (sums["RecordsProcessed"], sums["BytesProcessed"]) == (15, 1200)
+    assert ("MillisBehindLatest", 9000, "Milliseconds", "max") in publisher.added
+    assert publisher.flushes == 0
+    # WHEN the interval passes and the driver plans again
+    clock.advance(10.0)
+    metrics.tick()
+    # THEN the gauges are added and one flush happens; a second tick at once flushes nothing more
+    assert ("LeasesHeld", 3, "Count", "last") in publisher.added
+    assert ("WorkerCpuUtilization", 42.0, "Percent", "last") in publisher.added
+    metrics.tick()
+    assert publisher.flushes == 1

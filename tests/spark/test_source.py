@@ -5,6 +5,7 @@ query refused for the other mode."""
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.spark import stop_between_batches
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.tables.state_store import CoordinatorStateStore
+from worker_lib.telemetry.names import UNITS
 from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
@@ -132,6 +134,9 @@ def test_a_worker_mode_query_reads_every_record_once(spark: Any, env: Env, tmp_p
         liveness_mode="worker",
         max_records_per_shard="1000",
         metrics_first_report_delay_ms="0",
+        publish_metrics="cloudwatch",
+        metrics_namespace=f"Spark/{env.app}",
+        metrics_flush_interval_ms="1000",
     )
     query.awaitTermination(120)
     # THEN every record reached the sink once and the lease table holds the last checkpoint of every shard
@@ -142,6 +147,35 @@ def test_a_worker_mode_query_reads_every_record_once(spark: Any, env: Env, tmp_p
     row = WorkerMetricsStore(env.app, client=env.ddb).get("spark-w")
     assert row is not None and row.heartbeat is not None and row.heartbeat.liveness == "worker"
     assert "C" in row.stats
+    # AND it published the per-worker CloudWatch series a worker publishes, under its worker id: every record and
+    # byte committed counted once, its lag and the leases it held (the last flush is the source's departure)
+    cloudwatch = aws.client("cloudwatch", AwsConfig(endpoint_url=env.endpoint))
+    wanted = {"RecordsProcessed": len(datas), "BytesProcessed": sum(len(d) for d in datas)}
+    assert wait_until(lambda: published_sums(cloudwatch, env.app, "spark-w", list(wanted)) == wanted, timeout_s=30), (
+        published_sums(cloudwatch, env.app, "spark-w", list(wanted))
+    )
+    for name in ("MillisBehindLatest", "LeasesHeld"):
+        assert published_sums(cloudwatch, env.app, "spark-w", [name]), name
+
+
+def published_sums(cloudwatch: Any, app: str, worker_id: str, names: list[str]) -> dict[str, int]:
+    """The sum of each metric the application's worker ``worker_id`` put to ``Spark/<app>`` (absent: not put)."""
+    now = datetime.now(timezone.utc)
+    sums: dict[str, int] = {}
+    for name in names:
+        points = cloudwatch.get_metric_statistics(
+            Namespace=f"Spark/{app}",
+            MetricName=name,
+            Dimensions=[{"Name": "Application", "Value": app}, {"Name": "WorkerId", "Value": worker_id}],
+            StartTime=now - timedelta(minutes=10),
+            EndTime=now + timedelta(minutes=1),
+            Period=3600,
+            Statistics=["Sum"],
+            Unit=UNITS[name],
+        )["Datapoints"]
+        if points:
+            sums[name] = int(sum(point["Sum"] for point in points))
+    return sums
 
 
 def test_a_query_configured_for_the_other_mode_fails_with_the_reason(spark: Any, env: Env, tmp_path: Path) -> None:

@@ -55,7 +55,9 @@ from worker_lib.spark.planning import (
     without_shards,
 )
 from worker_lib.spark.reading import start_timestamp
+from worker_lib.spark.telemetry import SparkWorkerMetrics
 from worker_lib.tables.state_store import CoordinatorStateStore
+from worker_lib.telemetry.publisher import make_publisher
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.reporter import WorkerMetricsReporter
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
@@ -117,6 +119,13 @@ class SparkLeaseCoordinator:
         self._holder = self._keeper.holder
         self._parents = ParentsEnded(self._store)
         self.executor_cpu = ExecutorCpu(slots=options.executor_slots, clock=clock, own_cpu_seconds=time.process_time)
+        self._published = SparkWorkerMetrics(
+            make_publisher(options.publishing, app=options.app, worker_id=self.worker_id, aws_config=options.aws),
+            flush_interval_ms=options.publishing.flush_interval_ms,
+            leases_held=lambda: len(self._holder.held_keys()),
+            cpu_percent=lambda: self.executor_cpu.last_sample,
+            clock=clock,
+        )
         self._reporter: WorkerMetricsReporter | None = None
         if options.metrics:
             self._reporter = WorkerMetricsReporter(
@@ -214,6 +223,7 @@ class SparkLeaseCoordinator:
         self._keeper.leave("spark source stopped")
         if self._reporter is not None:
             self._reporter.stop()
+        self._published.flush()
         self._keeper.close()
         log.info("spark source stopped worker=%s", self.worker_id)
 
@@ -297,6 +307,7 @@ class SparkLeaseCoordinator:
         then plan the next batch (or return ``start`` when nothing new is there)."""
         self.start()
         ends = self.commit(start)
+        self._published.tick()  # an idle stream commits nothing, but LeasesHeld and the CPU gauge go on
         self._retry_shard_ends()
         self._complete_handoffs()
         candidate = self._plan(start, ends)
@@ -442,11 +453,13 @@ class SparkLeaseCoordinator:
                 continue
             if self._holder.checkpoint(action.lease_key, action.checkpoint) is None:
                 self.commits_skipped["lease lost"] = self.commits_skipped.get("lease lost", 0) + 1
+                self._published.lease_lost()
                 log.info("batch %d: checkpoint of %s refused: lease lost", offset.batch, action.lease_key)
             else:
                 self.checkpoints_written += 1
         self._retry_shard_ends()
         self.executor_cpu.add_batch(list(ends.values()))
+        self._published.committed(ends.values())
         self._committed = (offset.run, offset.batch)
         previous = self._planned_shards.pop((offset.run, offset.batch - 1), None)
         if previous:

@@ -52,6 +52,7 @@ class ExecutorCpu:
         self._cpu = 0.0
         self._peaks: deque[int] = deque(maxlen=SLOT_WINDOW_BATCHES)
         self._last: float | None = None
+        self.last_sample: float | None = None  # what the last sample() returned (the CloudWatch CPU gauge)
 
     @property
     def slots(self) -> int:
@@ -79,4 +80,5 @@ class ExecutorCpu:
                 self._own_cpu_last = own
         if last is None or now <= last:
             return None if last is None else 0.0
-        return min(100.0, 100.0 * cpu / (now - last) / slots)
+        self.last_sample = min(100.0, 100.0 * cpu / (now - last) / slots)
+        return self.last_sample

@@ -13,6 +13,7 @@ from worker_lib.core.errors import ConfigError
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.schema import TableLayout
+from worker_lib.telemetry.publisher import MetricsConfig
 
 OPTION_NAMES = (
     "app",
@@ -36,6 +37,9 @@ OPTION_NAMES = (
     "executor_slots",
     "metrics_report_interval_ms",
     "metrics_first_report_delay_ms",
+    "publish_metrics",
+    "metrics_namespace",
+    "metrics_flush_interval_ms",
     "retrieval",
     "fanout_consumer_name",
     "fanout_consumer_arn",
@@ -53,6 +57,20 @@ def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> i
     if value < minimum:
         raise ConfigError(f"shardlease option {name}={value} must be at least {minimum}")
     return value
+
+
+def publishing_config(opts: Mapping[str, str], env: Mapping[str, str] | None) -> MetricsConfig:
+    """The environment's CloudWatch publishing (``SHARDLEASE_METRICS``, ...) with the source's options over it."""
+    base = MetricsConfig.from_env(env)
+    mode = opts.get("publish_metrics", "").strip().lower() or base.mode
+    if mode not in ("off", "emf", "cloudwatch"):
+        raise ConfigError(f"shardlease option publish_metrics={mode!r}: expected off, emf or cloudwatch")
+    return replace(
+        base,
+        mode=mode,
+        namespace=opts.get("metrics_namespace", "").strip() or base.namespace,
+        flush_interval_ms=_int(opts, "metrics_flush_interval_ms", base.flush_interval_ms, 1_000),
+    )
 
 
 def retrieval_config(opts: Mapping[str, str], env: Mapping[str, str] | None) -> RetrievalConfig:
@@ -98,7 +116,11 @@ class SourceOptions:
     (KCL 3.5's single-table mode; default ``SHARDLEASE_TABLE_LAYOUT``, else three tables). retrieval: ``polling``
     or ``fanout`` (enhanced fan-out: each shard read is a SubscribeToShard of the application's stream consumer;
     default ``SHARDLEASE_RETRIEVAL``, else polling), with ``fanout_consumer_name`` / ``fanout_consumer_arn``
-    (docs/fanout.md)."""
+    (docs/fanout.md). publishing: the per-worker CloudWatch metrics a worker publishes (records and bytes
+    processed, MillisBehindLatest, leases held, CPU; docs/operations.md), from ``SHARDLEASE_METRICS`` /
+    ``SHARDLEASE_METRICS_NAMESPACE`` / ``SHARDLEASE_METRICS_FLUSH_INTERVAL_MS`` with the options ``publish_metrics``
+    (``off``, ``emf`` or ``cloudwatch``; default off), ``metrics_namespace`` and ``metrics_flush_interval_ms`` over
+    them."""
 
     app: str
     stream: str
@@ -118,6 +140,7 @@ class SourceOptions:
     executor_slots: int | None = None
     table_layout: TableLayout = TableLayout.THREE_TABLES
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    publishing: MetricsConfig = field(default_factory=MetricsConfig)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> SourceOptions:
@@ -170,4 +193,5 @@ class SourceOptions:
             if "table_layout" in opts
             else TableLayout.from_env(env),
             retrieval=retrieval_config(opts, env),
+            publishing=publishing_config(opts, env),
         )
