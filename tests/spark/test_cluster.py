@@ -10,9 +10,12 @@ What is checked: both executors read shards (Spark's own event log: the source's
 one executor SIGKILLed in the middle of the run (Spark retries its tasks elsewhere or on its replacement); the driver
 SIGKILLed and submitted again with the same checkpoint location; in the end the Parquet output holds every event
 exactly once (its per-window counts and amounts add up to what was produced), and the leases' checkpoints are at the
-stream's tips.
+stream's tips. Then a second application joins on the same stream: the leader splits the shards between the two by
+load (two each); the second is stopped with SIGTERM and the leader hands its leases to the first within seconds of
+their release; every event reaches one of the two outputs.
 
-Marked slow: about two minutes on the 2-core machine (the virtualenv and its pack, two JVM workers, two drivers).
+Marked slow: about three minutes on the 2-core machine (the virtualenv and its pack, two JVM workers, three
+drivers, four executors at most).
 """
 
 from __future__ import annotations
@@ -140,12 +143,45 @@ def aggregated(output: Path) -> tuple[int, dict[str, float]]:
     return total, amounts
 
 
-def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survives_an_executor_and_a_driver_kill(
+def batches_written(output: Path) -> int:
+    """Micro-batches the example has written to its Parquet output so far."""
+    return len(list(output.glob("batch_id=*")))
+
+
+def owners(store: DynamoDBLeaseStore) -> dict[str, str | None]:
+    return {lease.lease_key: lease.lease_owner for lease in store.list_leases()}
+
+
+def split(store: DynamoDBLeaseStore) -> dict[str | None, int]:
+    counts: dict[str | None, int] = {}
+    for owner in owners(store).values():
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
+
+def hand_over(store: DynamoDBLeaseStore, leaving: str, staying: str, timeout_s: float) -> tuple[float, float]:
+    """Watch ``leaving``'s leases go to ``staying``: (when the first was given up, when the last was ``staying``'s),
+    monotonic seconds; polled every 0.1 s."""
+    keys = {key for key, owner in owners(store).items() if owner == leaving}
+    released_at: float | None = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now, found = time.monotonic(), owners(store)
+        if released_at is None and any(found[key] != leaving for key in keys):
+            released_at = now
+        if all(found[key] == staying for key in keys):
+            return released_at if released_at is not None else now, now
+        time.sleep(0.1)
+    raise AssertionError(f"{leaving}'s leases {sorted(keys)} did not all go to {staying}: {owners(store)}")
+
+
+def test_the_example_on_a_standalone_cluster_reads_on_both_executors_survives_kills_and_shares_the_stream(
     moto_endpoint: str, app_name: str, tmp_path: Path
 ) -> None:
     aws_config = AwsConfig(endpoint_url=moto_endpoint, max_attempts=3)
     kinesis, ddb = aws.client("kinesis", aws_config), aws.client("dynamodb", aws_config)
     ensure_tables(app_name, ddb)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
     stream = f"{app_name}-events"
     create_stream(kinesis, stream, SHARDS)
     _, archive = packed_env(tmp_path)
@@ -165,7 +201,7 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
     conf = {
         "spark.pyspark.python": "./environment/bin/python",
         "spark.executor.cores": "1",
-        "spark.cores.max": "2",
+        "spark.cores.max": "2",  # each application one executor per worker (the master spreads them out)
         "spark.executor.memory": "768m",
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": events.as_uri(),
@@ -173,24 +209,35 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
         "spark.sql.streaming.stopTimeout": "30s",
         "spark.ui.enabled": "false",
     }
-    args = [
-        "--app", app_name, "--stream", stream, "--region", "us-east-1", "--endpoint-url", moto_endpoint,
-        "--worker-id", "cluster-a", "--output", str(output), "--checkpoint", str(checkpoint), "--continuous",
-        "--option", "metrics_report_interval_ms=1000",
-    ]  # fmt: skip
+
+    def job(worker_id: str, out: Path, ckpt: Path) -> list[str]:
+        return [
+            "--app", app_name, "--stream", stream, "--region", "us-east-1", "--endpoint-url", moto_endpoint,
+            "--worker-id", worker_id, "--output", str(out), "--checkpoint", str(ckpt), "--continuous",
+            "--option", "metrics_report_interval_ms=1000", "--option", "metrics_first_report_delay_ms=500",
+        ]  # fmt: skip
+
+    args = job("cluster-a", output, checkpoint)
+    archives = [f"{archive}#environment"]
+    # Two workers of two cores: room for two applications of two one-core executors each
     with SparkCluster(
-        tmp_path / "cluster", workers=2, cores_per_worker=1, env=job_env, submit_dir=submit_dir
+        tmp_path / "cluster", workers=2, cores_per_worker=2, env=job_env, submit_dir=submit_dir
     ) as cluster:
         leader = cluster.fleet.start(
             "leader",
             [sys.executable, "-m", "worker_lib.cli", "leader", "--app", app_name, "--stream", stream,
              "--endpoint-url", moto_endpoint, "--initial-position", "TRIM_HORIZON"],
-            env={**os.environ, "PYTHONPATH": str(REPO), "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "1000"},
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "1000",
+                "SHARDLEASE_LEADER_FAST_TICK_MS": "250",
+            },
         )  # fmt: skip
         producer = Producer(kinesis, stream, per_tick=5, tick_s=0.1, prefix="e", data=event)
         with producer:
             # GIVEN the job submitted to the cluster with the packed virtualenv
-            first = cluster.submit("driver-1", EXAMPLE, *args, archives=[f"{archive}#environment"], conf=conf)
+            first = cluster.submit("driver-1", EXAMPLE, *args, archives=archives, conf=conf)
             assert wait_until(lambda: task_executors(events) >= {"0", "1"}, timeout_s=120), first.log_path.read_text()[
                 -3000:
             ]
@@ -199,11 +246,14 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
             # WHEN one executor is killed in the middle of the run
             (victim, *_) = cluster.executor_pids()
             os.kill(victim, signal.SIGKILL)
-            time.sleep(8.0)  # micro-batches go on meanwhile: a kill of the driver in the middle of the flow
+            # (micro-batches go on meanwhile, so that the driver is killed in the middle of the flow)
+            written = batches_written(output)
+            assert wait_until(lambda: batches_written(output) >= written + 2, timeout_s=60)
             # AND the driver is killed, then submitted again with the same checkpoint location
             cluster.fleet.kill("driver-1")
-            second = cluster.submit("driver-2", EXAMPLE, *args, archives=[f"{archive}#environment"], conf=conf)
-            time.sleep(8.0)
+            second = cluster.submit("driver-2", EXAMPLE, *args, archives=archives, conf=conf)
+            written = batches_written(output)
+            assert wait_until(lambda: batches_written(output) >= written + 1, timeout_s=90)
         produced = list(producer.produced)
         # THEN every event is in the Parquet output exactly once
         want = expected(produced)
@@ -214,11 +264,50 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_and_survive
             assert Path(where).is_relative_to(submit_dir / "environment"), where
         # AND the leases' checkpoints are at the stream's tips once the last micro-batch is committed
         assert wait_until(lambda: checkpoints_at_tips(kinesis, ddb, app_name, stream), timeout_s=60)
+
+        # WHEN a second application joins on the same stream, the producer writing again
+        output_b = tmp_path / "out-b"
+        more = Producer(kinesis, stream, per_tick=5, tick_s=0.1, prefix="f", data=event)
+        with more:
+            other = cluster.submit(
+                "driver-b", EXAMPLE, *job("cluster-b", output_b, tmp_path / "checkpoint-b"), archives=archives,
+                conf=conf,
+            )  # fmt: skip
+            # THEN the leader splits the shards between the two by load: two each (equal traffic)
+            assert wait_until(lambda: split(store) == {"cluster-a": 2, "cluster-b": 2}, timeout_s=150), (
+                split(store),
+                other.log_path.read_text()[-2000:],
+            )
+            # WHEN the second application is stopped (SIGTERM: its query stops between micro-batches)
+            os.kill(cluster.driver_pid("driver-b", EXAMPLE), signal.SIGTERM)
+            sent = time.monotonic()
+            # THEN its leases go to the first one, seconds after it gave them up
+            released_at, moved_at = hand_over(store, "cluster-b", "cluster-a", timeout_s=60)
+            assert cluster.fleet.wait("driver-b", timeout_s=90) == 0, other.log_path.read_text()[-2000:]
+        print(
+            f"second application: given up {released_at - sent:.1f} s after its SIGTERM, "
+            f"its leases with the first {moved_at - released_at:.1f} s later"
+        )
+        assert moved_at - released_at < 5.0  # DEPARTING, leases given up, STOPPED; the leader's fast tick (250 ms)
+        # AND every event reached one of the two outputs: at least once across the two applications (the stopped
+        # one's last micro-batch may be read again by the next owner, as with KCL), each application reading some
+        events_now, amounts_now = expected(produced + list(more.produced))
+
+        def combined() -> tuple[int, dict[str, float]]:
+            (total_a, amounts_a), (total_b, amounts_b) = aggregated(output), aggregated(output_b)
+            kinds = set(amounts_a) | set(amounts_b)
+            return total_a + total_b, {k: round(amounts_a.get(k, 0.0) + amounts_b.get(k, 0.0), 2) for k in kinds}
+
+        def all_there() -> bool:
+            total, amounts = combined()
+            return total >= events_now and all(amounts.get(k, 0.0) >= v for k, v in amounts_now.items())
+
+        assert wait_until(all_there, timeout_s=120), (combined(), events_now, amounts_now)
+        assert aggregated(output_b)[0] > 0 and aggregated(output)[0] > want[0]
         # AND a SIGTERM to the driver stops the query between micro-batches: the job exits 0, its leases given up
         os.kill(cluster.driver_pid("driver-2", EXAMPLE), signal.SIGTERM)
         stopping = time.monotonic()
         assert cluster.fleet.wait("driver-2", timeout_s=90) == 0, second.log_path.read_text()[-2000:]
-        store = DynamoDBLeaseStore(app_name, client=ddb)
         assert wait_until(lambda: all(lease.lease_owner is None for lease in store.list_leases()), timeout_s=10)
         print(f"driver stopped and its leases given up {time.monotonic() - stopping:.1f} s after its SIGTERM")
         assert leader.alive()
