@@ -1,0 +1,81 @@
+"""Settings of the leader's ``DesiredWorkers`` signal (docs/autoscaling.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from worker_lib.core.env import env_float, env_int, env_optional_int, environ
+from worker_lib.core.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    """How the leader sizes the fleet. Each setting has a ``SHARDLEASE_SCALING_*`` variable (:meth:`from_env`).
+
+    target_utilization_pct: every worker should stay under this CPU utilisation (70; ``_TARGET_UTILIZATION_PCT``);
+      without CPU reports, this share of ``max_throughput_per_host_kbps``.
+    headroom_pct: the fleet is sized so that its average worker sits this share below the target (15, so 59.5 %
+      at the default target): room for the spread a balanced fleet still has (a hot shard, noise) (``_HEADROOM_PCT``).
+    scale_in_band_pct: hysteresis; the fleet shrinks only to a size whose average would sit this many points under
+      the sizing point (10), so a load hovering at a boundary does not flap (``_SCALE_IN_BAND_PCT``).
+    scale_in_cooldown_s: no scale-in sooner than this after any change (600; ``_SCALE_IN_COOLDOWN_S``).
+    scale_out_cooldown_s: a lag-driven scale-out waits this long after any change (180, about a new worker's
+      start): workers asked for but not yet reading do not lower the lag (``_SCALE_OUT_COOLDOWN_S``). A
+      scale-out on measured load needs no cool-down: it asks for the same number until the load changes.
+    lag_threshold_ms: MillisBehindLatest above this, and growing since the last cycle, asks for more workers than
+      the load alone does (60 000; ``_LAG_THRESHOLD_MS``); no scale-in while any lag is above it.
+    lag_step_pct: a lag-driven scale-out adds this share of the fleet, at least one worker (25; ``_LAG_STEP_PCT``).
+    min_workers / max_workers: bounds (1 / None = no bound but the lease count; ``_MIN_WORKERS`` / ``_MAX_WORKERS``).
+      The signal never asks for more workers than there are leases.
+    """
+
+    target_utilization_pct: float = 70.0
+    headroom_pct: float = 15.0
+    scale_in_band_pct: float = 10.0
+    scale_in_cooldown_s: int = 600
+    scale_out_cooldown_s: int = 180
+    lag_threshold_ms: int = 60_000
+    lag_step_pct: float = 25.0
+    min_workers: int = 1
+    max_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_utilization_pct <= 100:
+            raise ConfigError(f"scaling target_utilization_pct={self.target_utilization_pct} must be in (0, 100]")
+        if not 0 <= self.headroom_pct < 100:
+            raise ConfigError(f"scaling headroom_pct={self.headroom_pct} must be in [0, 100)")
+        if not 0 <= self.scale_in_band_pct < self.sizing_point_pct:
+            raise ConfigError(
+                f"scaling scale_in_band_pct={self.scale_in_band_pct} must be at least 0 and below the sizing point "
+                f"({self.sizing_point_pct:.1f} %)"
+            )
+        if self.scale_in_cooldown_s < 0 or self.scale_out_cooldown_s < 0:
+            raise ConfigError("scaling cool-downs must not be negative")
+        if self.lag_threshold_ms < 1 or self.lag_step_pct <= 0:
+            raise ConfigError("scaling lag_threshold_ms and lag_step_pct must be positive")
+        if self.min_workers < 1:
+            raise ConfigError(f"scaling min_workers={self.min_workers} must be at least 1")
+        if self.max_workers is not None and self.max_workers < self.min_workers:
+            raise ConfigError(f"scaling max_workers={self.max_workers} is below min_workers={self.min_workers}")
+
+    @property
+    def sizing_point_pct(self) -> float:
+        """The average utilisation the fleet is sized for: the target less the headroom."""
+        return self.target_utilization_pct * (1 - self.headroom_pct / 100)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ScalingConfig:
+        e = environ(env)
+        p = "SHARDLEASE_SCALING_"
+        return cls(
+            target_utilization_pct=env_float(e, f"{p}TARGET_UTILIZATION_PCT", 70.0),
+            headroom_pct=env_float(e, f"{p}HEADROOM_PCT", 15.0),
+            scale_in_band_pct=env_float(e, f"{p}SCALE_IN_BAND_PCT", 10.0),
+            scale_in_cooldown_s=env_int(e, f"{p}SCALE_IN_COOLDOWN_S", 600),
+            scale_out_cooldown_s=env_int(e, f"{p}SCALE_OUT_COOLDOWN_S", 180),
+            lag_threshold_ms=env_int(e, f"{p}LAG_THRESHOLD_MS", 60_000),
+            lag_step_pct=env_float(e, f"{p}LAG_STEP_PCT", 25.0),
+            min_workers=env_int(e, f"{p}MIN_WORKERS", 1),
+            max_workers=env_optional_int(e, f"{p}MAX_WORKERS"),
+        )
