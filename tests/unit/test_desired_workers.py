@@ -8,7 +8,7 @@ from worker_lib.core.errors import ConfigError
 from worker_lib.scaling.config import ScalingConfig
 from worker_lib.scaling.desired import DesiredWorkers, FleetLoad, decide_desired, fleet_demand, removal_candidates
 
-CONFIG = ScalingConfig()  # target 70 %, headroom 15 % → sized at 59.5 %; band 10 points; cool-downs 600 / 180 s
+CONFIG = ScalingConfig()  # target 70 %, headroom 15 % → sized at 59.5 %; band 5 points; cool-downs 600 / 180 s
 
 
 def load(workers: int, cpu: float, *, leases: int = 100, lag: int | None = None, at: float = 0.0) -> FleetLoad:
@@ -18,26 +18,30 @@ def load(workers: int, cpu: float, *, leases: int = 100, lag: int | None = None,
 def test_a_fleet_over_its_sizing_point_asks_at_once_for_the_workers_its_demand_needs() -> None:
     # GIVEN 4 workers at 90 % CPU (3.6 workers' worth of work), the signal at 4
     previous = decide_desired(CONFIG, load(4, 50.0), None)
-    # WHEN the next cycle sees them at 90 %
-    decision = decide_desired(CONFIG, load(4, 90.0, at=10.0), previous)
+    # WHEN a cycle within the scale-out cool-down sees them at 90 %
+    early = decide_desired(CONFIG, load(4, 90.0, at=170.0), previous)
+    # THEN it holds, saying why
+    assert early.desired == 4 and "scale-out cool-down" in early.reason
+    # WHEN a cycle after the cool-down sees them at 90 %
+    decision = decide_desired(CONFIG, load(4, 90.0, at=180.0), previous)
     # THEN it asks for ⌈3.6 / 0.595⌉ = 7 workers, says why, and records the change
     assert decision.desired == 7 and decision.changed and decision.basis == "cpu"
     assert decision.reason.startswith("scale out: cpu demand 3.60 workers")
-    # AND asking again with the same load changes nothing (no cool-down needed for a measured need)
-    again = decide_desired(CONFIG, load(4, 90.0, at=20.0), decision)
-    assert (again.desired, again.changed, again.changed_at_epoch_s) == (7, False, 10.0)
+    # AND asking again with the same load changes nothing
+    again = decide_desired(CONFIG, load(4, 90.0, at=400.0), decision)
+    assert (again.desired, again.changed, again.changed_at_epoch_s) == (7, False, 180.0)
 
 
 def test_a_shrinking_load_waits_for_the_cool_down_and_the_band_before_scaling_in() -> None:
     # GIVEN a signal of 10 workers set at t=0
     previous = DesiredWorkers(desired=10, reason="", basis="cpu", demand=5.9, changed_at_epoch_s=0.0)
-    # WHEN the 10 workers drop to 30 % (3 workers' worth: 6 needed) before the cool-down ended
-    early = decide_desired(CONFIG, load(10, 30.0, at=599.0), previous)
+    # WHEN the 10 workers drop to 33 % (3.3 workers' worth: 6 needed) before the cool-down ended
+    early = decide_desired(CONFIG, load(10, 33.0, at=599.0), previous)
     # THEN the signal holds, saying why
     assert early.desired == 10 and "cool-down" in early.reason
     # WHEN the cool-down has passed
-    late = decide_desired(CONFIG, load(10, 30.0, at=600.0), previous)
-    # THEN it shrinks to the size that sits a band under the sizing point: ⌈3 / 0.495⌉ = 7, not 6
+    late = decide_desired(CONFIG, load(10, 33.0, at=600.0), previous)
+    # THEN it shrinks to the size that sits a band under the sizing point: ⌈3.3 / 0.545⌉ = 7, not 6
     assert late.desired == 7 and late.reason.startswith("scale in")
     # AND a load just under a boundary (need 9 < 10, but 10 at the band) holds: no flapping
     hovering = decide_desired(CONFIG, load(10, 52.0, at=900.0), previous)
@@ -55,9 +59,12 @@ def test_growing_lag_adds_workers_once_per_scale_out_cool_down_and_blocks_scale_
     later = decide_desired(CONFIG, load(8, 100.0, lag=120_000, at=200.0), previous)
     # THEN 25 % of the fleet is added on top of the signal
     assert later.desired == 14 + 4 and "lag 120000 ms" in later.reason
-    # AND while the lag is above the threshold a light load does not shrink the fleet
+    # AND while the lag is above the threshold a light load does not shrink the fleet, nor does the growing lag of a
+    # fleet with CPU to spare (a hot or stuck shard) grow it
     light = decide_desired(CONFIG, load(18, 10.0, lag=61_000, at=5_000.0), later)
     assert light.desired == 18 and "lag is above" in light.reason
+    spare = decide_desired(CONFIG, load(18, 10.0, lag=99_000, at=9_000.0), light)
+    assert spare.desired == 18 and not spare.changed
 
 
 def test_bounds_and_the_lease_count_cap_the_signal() -> None:
@@ -69,7 +76,7 @@ def test_bounds_and_the_lease_count_cap_the_signal() -> None:
     idle = decide_desired(config, load(3, 0.0, leases=50), None)
     # THEN never more workers than leases, and the bounds hold either way
     assert capped.desired == 5 and "bounded to 5" in capped.reason
-    assert bounded.desired == 4 and idle.desired == 2  # an idle fleet with no decision before goes to the minimum
+    assert bounded.desired == 4 and idle.desired == 3  # a first decision does not shrink: the cool-down starts
 
 
 def test_without_cpu_the_throughput_against_the_host_maximum_is_the_demand() -> None:

@@ -18,11 +18,11 @@ class ScalingConfig:
     headroom_pct: the fleet is sized so that its average worker sits this share below the target (15, so 59.5 %
       at the default target): room for the spread a balanced fleet still has (a hot shard, noise) (``_HEADROOM_PCT``).
     scale_in_band_pct: hysteresis; the fleet shrinks only to a size whose average would sit this many points under
-      the sizing point (10), so a load hovering at a boundary does not flap (``_SCALE_IN_BAND_PCT``).
+      the sizing point (5), so a load hovering at a boundary does not flap (``_SCALE_IN_BAND_PCT``).
     scale_in_cooldown_s: no scale-in sooner than this after any change (600; ``_SCALE_IN_COOLDOWN_S``).
-    scale_out_cooldown_s: a lag-driven scale-out waits this long after any change (180, about a new worker's
-      start): workers asked for but not yet reading do not lower the lag (``_SCALE_OUT_COOLDOWN_S``). A
-      scale-out on measured load needs no cool-down: it asks for the same number until the load changes.
+    scale_out_cooldown_s: a scale-out waits this long after any change (180, about a new worker's start): the
+      workers asked for are not in the measurement yet, and a fleet catching up on a backlog is pinned at 100 %
+      until they are (``_SCALE_OUT_COOLDOWN_S``). A leader's first decision needs no cool-down to scale out.
     lag_threshold_ms: MillisBehindLatest above this, and growing since the last cycle, asks for more workers than
       the load alone does (60 000; ``_LAG_THRESHOLD_MS``); no scale-in while any lag is above it.
     lag_step_pct: a lag-driven scale-out adds this share of the fleet, at least one worker (25; ``_LAG_STEP_PCT``).
@@ -32,7 +32,7 @@ class ScalingConfig:
 
     target_utilization_pct: float = 70.0
     headroom_pct: float = 15.0
-    scale_in_band_pct: float = 10.0
+    scale_in_band_pct: float = 5.0
     scale_in_cooldown_s: int = 600
     scale_out_cooldown_s: int = 180
     lag_threshold_ms: int = 60_000
@@ -71,7 +71,7 @@ class ScalingConfig:
         return cls(
             target_utilization_pct=env_float(e, f"{p}TARGET_UTILIZATION_PCT", 70.0),
             headroom_pct=env_float(e, f"{p}HEADROOM_PCT", 15.0),
-            scale_in_band_pct=env_float(e, f"{p}SCALE_IN_BAND_PCT", 10.0),
+            scale_in_band_pct=env_float(e, f"{p}SCALE_IN_BAND_PCT", 5.0),
             scale_in_cooldown_s=env_int(e, f"{p}SCALE_IN_COOLDOWN_S", 600),
             scale_out_cooldown_s=env_int(e, f"{p}SCALE_OUT_COOLDOWN_S", 180),
             lag_threshold_ms=env_int(e, f"{p}LAG_THRESHOLD_MS", 60_000),

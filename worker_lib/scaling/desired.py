@@ -8,11 +8,15 @@ The rule (docs/autoscaling.md):
 1. **Demand**, in workers' worth of work: the workers' latest CPU utilisation summed (workers that report none
    counted at the others' mean) ÷ 100; without CPU reports, the leases' throughput ÷ ``maxThroughputPerHostKBps``.
 2. **Need** = ⌈demand × 100 ÷ sizing point⌉, the sizing point being the target less the headroom (59.5 % at the
-   defaults). A need above the current signal raises it at once: it is measured, so asking again changes nothing.
+   defaults). A need above the current signal raises it, a scale-out cool-down after the last change (the workers
+   asked for then are not in the measurement yet).
 3. **Scale-in** only to ⌈demand × 100 ÷ (sizing point − band)⌉, only when that is smaller than the signal, only a
-   cool-down after the last change, and never while a lag is above the threshold.
-4. **Lag** above the threshold and growing since the last cycle adds ``lag_step_pct`` of the fleet (at least one),
-   once per scale-out cool-down: a fleet pinned at 100 % CPU under-reports its demand, and lag is what shows it.
+   cool-down after the last change (a leader with no decision before starts the cool-down), and never while a lag
+   is above the threshold.
+4. **Lag** above the threshold and growing since the last cycle, in a fleet whose average CPU is at or above the
+   target, adds ``lag_step_pct`` of the fleet (at least one), once per scale-out cool-down: a fleet pinned at 100 %
+   CPU under-reports its demand, and lag is what shows it. (Lag in a fleet with CPU to spare is a hot or stuck
+   shard: more workers would not help.)
 5. **Bounds**: at least ``min_workers``, at most ``max_workers`` and never more than there are leases.
 """
 
@@ -103,7 +107,9 @@ def decide_desired(config: ScalingConfig, load: FleetLoad, previous: DesiredWork
         upper = min(upper, config.max_workers)
     lower = min(config.min_workers, upper)
     current = previous.desired if previous is not None else max(load.workers, lower)
-    since_change = load.now_epoch_s - previous.changed_at_epoch_s if previous is not None else math.inf
+    # A leader with no decision before (a new deployment, a lost item) starts the cool-down now: a fleet that is
+    # just starting does not show its load yet, and shrinking it on that would be a guess.
+    since_change = load.now_epoch_s - previous.changed_at_epoch_s if previous is not None else 0.0
     demand, basis = fleet_demand(load)
     sizing = config.sizing_point_pct
     lagging = load.max_lag_ms is not None and load.max_lag_ms > config.lag_threshold_ms
@@ -112,7 +118,9 @@ def decide_desired(config: ScalingConfig, load: FleetLoad, previous: DesiredWork
     else:
         need = max(1, math.ceil(demand * 100 / sizing - 1e-9)) if demand > 0 else lower
         what = f"{basis} demand {demand:.2f} workers at {sizing:.1f} % each"
-        if need > current:
+        if need > current and since_change < config.scale_out_cooldown_s and previous is not None:
+            desired, reason = current, f"holding: {what} needs {need}, scale-out cool-down (workers still starting)"
+        elif need > current:
             desired, reason = need, f"scale out: {what} needs {need}"
         elif need < current:
             shrink_to = max(1, math.ceil(demand * 100 / (sizing - config.scale_in_band_pct) - 1e-9))
@@ -127,7 +135,10 @@ def decide_desired(config: ScalingConfig, load: FleetLoad, previous: DesiredWork
         else:
             desired, reason = current, f"steady: {what} needs {need}"
     grown = previous is None or previous.lag_ms is None or (load.max_lag_ms or 0) > previous.lag_ms
-    if lagging and grown and since_change >= config.scale_out_cooldown_s:
+    # Lag asks for more workers only from a busy fleet: with workers to spare it is a hot shard, a slow processor or
+    # a stuck shard, which more workers do not cure (and would be asked for again every cool-down).
+    busy = basis != "cpu" or demand * 100 >= config.target_utilization_pct * max(1, load.workers)
+    if lagging and grown and busy and (previous is None or since_change >= config.scale_out_cooldown_s):
         step = max(1, math.ceil(max(current, load.workers) * config.lag_step_pct / 100))
         lag_desired = max(current, load.workers) + step
         if lag_desired > desired:
