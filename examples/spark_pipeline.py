@@ -38,6 +38,15 @@ def say(text: str) -> None:
     sys.stdout.flush()
 
 
+def application_cores(spark: Any) -> int | None:
+    """The application's executor cores (Spark's default parallelism: its executors' cores, at least 2), or None
+    where the session has no SparkContext (Spark Connect: set ``executor_slots`` yourself)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect raises for sparkContext
+        return None
+
+
 def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) -> Any:
     from pyspark.sql import functions as F
 
@@ -51,6 +60,11 @@ def build_query(spark: Any, args: argparse.Namespace, *, available_now: bool) ->
         options["max_records_per_shard"] = str(args.max_records_per_shard)
     if args.endpoint_url:
         options["endpoint_url"] = args.endpoint_url
+    cores = application_cores(spark)
+    if cores is not None:
+        # The capacity the leader shares shards by. Left unset, the source measures it from the reads it sees running
+        # at once: a lower bound, so an application that holds one shard looks like one core and stays at one shard.
+        options["executor_slots"] = str(cores)
     options.update(option.split("=", 1) for option in args.option)  # any other source option (docs/spark.md)
     events = (
         spark.readStream.format("shardlease")

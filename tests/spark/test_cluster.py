@@ -14,7 +14,7 @@ stream's tips. Then a second application joins on the same stream: the leader sp
 load (two each); the second is stopped with SIGTERM and the leader hands its leases to the first within seconds of
 their release; every event reaches one of the two outputs.
 
-Marked slow: about three minutes on the 2-core machine (the virtualenv and its pack, two JVM workers, three
+Marked slow: about three minutes (177 s alone) on the 2-core machine (the virtualenv and its pack, two JVM workers, three
 drivers, four executors at most).
 """
 
@@ -219,9 +219,9 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_survives_ki
 
     args = job("cluster-a", output, checkpoint)
     archives = [f"{archive}#environment"]
-    # Two workers of two cores: room for two applications of two one-core executors each
+    # Two workers of two cores and 2 GB: room for two applications of two one-core, 768 MB executors each
     with SparkCluster(
-        tmp_path / "cluster", workers=2, cores_per_worker=2, env=job_env, submit_dir=submit_dir
+        tmp_path / "cluster", workers=2, cores_per_worker=2, memory="2g", env=job_env, submit_dir=submit_dir
     ) as cluster:
         leader = cluster.fleet.start(
             "leader",
@@ -273,11 +273,13 @@ def test_the_example_on_a_standalone_cluster_reads_on_both_executors_survives_ki
                 "driver-b", EXAMPLE, *job("cluster-b", output_b, tmp_path / "checkpoint-b"), archives=archives,
                 conf=conf,
             )  # fmt: skip
-            # THEN the leader splits the shards between the two by load: two each (equal traffic)
+            # THEN the leader splits the shards between the two by load: two each (equal traffic), and the second
+            # reads on executors of its own
             assert wait_until(lambda: split(store) == {"cluster-a": 2, "cluster-b": 2}, timeout_s=150), (
                 split(store),
                 other.log_path.read_text()[-2000:],
             )
+            assert wait_until(lambda: batches_written(output_b) >= 2, timeout_s=90), other.log_path.read_text()[-2000:]
             # WHEN the second application is stopped (SIGTERM: its query stops between micro-batches)
             os.kill(cluster.driver_pid("driver-b", EXAMPLE), signal.SIGTERM)
             sent = time.monotonic()
