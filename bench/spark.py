@@ -22,7 +22,10 @@ set the source and the baseline trace every step (worker_lib/spark/trace.py): th
 comes from there and from Spark's own progress reports. The CPU seconds each run cost are printed by side: the
 readers (this process and its descendants) and each emulator. The last line is::
 
-    spark records/s: plain P, lease-less L, source S; source/lease-less X×, source/plain Y×
+    spark records/s: lease-less L, source S (S/L X×); Spark-side CPU s per 100k: lease-less C1, source C2 (C2/C1 Y×)
+
+The bar (issue 31): X ≥ 0.95 and Y ≤ 1.10. The plain reader is context only: on a 2-core machine it measures the
+emulator sharing the cores with Spark, not the source.
 """
 
 from __future__ import annotations
@@ -210,10 +213,43 @@ class Run:
     def __init__(self, label: str, records: int, seconds: float, progress: list[Any], window: tuple[float, float]):
         self.label, self.records, self.seconds, self.progress, self.window = label, records, seconds, progress, window
         self.cpu: dict[str, float] = {}
+        self.cpu_by_kind: dict[str, float] = {}
+        self.jvm_threads: dict[str, float] = {}
 
     @property
     def rate(self) -> float:
         return self.records / self.seconds
+
+    @property
+    def cpu_per_100k(self) -> float:
+        """CPU seconds of Spark's side (this process, the JVM, the Python workers and source runners) per 100 000
+        records; the emulators apart."""
+        return self.cpu["readers"] * 100_000 / max(1, self.records)
+
+
+def batch_progress(run: Run) -> list[Any]:
+    return [p for p in run.progress if "addBatch" in p.durationMs]
+
+
+def planning_ms(run: Run) -> float:
+    """Mean per micro-batch of what Spark spends outside the batch's read and sink: asking the source for the next
+    offset (the source commits the previous batch's checkpoints there), the offset and commit logs, planning."""
+    batches = batch_progress(run)
+    if not batches:
+        return 0.0
+    return float(statistics.mean(p.durationMs["triggerExecution"] - p.durationMs["addBatch"] for p in batches))
+
+
+def start_ms(run: Run, progress: Any = None) -> float:
+    """From the query's start to its first trigger (the source's coordinator starts in there), or to the trigger of
+    ``progress``."""
+    progress = progress if progress is not None else (run.progress[0] if run.progress else None)
+    if progress is None:
+        return 0.0
+    from datetime import datetime
+
+    at = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
+    return 1000 * (at - run.window[0])
 
 
 class CpuMeter:
@@ -226,6 +262,8 @@ class CpuMeter:
 
         self._psutil = psutil
         self._emulators = emulators
+        self.jvm_threads = False
+        self.jvm_threads_before: dict[str, float] = {}
 
     def _tree(self, root: Any, skip: set[int]) -> float:
         """CPU seconds of ``root`` and its descendants, leaving out the subtrees rooted at ``skip``."""
@@ -246,12 +284,99 @@ class CpuMeter:
             figures[name] = self._tree(self._psutil.Process(pid), set())
         return figures
 
+    def _own(self, skip: set[int]) -> dict[int, tuple[str, float]]:
+        """Every live reader process: pid → (its kind, its own CPU seconds, children apart)."""
+        me = self._psutil.Process()
+        found: dict[int, tuple[str, float]] = {}
+        for process in [me, *me.children(recursive=True)]:
+            if process.pid in skip:
+                continue
+            try:
+                t = process.cpu_times()
+                kind = process_kind(process.pid == me.pid, process.cmdline())
+            except self._psutil.Error:
+                continue
+            found[process.pid] = (kind, t.user + t.system)
+        return found
+
     def measure(self, run: Callable[[], Run]) -> Run:
-        before = self.read()
-        result = run()
+        """The run's CPU seconds by side, and the readers' by kind of process (sampled every 0.1 s: a process that
+        ends between two samples loses its last tenth of a second there, never in the total)."""
+        skip = {pid for pid in self._emulators.values()} | {
+            child.pid for pid in self._emulators.values() for child in self._psutil.Process(pid).children(True)
+        }
+        before, first = self.read(), self._own(skip)
+        if self.jvm_threads:
+            self.jvm_threads_before = jvm_thread_cpu()
+        last = dict(first)
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.1):
+                last.update(self._own(skip))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            result = run()
+        finally:
+            done.set()
+            sampler.join()
+        last.update(self._own(skip))
         after = self.read()
         result.cpu = {name: after[name] - before.get(name, 0.0) for name in after}
+        if self.jvm_threads:
+            result.jvm_threads = diff_threads(self.jvm_threads_before, jvm_thread_cpu())
+        kinds: dict[str, float] = defaultdict(float)
+        for pid, (kind, seconds) in last.items():
+            kinds[kind] += seconds - (first[pid][1] if pid in first else 0.0)
+        result.cpu_by_kind = dict(kinds)
         return result
+
+
+def jvm_thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of our JVM children by thread name (digits folded: "Executor task launch worker
+    for task 3.0" and its siblings count together), from /proc/PID/task/TID/stat."""
+    import psutil
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = defaultdict(float)
+    for child in psutil.Process().children():
+        try:
+            if not child.cmdline()[0].endswith("java"):
+                continue
+        except (psutil.Error, IndexError):
+            continue
+        for task in Path(f"/proc/{child.pid}/task").iterdir():
+            try:
+                raw = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = raw[raw.index("(") + 1 : raw.rindex(")")]
+            fields = raw[raw.rindex(")") + 2 :].split()
+            out["".join("#" if c.isdigit() else c for c in name)] += (int(fields[11]) + int(fields[12])) / ticks
+    return dict(out)
+
+
+def diff_threads(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after if after[name] - before.get(name, 0.0) > 0}
+
+
+def process_kind(is_me: bool, cmdline: list[str]) -> str:
+    """What a reader process is, from its command line."""
+    if is_me:
+        return "bench process (Py4J client)"
+    text = " ".join(cmdline)
+    if cmdline and cmdline[0].endswith("java"):
+        return "JVM"
+    for marker, kind in (
+        ("streaming_source_runner", "source runner"),
+        ("pyspark.daemon", "Python workers"),
+        ("pyspark.worker", "Python workers"),
+    ):
+        if marker in text:
+            return kind
+    return "other: " + text[:60]
 
 
 def run_query(spark: Any, reader: Any, label: str, workdir: Path) -> Run:
@@ -303,17 +428,12 @@ def describe(run: Run, trace_dir: Path, shards: int, slots: int) -> None:
         f"+ rest {trigger - latest - add_batch:,.0f} (offset log, planning, commit log)"
     )
     if run.progress:
-        from datetime import datetime
-
-        def at(progress: Any) -> float:
-            return datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
-
-        first, last = run.progress[0], run.progress[-1]
-        start_ms = 1000 * (at(first) - run.window[0])
-        end_ms = 1000 * (run.window[1] - at(last)) - last.durationMs.get("triggerExecution", 0)
+        last = run.progress[-1]
+        last_at = start_ms(run, run.progress[-1]) / 1000 + run.window[0]
+        end_ms = 1000 * (run.window[1] - last_at) - last.durationMs.get("triggerExecution", 0)
         say(
-            f"    query start to first trigger {start_ms:,.0f} ms; last trigger's end to termination {end_ms:,.0f} ms; "
-            f"{len(run.progress)} triggers"
+            f"    query start to first trigger {start_ms(run):,.0f} ms; last trigger's end to termination "
+            f"{end_ms:,.0f} ms; {len(run.progress)} triggers"
         )
     tasks = [line for line in lines if line["kind"] in ("task", "baseline_task")]
     task_ms = 1000 * sum(line["seconds"] for line in tasks) / n
@@ -370,6 +490,7 @@ def main() -> int:
 
     defaults = SourceOptions.__dataclass_fields__
     parser.add_argument("--max-records-per-shard", type=int, default=defaults["max_records_per_shard"].default)
+    parser.add_argument("--jvm-threads", action="store_true", help="print the JVM's CPU by thread name")
     parser.add_argument("--max-read-ms", type=int, default=defaults["max_read_ms"].default)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-spark-"))
@@ -473,6 +594,7 @@ def main() -> int:
         if tables is not emulator:
             emulators["DynamoDB emulator"] = tables.pid
         meter = CpuMeter(emulators)
+        meter.jvm_threads = args.jvm_threads
 
         def plain() -> Run:
             began, started = time.time(), time.monotonic()
@@ -510,17 +632,55 @@ def main() -> int:
                     f"  {label:>9}: "
                     + ", ".join(f"{name} {statistics.median(r.cpu[name] for r in runs[label]):.2f}" for name in names)
                 )
+            say("the readers' CPU seconds by kind of process, medians over the rounds:")
+            for label in ("leaseless", "source"):
+                kinds = sorted({kind for r in runs[label] for kind in r.cpu_by_kind})
+                say(
+                    f"  {label:>9}: "
+                    + ", ".join(
+                        f"{kind} {statistics.median(r.cpu_by_kind.get(kind, 0.0) for r in runs[label]):.2f}"
+                        for kind in kinds
+                    )
+                )
+            if meter.jvm_threads:
+                say("JVM CPU seconds by thread name, medians over the rounds (--jvm-threads):")
+                for label in ("leaseless", "source"):
+                    thread_names = {name for r in runs[label] for name in r.jvm_threads}
+                    top = sorted(
+                        thread_names, key=lambda n: -statistics.median(r.jvm_threads.get(n, 0.0) for r in runs[label])
+                    )[:8]
+                    say(
+                        f"  {label:>9}: "
+                        + ", ".join(
+                            f"{n} {statistics.median(r.jvm_threads.get(n, 0.0) for r in runs[label]):.2f}" for n in top
+                        )
+                    )
             say("where a micro-batch's time goes (last round):")
             for label in ("leaseless", "source"):
                 describe(runs[label][-1], trace_dir, args.shards, slots)
         finally:
             spark.stop()
         rate = {label: statistics.median(r.rate for r in found) for label, found in runs.items()}
+        cpu = {label: statistics.median(r.cpu_per_100k for r in runs[label]) for label in ("leaseless", "source")}
+        planning = {label: statistics.median(planning_ms(r) for r in runs[label]) for label in ("leaseless", "source")}
+        starts = {label: statistics.median(start_ms(r) for r in runs[label]) for label in ("leaseless", "source")}
+        batches = {label: statistics.median(len(batch_progress(r)) for r in runs[label]) for label in runs}
         say(f"load average after the runs: {os.getloadavg()[0]:.2f}")
         say(
-            f"spark records/s: plain {rate['plain']:.0f}, lease-less {rate['leaseless']:.0f}, "
-            f"source {rate['source']:.0f}; source/lease-less {rate['source'] / rate['leaseless']:.2f}×, "
-            f"source/plain {rate['source'] / rate['plain']:.2f}×"
+            "micro-batch planning and commit (Spark's triggerExecution − addBatch, mean per batch): "
+            f"lease-less {planning['leaseless']:.0f} ms, source {planning['source']:.0f} ms "
+            f"(lease holding: {planning['source'] - planning['leaseless']:+.0f} ms per batch, "
+            f"{batches['source']:.0f} batches per run); query start to first trigger: lease-less "
+            f"{starts['leaseless']:.0f} ms, source {starts['source']:.0f} ms"
+        )
+        say(
+            f"context (not the bar): the plain thread-per-shard reader, no Spark: {rate['plain']:.0f} records/s "
+            f"(source/plain {rate['source'] / rate['plain']:.2f}×)"
+        )
+        say(
+            f"spark records/s: lease-less {rate['leaseless']:.0f}, source {rate['source']:.0f} "
+            f"(S/L {rate['source'] / rate['leaseless']:.2f}×); Spark-side CPU s per 100k: lease-less "
+            f"{cpu['leaseless']:.2f}, source {cpu['source']:.2f} (C2/C1 {cpu['source'] / cpu['leaseless']:.2f}×)"
         )
     finally:
         emulator.stop()

@@ -25,6 +25,7 @@ from typing import Any
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -508,6 +509,20 @@ class ShardleaseCoordination(Construct):
         if key is not None:
             perms.append(p.Permission(actions=p.FAILURE_KEY_ACTIONS, resources=(key.key_arn,)))
         return perms
+
+    def scale_ecs_service(self, service: ecs.BaseService, *, min_workers: int, max_workers: int) -> Any:
+        """Drive the service's task count by the leader's DesiredWorkers (docs/autoscaling.md,
+        :func:`worker_lib.cdk.scaling.scale_ecs_service`); returns the ``ScalableTaskCount``."""
+        from worker_lib.cdk.scaling import scale_ecs_service
+
+        return scale_ecs_service(
+            service,
+            namespace=self.metrics_namespace,
+            application_name=self.application_name,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            leader_function=self.leader_function,
+        )
 
     def grant_leader(self, grantee: iam.IGrantable) -> iam.Grant:
         """Grant what the leader needs (the Lambda role has it; use for a CLI or embedded leader's role)."""

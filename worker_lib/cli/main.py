@@ -268,10 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--join", action="append", default=[], metavar="CYCLE[:N]", help="N workers join")
     sim.add_argument("--kill", action="append", default=[], metavar="CYCLE[:N]", help="N most loaded workers die")
     sim.add_argument("--split", action="append", default=[], metavar="CYCLE[:N]", help="split the N hottest shards")
-    sim.add_argument("--noise", type=float, default=1.0, metavar="PCT")
+    sim.add_argument("--noise", type=float, default=None, metavar="PCT", help="CPU noise (1; 10 with --autoscale)")
     sim.add_argument("--base-cpu", type=float, default=5.0, metavar="PCT")
     sim.add_argument("--target-cpu", type=float, default=40.0, metavar="PCT")
     sim.add_argument("--cost-factors", metavar="F1,F2,...", help="per-worker CPU cost factors (cycled)")
+    sim.add_argument(
+        "--autoscale", action="store_true", help="drive the fleet with DesiredWorkers over time (docs/autoscaling.md)"
+    )
+    sim.add_argument("--load-curve", metavar="FILE|diurnal|spike", help="with --autoscale: the load over time")
+    sim.add_argument("--peak-workers", type=_bounded_int(1, SIMULATE_MAX_WORKERS), default=12, metavar="N")
+    sim.add_argument("--start-delay", type=float, default=180.0, metavar="SECONDS", help="a new worker's start")
     sim.set_defaults(func=_cmd_simulate)
     return parser
 
@@ -406,8 +412,21 @@ def _cmd_liveness(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from worker_lib.cli.simulate import run_simulate_cli
+    from worker_lib.cli.simulate import run_autoscale_cli, run_simulate_cli
 
+    if args.autoscale:
+        return run_autoscale_cli(
+            curve=args.load_curve or "diurnal",
+            shards=args.shards,
+            skew=args.skew if args.skew != "zipf:1.2" else "zipf:0.5",
+            peak_workers=args.peak_workers,
+            start_delay_s=args.start_delay,
+            noise=args.noise if args.noise is not None else 10.0,
+            seed=args.seed,
+            plot=args.plot,
+        )
+    if args.load_curve:
+        raise ConfigError("--load-curve needs --autoscale")
     return run_simulate_cli(
         workers=args.workers,
         shards=args.shards,
@@ -419,7 +438,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         join=tuple(args.join),
         kill=tuple(args.kill),
         split=tuple(args.split),
-        noise=args.noise,
+        noise=args.noise if args.noise is not None else 1.0,
         base_cpu=args.base_cpu,
         target_cpu=args.target_cpu,
         cost_factors=args.cost_factors,

@@ -78,3 +78,49 @@ def run_simulate_cli(
         lines.append(f"plot: {written}")
     print("\n".join(lines), file=stream)
     return 0
+
+
+def run_autoscale_cli(
+    *,
+    curve: str = "diurnal",
+    shards: int = 200,
+    skew: str = "zipf:0.5",
+    peak_workers: int = 12,
+    start_delay_s: float = 180.0,
+    noise: float = 10.0,
+    seed: int = 1,
+    plot: str | Path | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """``shardlease simulate --autoscale``: the fleet under DesiredWorkers through a load curve; prints the worker
+    count, cost against a fleet sized for the peak, over-target time, scale actions and lag, optionally plots load,
+    workers and lag over time. Bad values raise :class:`ConfigError` before anything runs."""
+    from worker_lib.tools.simulator.autoscale import (
+        AutoscaleSpec,
+        parse_curve,
+        plot_autoscale,
+        run_autoscale,
+        summary_lines,
+    )
+
+    stream = out if out is not None else sys.stdout
+    if noise < 0:
+        raise ConfigError(f"--noise {noise} must not be negative")
+    load_curve = parse_curve(curve)
+    spec = AutoscaleSpec(
+        shards=shards,
+        skew=parse_skew(skew),
+        peak_workers=peak_workers,
+        start_delay_s=start_delay_s,
+        noise_pct=noise,
+        seed=seed,
+    )
+    if plot is not None:
+        check_png_path(plot)
+        require_matplotlib(what="simulate --autoscale --plot")
+    result = run_autoscale(spec, load_curve)
+    lines = summary_lines(result)
+    if plot is not None:
+        lines.append(f"plot: {plot_autoscale(result, plot)}")
+    print("\n".join(lines), file=stream)
+    return 0

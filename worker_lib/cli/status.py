@@ -31,6 +31,8 @@ from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode_store import LivenessModeStore
+from worker_lib.scaling.desired import DesiredWorkers
+from worker_lib.tables.coordinator_items import DESIRED_WORKERS_KEY
 from worker_lib.tables.schema import TableLayout
 from worker_lib.tables.state_store import CoordinatorStateStore, DecisionRecorder, LeaseCapRecorder
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
@@ -94,6 +96,7 @@ class FleetStatus:
     expiring: list[str] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)  # the leader's latest, newest first
     blocked: list[BlockedShard] = field(default_factory=list)  # held up by failures, longest first
+    desired: dict[str, Any] | None = None  # the leader's DesiredWorkers item (docs/autoscaling.md), if any
     time: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +123,8 @@ def collect(
     leader = DynamoDBLeaderLock(app, "shardlease-status", client=ddb, clock=clock).current_leader()
     state_store = CoordinatorStateStore(app, client=ddb, clock=clock)
     cap_item = state_store.get(LeaseCapRecorder.KEY)
+    desired_item = state_store.get(DESIRED_WORKERS_KEY)
+    desired = DesiredWorkers.from_attrs(desired_item) if desired_item else None
     stored = LivenessModeStore(state_store, clock=clock).read()
     per_owner = stored is not None and stored.leader_judges_per_owner
     now = clock.wall()
@@ -205,6 +210,11 @@ def collect(
         lags=lags,
         expiring=expiring,
         decisions=DecisionRecorder.read(state_store),
+        desired=(
+            {**desired.to_attrs(), "remove": list(desired_item.get("remove") or [])}
+            if desired is not None and desired_item is not None
+            else None
+        ),
         time=datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
     )
 
@@ -263,6 +273,16 @@ def render(status: FleetStatus, *, watch: bool = False, lag_rows: int = 10, deci
         )
     for cluster, entry in sorted(status.clusters.items()):
         lines.append(f"cluster {cluster}: {entry['workers']} workers, {entry['leases']} leases")
+    if status.desired is not None:
+        d = status.desired
+        running = sum(1 for row in status.workers if row.active)
+        remove = f"; least loaded, to remove first: {', '.join(d['remove'])}" if d.get("remove") else ""
+        lines.append(
+            f"desired workers {d['desired']} ({running} reporting; since {_age(1000 * d['changedAt'], now)}): "
+            f"{d['reason']}{remove}"
+        )
+    else:
+        lines.append("desired workers: not computed yet (the leader computes it each full cycle)")
     if status.lags:
         lines.append(f"lag (MillisBehindLatest, worst {min(lag_rows, len(status.lags))} of {len(status.lags)}):")
         lines += [f"  {lag.lease:<44} {lag.millis_behind:>10,} ms  {lag.owner}" for lag in status.lags[:lag_rows]]

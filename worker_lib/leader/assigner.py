@@ -38,6 +38,7 @@ Every decision is logged as one structured line with its reason and the load bef
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -63,6 +64,7 @@ from worker_lib.leader.housekeeping import (
     WorkerRowSweeper,
 )
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
+from worker_lib.leader.sizing import FleetSizer
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.store import LeaseStore
 
@@ -129,6 +131,7 @@ class LeaseAssigner:
         notifier: AssignmentNotifier | None = None,
         observations: ObservationKeeper | None = None,
         modes: LeaderModeKeeper | None = None,
+        sizer: FleetSizer | None = None,
         clock: Clock = SYSTEM_CLOCK,
         seed: int | None = None,
         max_parallel_writes: int = 16,
@@ -143,6 +146,7 @@ class LeaseAssigner:
         self._liveness = liveness
         self._notifier = notifier
         self._modes = modes or LeaderModeKeeper(None, setting="lease")
+        self._sizer = sizer
         self._warned_foreign: set[str] = set()
         self._clock = clock
         self._rng = random.Random(seed)
@@ -254,8 +258,36 @@ class LeaseAssigner:
             liveness=liveness.describe(),
             foreign=foreign,
         )
+        if not fast and self._sizer is not None:
+            report = self._size_fleet(self._sizer, report, snapshot, live, now_wall)
         log.info(report.summary())
         return report
+
+    def _size_fleet(
+        self,
+        sizer: FleetSizer,
+        report: AssignmentReport,
+        snapshot: AssignmentSnapshot,
+        live: Sequence[Lease],
+        now_wall: float,
+    ) -> AssignmentReport:
+        """DesiredWorkers from this full run's picture (docs/autoscaling.md); a failure to read it is logged."""
+        try:
+            desired = sizer.size(
+                workers=snapshot.assignable_workers(self._config.worker_report_interval_s),
+                leases=live,
+                max_lag_ms=report.max_millis_behind,
+                now_epoch_s=now_wall,
+            )
+        except DependencyError as exc:
+            log.warning("could not size the fleet: %s", exc)
+            return report
+        return dataclasses.replace(
+            report,
+            desired_workers=desired.desired,
+            desired_reason=desired.reason,
+            workers_to_remove=sizer.remove,
+        )
 
     def _foreign_owners(self, live: Sequence[Lease], view: LivenessView) -> tuple[str, ...]:
         owners = {lease.actual_owner for lease in live if lease.actual_owner is not None}

@@ -44,6 +44,11 @@ class AssignmentReport:
     """Leases stopped by the stop-shard failure policy: assigned to nobody until ``shardlease resume-shard``."""
     blocked_shards: int = 0
     """Leases whose processor keeps failing (a failure marker: retrying or stopped; docs/failures.md)."""
+    desired_workers: int | None = None
+    """DesiredWorkers after a full run (docs/autoscaling.md); None in fast passes or without a sizer."""
+    desired_reason: str = ""
+    workers_to_remove: tuple[str, ...] = ()
+    """When the fleet is larger than DesiredWorkers: the least loaded workers, the ones a scaler should stop."""
     foreign_owners: tuple[str, ...] = ()
     """In ``worker`` liveness mode: owners of leases that do not heartbeat (a KCL worker, or one of ours with the
     heartbeat off) — judged by lease counter, and unable to judge ``worker``-mode leases themselves."""
@@ -55,4 +60,5 @@ class AssignmentReport:
             f"{self.workers_assignable}/{self.workers_total} workers, assigned {self.assigned}, "
             f"reassigned {self.reassigned_expired} expired, moved {self.moved}, forced {self.handoffs_forced} "
             f"handoffs, {self.unassigned} unassigned, max/mean {self.max_over_mean:.2f}"
+            + (f", desired workers {self.desired_workers}" if self.desired_workers is not None else "")
         )

@@ -71,6 +71,8 @@ def cycle_metrics(report: CycleReport) -> list[MetricValue]:
         ):
             out.append(MetricValue(name, COUNT, float(count)))
         out.append(MetricValue(LeaderMetric.LOAD_MAX_OVER_MEAN, NO_UNIT, float(run.max_over_mean)))
+        if run.desired_workers is not None:
+            out.append(MetricValue(LeaderMetric.DESIRED_WORKERS, COUNT, float(run.desired_workers)))
         if run.max_millis_behind is not None:
             out.append(MetricValue(LeaderMetric.MILLIS_BEHIND_MAX, MILLISECONDS, float(run.max_millis_behind)))
     return out

@@ -30,10 +30,12 @@ from worker_lib.leader.fast_path import FastPath, LivenessWatch
 from worker_lib.leader.leader import Leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leader.mode_keeper import LeaderModeKeeper
+from worker_lib.leader.sizing import FleetSizer
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.mode import check_start
 from worker_lib.leases.mode_store import LivenessModeStore
+from worker_lib.scaling.config import ScalingConfig
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.shardsync.multistream import MultiStreamShardSyncer
@@ -119,6 +121,7 @@ def build_leader(
     lock_config: LeaderLockConfig | None = None,
     assignment: AssignmentConfig | None = None,
     lease_config: LeaseConfig | None = None,
+    scaling: ScalingConfig | None = None,
     with_assignment: bool = True,
     layout: TableLayout | None = None,
     boto3_session: boto3.Session | None = None,
@@ -180,6 +183,11 @@ def build_leader(
             notifier=worker_rows,
             observations=ExpiryObservationStore(state_store, max_clock_skew_ms=lock_config.max_clock_skew_ms),
             modes=LeaderModeKeeper(modes, setting=lease_config.liveness_mode, owner=owner),
+            sizer=FleetSizer(
+                state_store,
+                scaling or ScalingConfig.from_env(),
+                max_throughput_per_host_kbps=assignment.max_throughput_per_host_kbps,
+            ),
             clock=clock,
         )
         if leader_config.fast_tick_ms > 0:

@@ -40,6 +40,7 @@ LEASE_CAP_KEY = "MaxLeasesPerWorker"
 EXPIRY_OBSERVATIONS_KEY = "LeaseExpiryObservations"
 LIVENESS_MODE_KEY = "LivenessMode"
 RECENT_DECISIONS_KEY = "RecentDecisions"  # the leader's last assignment decisions, for `shardlease status`
+DESIRED_WORKERS_KEY = "DesiredWorkers"  # the fleet size the load needs, and why (docs/autoscaling.md)
 
 
 def key_of(item_key: str) -> Item:

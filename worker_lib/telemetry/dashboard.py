@@ -88,7 +88,9 @@ ROWS: tuple[tuple[Graph, ...], ...] = (
                 *_each("Maximum", LeaderMetric.EXPIRED_LEASES, LeaderMetric.UNASSIGNED_LEASES),
                 *_each("Sum", LeaderMetric.LEASES_CREATED, LeaderMetric.LEASES_DELETED),
             ),
-            right=_each("Maximum", LeaderMetric.LEASES, LeaderMetric.SHARDS, LeaderMetric.WORKERS),
+            right=_each(
+                "Maximum", LeaderMetric.LEASES, LeaderMetric.SHARDS, LeaderMetric.WORKERS, LeaderMetric.DESIRED_WORKERS
+            ),
         ),
         Graph(title="Leader Lambda", aws_left="lambda"),
     ),

@@ -47,6 +47,7 @@ class LeaderMetric:
     HANDOFFS_FORCED: Final = "HandoffsForced"  # Count: overdue graceful handoffs completed by the leader
     WRITE_CONFLICTS: Final = "LeaseWriteConflicts"  # Count: conditional writes lost to a concurrent update
     WORKERS: Final = "Workers"  # Count: workers able to take leases
+    DESIRED_WORKERS: Final = "DesiredWorkers"  # Count: the fleet size the load needs (full cycles; autoscaling.md)
     LOAD_MAX_OVER_MEAN: Final = "LoadMaxOverMean"  # None: balance of the acted-on metric after the plan
     FOREIGN_OWNERS: Final = "ForeignLeaseOwners"  # Count: worker liveness mode, lease owners without a heartbeat
     FOREIGN_LOCK_HOLDER: Final = "LeaderLockForeignHolder"  # Count: 1 when the lock is held in another client's format
