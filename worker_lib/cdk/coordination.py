@@ -512,7 +512,7 @@ class ShardleaseCoordination(Construct):
 
     def scale_ecs_service(self, service: ecs.BaseService, *, min_workers: int, max_workers: int) -> Any:
         """Drive the service's task count by the leader's DesiredWorkers (docs/autoscaling.md,
-        :func:`worker_lib.cdk.scaling.scale_ecs_service`); returns the ``ScalableTaskCount``."""
+        :func:`worker_lib.cdk.scaling.scale_ecs_service`); returns the ``ScalableTarget``."""
         from worker_lib.cdk.scaling import scale_ecs_service
 
         return scale_ecs_service(

@@ -15,8 +15,7 @@ that is starting is in the service's count at once and would be asked for again 
 
 from __future__ import annotations
 
-import aws_cdk as cdk
-from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_lambda as lambda_
 
@@ -24,17 +23,6 @@ from worker_lib.core.errors import ConfigError
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, LeaderMetric
 
 CONTAINER_INSIGHTS_NAMESPACE = "ECS/ContainerInsights"
-
-
-def desired_workers_metric(*, namespace: str, application_name: str) -> cw.Metric:
-    """The leader's DesiredWorkers (published each full cycle; the maximum of a minute)."""
-    return cw.Metric(
-        namespace=namespace,
-        metric_name=LeaderMetric.DESIRED_WORKERS,
-        dimensions_map={APPLICATION_DIMENSION: application_name},
-        statistic="Maximum",
-        period=cdk.Duration.minutes(1),
-    )
 
 
 def scale_ecs_service(
@@ -45,42 +33,79 @@ def scale_ecs_service(
     min_workers: int,
     max_workers: int,
     leader_function: lambda_.Function | None = None,
-) -> ecs.ScalableTaskCount:
+) -> appscaling.ScalableTarget:
     """Drive ``service``'s task count by DesiredWorkers between ``min_workers`` and ``max_workers``; the leader is
     given the same bounds (``SHARDLEASE_SCALING_MIN_WORKERS`` / ``_MAX_WORKERS``) so that the signal never asks for
-    what the service cannot run."""
+    what the service cannot run. (CDK's L2 target tracking takes one metric only; the policy is written in L1.)"""
     if min_workers < 1 or max_workers < min_workers:
         raise ConfigError(f"scale_ecs_service: need 1 <= min_workers ({min_workers}) <= max_workers ({max_workers})")
-    task_count = cw.Metric(
-        namespace=CONTAINER_INSIGHTS_NAMESPACE,
-        metric_name="DesiredTaskCount",
-        dimensions_map={"ClusterName": service.cluster.cluster_name, "ServiceName": service.service_name},
-        statistic="Maximum",
-        period=cdk.Duration.minutes(1),
+    cluster, name = service.cluster.cluster_name, service.service_name
+    target = appscaling.ScalableTarget(
+        service,
+        "DesiredWorkersTarget",
+        service_namespace=appscaling.ServiceNamespace.ECS,
+        scalable_dimension="ecs:service:DesiredCount",
+        resource_id=f"service/{cluster}/{name}",
+        min_capacity=min_workers,
+        max_capacity=max_workers,
     )
-    ratio = cw.MathExpression(
-        expression="desired / IF(tasks > 0, tasks, 1)",
-        using_metrics={
-            "desired": desired_workers_metric(namespace=namespace, application_name=application_name),
-            "tasks": task_count,
-        },
-        label="DesiredWorkers per task",
-        period=cdk.Duration.minutes(1),
-    )
-    scaling = service.auto_scale_task_count(min_capacity=min_workers, max_capacity=max_workers)
-    scaling.scale_to_track_custom_metric(
-        "DesiredWorkers",
-        metric=ratio,
-        target_value=1.0,
-        # The leader's cool-downs (ScalingConfig) already space its changes; these only stop the policy from acting
-        # twice on one change while the task count catches up.
-        scale_out_cooldown=cdk.Duration.minutes(1),
-        scale_in_cooldown=cdk.Duration.minutes(1),
+    policy = appscaling.CfnScalingPolicy
+    metric = policy.TargetTrackingMetricDataQueryProperty
+
+    def stat(
+        query_id: str, metric_namespace: str, metric_name: str, dimensions: dict[str, str]
+    ) -> appscaling.CfnScalingPolicy.TargetTrackingMetricDataQueryProperty:
+        return metric(
+            id=query_id,
+            return_data=False,
+            metric_stat=policy.TargetTrackingMetricStatProperty(
+                stat="Maximum",
+                metric=policy.TargetTrackingMetricProperty(
+                    namespace=metric_namespace,
+                    metric_name=metric_name,
+                    dimensions=[
+                        policy.TargetTrackingMetricDimensionProperty(name=key, value=value)
+                        for key, value in dimensions.items()
+                    ],
+                ),
+            ),
+        )
+
+    policy(
+        service,
+        "DesiredWorkersPolicy",
+        policy_name=f"{application_name}-desired-workers",
+        policy_type="TargetTrackingScaling",
+        scaling_target_id=target.scalable_target_id,
+        target_tracking_scaling_policy_configuration=policy.TargetTrackingScalingPolicyConfigurationProperty(
+            target_value=1.0,
+            # The leader's cool-downs (ScalingConfig) already space its changes; these only stop the policy from
+            # acting twice on one change while the task count catches up.
+            scale_out_cooldown=60,
+            scale_in_cooldown=60,
+            customized_metric_specification=policy.CustomizedMetricSpecificationProperty(
+                metrics=[
+                    stat("desired", namespace, LeaderMetric.DESIRED_WORKERS, {APPLICATION_DIMENSION: application_name}),
+                    stat(
+                        "tasks",
+                        CONTAINER_INSIGHTS_NAMESPACE,
+                        "DesiredTaskCount",
+                        {"ClusterName": cluster, "ServiceName": name},
+                    ),
+                    metric(
+                        id="ratio",
+                        expression="desired / IF(tasks > 0, tasks, 1)",
+                        label="DesiredWorkers per task",
+                        return_data=True,
+                    ),
+                ]
+            ),
+        ),
     )
     if leader_function is not None:
         leader_function.add_environment("SHARDLEASE_SCALING_MIN_WORKERS", str(min_workers))
         leader_function.add_environment("SHARDLEASE_SCALING_MAX_WORKERS", str(max_workers))
-    return scaling
+    return target
 
 
-__all__ = ["desired_workers_metric", "scale_ecs_service"]
+__all__ = ["scale_ecs_service"]
