@@ -201,3 +201,38 @@ def test_watch_ends_on_ctrl_c_with_one_line(moto_endpoint: str, moto_aws: AwsCon
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130  # the shell's convention for SIGINT, as every shardlease command
     assert proc.stderr.read().decode().strip().splitlines() == ["shardlease status: interrupted"]
+
+
+def test_the_leaders_desired_workers_are_stored_continued_by_a_new_leader_and_shown(
+    fleet: tuple[Any, ManualClock], app_name: str
+) -> None:
+    from worker_lib.leader.sizing import FleetSizer
+    from worker_lib.scaling.config import ScalingConfig
+    from worker_lib.tables.state_store import CoordinatorStateStore
+
+    # GIVEN three workers at 90 % CPU and 40 leases, sized by a leader
+    ddb, clock = fleet
+    workers = [
+        WorkerMetricStats(worker_id=w, last_update_epoch_s=int(clock.wall()), stats={"C": (cpu,)})
+        for w, cpu in (("a/1", 90.0), ("a/2", 95.0), ("b/1", 85.0))
+    ]
+    leases = [Lease(lease_key=f"shard-{n}") for n in range(40)]
+    state = CoordinatorStateStore(app_name, client=ddb)
+    first = FleetSizer(state, ScalingConfig()).size(
+        workers=workers, leases=leases, max_lag_ms=None, now_epoch_s=clock.wall()
+    )
+    # THEN it asks for ⌈2.7 / 0.595⌉ = 5 and says why
+    assert first.desired == 5 and first.reason.startswith("scale out")
+    # WHEN a new leader sizes the same fleet, now lightly loaded, a minute later
+    clock.advance(60)
+    light = [
+        WorkerMetricStats(worker_id=w.worker_id, last_update_epoch_s=int(clock.wall()), stats={"C": (10.0,)})
+        for w in workers
+    ]
+    sizer = FleetSizer(state, ScalingConfig())
+    second = sizer.size(workers=light, leases=leases, max_lag_ms=None, now_epoch_s=clock.wall())
+    # THEN it continues from the stored decision: the scale-in cool-down holds the number
+    assert second.desired == 5 and "cool-down" in second.reason
+    # AND status shows the number, the reason and its age
+    text = render(collect(app_name, ddb, clock=clock))
+    assert "desired workers 5" in text and "scale out: cpu demand 2.70 workers" in text

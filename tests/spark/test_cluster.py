@@ -14,8 +14,8 @@ stream's tips. Then a second application joins on the same stream: the leader sp
 load (two each); the second is stopped with SIGTERM and the leader hands its leases to the first within seconds of
 their release; every event reaches one of the two outputs.
 
-Marked slow: about three minutes (177 s alone) on the 2-core machine (the virtualenv and its pack, two JVM workers, three
-drivers, four executors at most).
+Marked slow: about three minutes (177 s alone) on the 2-core machine (the virtualenv and its pack, two JVM workers,
+three drivers, four executors at most).
 """
 
 from __future__ import annotations
