@@ -115,3 +115,50 @@ def test_a_stored_decision_round_trips_and_a_foreign_item_reads_as_none() -> Non
 def test_impossible_settings_are_one_config_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ScalingConfig.from_env(env)
+
+
+@pytest.mark.parametrize("strategy", ["variance", "count"])
+def test_a_draining_worker_receives_nothing_and_is_not_balanced_around(strategy: str) -> None:
+    import dataclasses
+    import random
+
+    from tests.support.assignment import snap
+    from worker_lib.assignment.config import AssignmentConfig
+    from worker_lib.assignment.deciders import make_decider
+    from worker_lib.assignment.plan import apply_plan
+    from worker_lib.core.models import Lease, WorkerMetricStats
+
+    # GIVEN three workers, the idlest of which the fleet is asked to remove, and 6 unassigned leases
+    workers = [
+        WorkerMetricStats(worker_id=w, last_update_epoch_s=int(1e9), stats={"C": (cpu,)}, operating_range={"C": (100,)})
+        for w, cpu in (("busy", 60.0), ("mid", 40.0), ("idle", 5.0))
+    ]
+    leases = [Lease(lease_key=f"s{n}", lease_owner="idle", lease_counter=5, throughput_kbps=1.0) for n in range(2)]
+    leases += [Lease(lease_key=f"u{n}") for n in range(6)]
+    snapshot = dataclasses.replace(snap(leases, workers), now_epoch_s=1e9, draining=frozenset({"idle"}))
+    # WHEN the decider runs
+    decider = make_decider(AssignmentConfig(strategy=strategy))  # type: ignore[arg-type]
+    placed = apply_plan(snapshot.leases, decider.decide(snapshot, rng=random.Random(3)))
+    # THEN every unassigned lease went to the others, and the draining worker kept what it holds
+    owner = {lease.lease_key: lease.lease_owner for lease in placed}
+    assert all(owner[f"u{n}"] in {"busy", "mid"} for n in range(6)), owner
+    assert owner["s0"] == owner["s1"] == "idle"
+
+
+def test_the_sizer_names_workers_to_drain_only_when_asked() -> None:
+    from worker_lib.core.models import Lease, WorkerMetricStats
+    from worker_lib.leader.sizing import FleetSizer
+
+    # GIVEN an idle fleet of three that a first decision leaves at three, then (cool-down past) shrinks to one
+    workers = [
+        WorkerMetricStats(worker_id=w, last_update_epoch_s=1, stats={"C": (cpu,)})
+        for w, cpu in (("a", 9.0), ("b", 3.0), ("c", 6.0))
+    ]
+    leases = [Lease(lease_key=f"s{n}") for n in range(10)]
+    for drain, expected in ((False, frozenset()), (True, frozenset({"b", "c"}))):
+        sizer = FleetSizer(None, ScalingConfig(drain_least_loaded=drain))
+        sizer.size(workers=workers, leases=leases, max_lag_ms=None, now_epoch_s=0.0)
+        decision = sizer.size(workers=workers, leases=leases, max_lag_ms=None, now_epoch_s=1_000.0)
+        # THEN the two least loaded are named either way, and drained only when asked
+        assert decision.desired == 1 and sizer.remove == ("b", "c")
+        assert sizer.draining == expected

@@ -111,6 +111,9 @@ class AssignmentSnapshot:
       runs 1, 1 + f, 1 + 2f, … for balancing frequency f, as KCL's run counter).
     balance: force balancing on (True) or off (False) regardless of ``run_number``; the leader's fast passes
       (docs/failover.md) only place leases that need an owner and never rebalance.
+    draining: workers the fleet has been asked to remove (DesiredWorkers, docs/autoscaling.md, with
+      ``drain_least_loaded`` on): our deciders give them nothing and neither take from nor balance around them, as
+      for suspects; their leases stay until they stop, then move at once.
     """
 
     leases: tuple[Lease, ...]
@@ -121,6 +124,7 @@ class AssignmentSnapshot:
     shard_count: int | None = None
     run_number: int = 1
     balance: bool | None = None
+    draining: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.run_number < 1:

@@ -142,7 +142,8 @@ def ordered_pending(snapshot: AssignmentSnapshot) -> list[Lease]:
 
 
 def suspect_workers(snapshot: AssignmentSnapshot, assignable: Iterable[str]) -> frozenset[str]:
-    """Assignable workers that own at least one unfinished lease and *all* of whose leases are expired.
+    """Assignable workers that own at least one unfinished lease and *all* of whose leases are expired, and those the
+    snapshot says are draining.
 
     Such a worker has most likely died: its metrics can still look fresh for up to two report intervals (60 s)
     after it stopped, but it renews nothing. Our deciders give it nothing this run (neither unassigned nor
@@ -159,7 +160,9 @@ def suspect_workers(snapshot: AssignmentSnapshot, assignable: Iterable[str]) -> 
         held.add(owner)
         if lease.lease_key not in snapshot.expired_lease_keys:
             renewing.add(owner)
-    return frozenset(held - renewing)
+    # Workers the fleet is about to lose (snapshot.draining) are treated the same way: nothing new goes to a worker
+    # that will be stopped, so its leases are the fewest possible when it hands them over.
+    return frozenset(held - renewing) | (snapshot.draining & candidates)
 
 
 def let_expire(lease: Lease, snapshot: AssignmentSnapshot) -> str | None:

@@ -212,6 +212,7 @@ class LeaseAssigner:
             last_counter_increment=self._expiry.last_increments(),
             run_number=run_number,
             balance=False if fast else None,
+            draining=self._sizer.draining if self._sizer is not None else frozenset(),
         )
         decide_started = self._clock.monotonic()
         plan = self._decider.decide(snapshot, rng=self._rng)

@@ -45,6 +45,11 @@ class FleetSizer:
         self._loaded = False
         self.remove: tuple[str, ...] = ()
 
+    @property
+    def draining(self) -> frozenset[str]:
+        """The workers the assigner should give nothing (``drain_least_loaded``): the last full run's removal list."""
+        return frozenset(self.remove) if self._config.drain_least_loaded else frozenset()
+
     def _load(self) -> None:
         if self._loaded or self._store is None:
             return

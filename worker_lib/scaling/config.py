@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_float, env_int, env_optional_int, environ
+from worker_lib.core.env import env_bool, env_float, env_int, env_optional_int, environ
 from worker_lib.core.errors import ConfigError
 
 
@@ -28,6 +28,10 @@ class ScalingConfig:
     lag_step_pct: a lag-driven scale-out adds this share of the fleet, at least one worker (25; ``_LAG_STEP_PCT``).
     min_workers / max_workers: bounds (1 / None = no bound but the lease count; ``_MIN_WORKERS`` / ``_MAX_WORKERS``).
       The signal never asks for more workers than there are leases.
+    drain_least_loaded: while the fleet is larger than the signal, the least loaded workers (the ones named to
+      remove) receive no new leases, so they hold the fewest when stopped (False; ``_DRAIN_LEAST_LOADED``). Turn it
+      on only with a scaler that stops exactly those workers (``worker_lib.testing.scaler``, a custom one): ECS and
+      KEDA choose the task or pod themselves, and starving workers they then keep would only unbalance the fleet.
     """
 
     target_utilization_pct: float = 70.0
@@ -39,6 +43,7 @@ class ScalingConfig:
     lag_step_pct: float = 25.0
     min_workers: int = 1
     max_workers: int | None = None
+    drain_least_loaded: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilization_pct <= 100:
@@ -78,4 +83,5 @@ class ScalingConfig:
             lag_step_pct=env_float(e, f"{p}LAG_STEP_PCT", 25.0),
             min_workers=env_int(e, f"{p}MIN_WORKERS", 1),
             max_workers=env_optional_int(e, f"{p}MAX_WORKERS"),
+            drain_least_loaded=env_bool(e, f"{p}DRAIN_LEAST_LOADED", False),
         )
