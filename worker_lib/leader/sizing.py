@@ -80,7 +80,14 @@ class FleetSizer:
             now_epoch_s=now_epoch_s,
         )
         decision = decide_desired(self._config, load, self._previous)
-        loads = {w: (u if u is not None else 0.0) for w, u in utilization.items()}
+        # Least loaded by CPU; by the throughput of the leases it owns where a worker reports no CPU.
+        throughput: dict[str, float] = {}
+        for lease in leases:
+            owner = lease.actual_owner
+            if owner is not None:
+                throughput[owner] = throughput.get(owner, 0.0) + (lease.throughput_kbps or 0.0)
+        cpu_known = all(u is not None for u in utilization.values())
+        loads = {w: (u if cpu_known and u is not None else throughput.get(w, 0.0)) for w, u in utilization.items()}
         remove = removal_candidates(loads, decision.desired)
         if decision.changed or remove != self.remove:
             log.info(

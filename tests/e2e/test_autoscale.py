@@ -1,0 +1,161 @@
+"""The fleet sizes itself (docs/autoscaling.md), end to end on moto: a `shardlease leader` process publishing
+DesiredWorkers to CloudWatch, a local scaler (worker_lib.testing.scaler) starting `shardlease worker` processes and
+stopping them with SIGTERM, a producer that doubles its rate, then halves it.
+
+The workers report no CPU (``SHARDLEASE_CPU_METRIC=none``: on a shared 2-core test machine a process's CPU says more
+about its neighbours than about its load), so the demand is the leases' throughput against
+``SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS`` = 100: ~80 KB/s needs 2 workers at the sizing point (59.5 %), ~160 KB/s
+needs 3, and back at ~80 KB/s the scale-in band allows 2 again. Cool-downs of 3 s (out) and 8 s (in).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.journal_processor import PROCESSOR, read_journal
+from tests.support.processes import LEADER_TIMINGS, process_group
+from tests.support.recording import owners
+from worker_lib.core import aws
+from worker_lib.core.config import AwsConfig
+from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.tables.admin import ensure_tables
+from worker_lib.tables.state_store import CoordinatorStateStore
+from worker_lib.testing.producers import Producer, shard_hash_keys
+from worker_lib.testing.scaler import LocalScaler
+from worker_lib.testing.streams import create_stream
+from worker_lib.testing.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "Autoscale"
+REPORTS = {
+    "SHARDLEASE_CPU_METRIC": "none",
+    "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS": "1000",
+    "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS": "200",
+}
+SCALING = {
+    "SHARDLEASE_METRICS": "cloudwatch",
+    "SHARDLEASE_METRICS_NAMESPACE": NAMESPACE,
+    "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS": "1000",
+    "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "1000",
+    "SHARDLEASE_LEADER_FAST_TICK_MS": "250",
+    "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS": "100",
+    "SHARDLEASE_SCALING_SCALE_OUT_COOLDOWN_S": "3",
+    "SHARDLEASE_SCALING_SCALE_IN_COOLDOWN_S": "8",
+    "SHARDLEASE_SCALING_MAX_WORKERS": "4",
+    "SHARDLEASE_SCALING_DRAIN_LEAST_LOADED": "true",
+}
+
+
+class Idle:
+    """The longest time any lease went without a live owner, polled every 0.2 s while ``watching`` is set."""
+
+    def __init__(self, store: DynamoDBLeaseStore, live: Any) -> None:
+        self.store, self.live = store, live
+        self.watching = threading.Event()
+        self.longest = 0.0
+        self._since: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            if not self.watching.is_set():
+                self._since.clear()
+                continue
+            now, live = time.monotonic(), set(self.live())
+            for key, owner in owners(self.store).items():
+                if owner in live:
+                    self._since.pop(key, None)
+                else:
+                    self.longest = max(self.longest, now - self._since.setdefault(key, now))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
+    moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
+) -> None:
+    ddb, kinesis = aws.client("dynamodb", moto_aws), aws.client("kinesis", moto_aws)
+    cloudwatch = aws.client("cloudwatch", moto_aws)
+    ensure_tables(app_name, ddb)
+    stream = f"{app_name}-s"
+    create_stream(kinesis, stream, 4)
+    store = DynamoDBLeaseStore(app_name, client=ddb)
+    journal = tmp_path / "journal.txt"
+    journal.touch()
+    args = ["--app", app_name, "--stream", stream, "--endpoint-url", moto_endpoint]
+    stopped: set[str] = set()
+    with process_group(tmp_path) as group:
+        group.start_shardlease("leader", "leader", *args, env={**LEADER_TIMINGS, **REPORTS, **SCALING})
+
+        def running() -> list[str]:
+            return [p.name for p in group.live("worker") if p.name.startswith("scaled-") and p.name not in stopped]
+
+        def start(name: str) -> None:
+            env = {**REPORTS, "SHARDLEASE_LEADER_MODE": "none", "SHARDLEASE_TEST_JOURNAL": str(journal)}
+            group.start_shardlease(name, "worker", *args, "--processor", PROCESSOR, "--worker-id", name, env=env)
+
+        def stop(name: str) -> None:
+            stopped.add(name)
+            group.signal(name, signal.SIGTERM)
+
+        scaler = LocalScaler(
+            cloudwatch=cloudwatch,
+            state=CoordinatorStateStore(app_name, client=ddb),
+            namespace=NAMESPACE,
+            app=app_name,
+            running=running,
+            start=start,
+            stop=stop,
+        )
+        done = threading.Event()
+
+        def scale() -> None:
+            while not done.wait(1.0):
+                scaler.step()
+
+        scaling = threading.Thread(target=scale, daemon=True)
+        idle = Idle(store, running)
+        keys = shard_hash_keys(kinesis, stream)
+        producer = Producer(kinesis, stream, per_tick=8, tick_s=0.1, hash_keys=keys, payload_bytes=1000)
+        try:
+            scaling.start()
+            with producer:
+                # GIVEN ~80 KB/s: the fleet settles at 2 workers
+                assert wait_until(lambda: len(running()) == 2, timeout_s=60), scaler.history[-5:]
+                # WHEN the producer doubles its rate, THEN it grows to 3
+                producer.per_tick = 16
+                assert wait_until(lambda: len(running()) == 3, timeout_s=60), scaler.history[-5:]
+                # WHEN it halves it again, THEN it shrinks back to 2, by SIGTERM to the worker the leader named,
+                # and no lease goes without a live owner for more than 5 s meanwhile
+                producer.per_tick = 8
+                idle.watching.set()
+                assert wait_until(lambda: len(running()) == 2, timeout_s=90), scaler.history[-5:]
+                assert wait_until(lambda: all(o in running() for o in owners(store).values()), timeout_s=15)
+                idle.watching.clear()
+            produced = set(producer.produced)
+            # AND every record produced was processed
+            assert wait_until(lambda: produced <= {r[4] for r in read_journal(journal)}, timeout_s=60, step_s=1), len(
+                produced - {r[4] for r in read_journal(journal)}
+            )
+        finally:
+            done.set()
+            scaling.join(timeout=10)
+            idle.close()
+        print(f"scaler history (desired, running): {[(d, r) for _, d, r in scaler.history][::5]}")
+        print(f"longest a lease went without a live owner during scale-in: {idle.longest:.1f} s")
+        assert idle.longest <= 5.0
+        # AND each stopped worker left cleanly on its SIGTERM
+        assert stopped and all(group.wait(name, timeout_s=30) == 0 for name in stopped)
+        assert max(r for _, _, r in scaler.history) == 3
+        assert "DesiredWorkers" in group.log("leader")

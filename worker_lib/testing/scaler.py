@@ -1,0 +1,103 @@
+"""A local stand-in for ECS or KEDA in tests: it follows the leader's ``DesiredWorkers`` (docs/autoscaling.md) by
+starting workers and stopping them with SIGTERM — the only way the scaling path stops a worker.
+
+Each :meth:`LocalScaler.step` reads ``DesiredWorkers`` from CloudWatch (the maximum over the last few seconds, as a
+target-tracking alarm or KEDA reads it; moto in tests), then starts workers up to it, or stops the surplus: the
+workers the leader named in its ``DesiredWorkers`` item (the least loaded) first, then the newest. What starting and
+stopping mean is the caller's (``start`` / ``stop`` callables): in the e2e test, ``shardlease worker`` processes of a
+:class:`~worker_lib.testing.processes.ProcessFleet` and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
+from worker_lib.core.errors import DependencyError
+from worker_lib.tables.coordinator_items import DESIRED_WORKERS_KEY
+from worker_lib.tables.state_store import CoordinatorStateStore
+from worker_lib.telemetry.names import APPLICATION_DIMENSION, LeaderMetric
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScalerStep:
+    desired: int | None
+    started: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+
+
+class LocalScaler:
+    def __init__(
+        self,
+        *,
+        cloudwatch: Any,
+        state: CoordinatorStateStore,
+        namespace: str,
+        app: str,
+        running: Callable[[], Sequence[str]],
+        start: Callable[[str], None],
+        stop: Callable[[str], None],
+        window_s: float = 5.0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._cloudwatch = cloudwatch
+        self._state = state
+        self._namespace, self._app = namespace, app
+        self._running, self._start, self._stop = running, start, stop
+        self._window_s = window_s
+        self._clock = clock
+        self._started = 0
+        self.history: list[tuple[float, int, int]] = []  # (monotonic, desired, running after the step)
+
+    def desired(self) -> int | None:
+        """The newest DesiredWorkers: the maximum over the last ``window_s`` seconds; None if none was put."""
+        now = dt.datetime.fromtimestamp(self._clock.wall(), dt.timezone.utc)
+        with aws.translated("cloudwatch GetMetricStatistics", self._namespace):
+            reply = self._cloudwatch.get_metric_statistics(
+                Namespace=self._namespace,
+                MetricName=LeaderMetric.DESIRED_WORKERS,
+                Dimensions=[{"Name": APPLICATION_DIMENSION, "Value": self._app}],
+                StartTime=now - dt.timedelta(seconds=self._window_s),
+                EndTime=now + dt.timedelta(seconds=1),
+                Period=60,
+                Statistics=["Maximum"],
+            )
+        points = sorted(reply.get("Datapoints", []), key=lambda p: p["Timestamp"])
+        return int(points[-1]["Maximum"]) if points else None
+
+    def step(self) -> ScalerStep:
+        try:
+            desired = self.desired()
+        except DependencyError as exc:
+            log.warning("scaler: could not read DesiredWorkers: %s", exc)
+            return ScalerStep(None)
+        running = list(self._running())
+        if desired is None or desired == len(running):
+            self.history.append((self._clock.monotonic(), desired or len(running), len(running)))
+            return ScalerStep(desired)
+        started: list[str] = []
+        stopped: list[str] = []
+        if desired > len(running):
+            for _ in range(desired - len(running)):
+                self._started += 1
+                name = f"scaled-{self._started}"
+                self._start(name)
+                started.append(name)
+        else:
+            item = self._state.get(DESIRED_WORKERS_KEY) or {}
+            named = [w for w in item.get("remove") or [] if w in running]
+            newest_first = [w for w in reversed(running) if w not in named]
+            for worker in (named + newest_first)[: len(running) - desired]:
+                self._stop(worker)  # SIGTERM: the worker hands its leases over itself
+                stopped.append(worker)
+        if started or stopped:
+            log.info("scaler: DesiredWorkers %s, started %s, stopped %s", desired, started, stopped)
+        self.history.append((self._clock.monotonic(), desired, len(running) + len(started) - len(stopped)))
+        return ScalerStep(desired, tuple(started), tuple(stopped))
