@@ -140,14 +140,14 @@ def collect(
     rows = []
     for worker in sorted(set(per_worker) | set(metrics)):
         stats = metrics.get(worker)
-        cpu_values = [v for v in (stats.stats.get("C", ()) if stats else ()) if v >= 0]
+        cpu = stats.latest("C") if stats else None
         rows.append(
             WorkerRow(
                 worker=worker,
                 cluster=cluster_of(worker, separator),
                 leases=len(per_worker.get(worker, [])),
                 throughput_kbps=round(sum(x.throughput_kbps or 0.0 for x in per_worker.get(worker, [])), 3),
-                cpu=round(cpu_values[-1], 1) if cpu_values else None,
+                cpu=round(cpu, 1) if cpu is not None else None,
                 report_age_s=round(now - stats.last_update_epoch_s, 1) if stats else None,
                 active=stats is not None and is_active_worker(stats, now, report_interval_s),
                 liveness=(stats.heartbeat.liveness or "lease") if stats and stats.heartbeat else None,

@@ -286,6 +286,11 @@ class WorkerMetricStats:
         """KCL: a worker reporting no metrics at all is balanced by throughput alone."""
         return not self.stats and not self.operating_range
 
+    def latest(self, metric: str = "C") -> float | None:
+        """The newest real window of ``metric`` (−1 marks a window with no samples), or None if there is none."""
+        values = [v for v in self.stats.get(metric, ()) if v >= 0]
+        return values[-1] if values else None
+
     def has_failed_metric(self) -> bool:
         """KCL excludes a worker from assignment when any metric list ends in −1."""
         return any(values and values[-1] == -1 for values in self.stats.values())

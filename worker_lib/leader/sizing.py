@@ -23,11 +23,11 @@ CPU = "C"
 
 def latest_utilization(worker: WorkerMetricStats) -> float | None:
     """The worker's latest CPU window as a percentage of its operating range; None if it reports none."""
-    values = [v for v in worker.stats.get(CPU, ()) if v >= 0]
-    if not values:
+    latest = worker.latest(CPU)
+    if latest is None:
         return None
     ceiling = (worker.operating_range.get(CPU) or (100.0,))[0] or 100.0
-    return 100.0 * values[-1] / ceiling
+    return 100.0 * latest / ceiling
 
 
 class FleetSizer:

@@ -387,8 +387,8 @@ class Worker:
         """The CPU the last worker-metrics window measured (published as WorkerCpuUtilization), if any."""
         if self._reporter is None or not hasattr(self._reporter, "snapshot"):
             return None
-        values = [v for v in self._reporter.snapshot().stats.get("C", ()) if v >= 0]
-        return values[-1] if values else None
+        latest: float | None = self._reporter.snapshot().latest("C")
+        return latest
 
     # --- public ---------------------------------------------------------------------------------------------
 

@@ -51,9 +51,9 @@ def read_worker_cpu(ddb: Any, app: str) -> dict[str, float]:
     out: dict[str, float] = {}
     with contextlib.suppress(ShardleaseError):
         for stats in WorkerMetricsStore(app, client=ddb).list_all():
-            values = [v for v in stats.stats.get("C", ()) if v >= 0]
-            if values:
-                out[stats.worker_id] = values[-1]
+            latest = stats.latest("C")
+            if latest is not None:
+                out[stats.worker_id] = latest
     return out
 
 

@@ -283,20 +283,11 @@ class AutoscaleSimulation:
         rates = {k: r * multiplier for k, r in self.base_rates.items()}
         measured = self._work(rates)
         now = EPOCH0 + self.time_s
-        reports: list[WorkerMetricStats] = []
         for worker_id, (cpu, _) in measured.items():
             worker = self.workers[worker_id]
             worker.sts = [*worker.sts, round(cpu, 3)][-MAX_STS:]
             worker.cycles += 1
             worker.over += cpu > spec.scaling.target_utilization_pct
-            reports.append(
-                WorkerMetricStats(
-                    worker_id=worker_id,
-                    last_update_epoch_s=int(now),
-                    stats={CPU: tuple(worker.sts)},
-                    operating_range={CPU: (100.0,)},
-                )
-            )
         for key, lease in self.leases.items():
             if lease.actual_owner in measured:
                 self.leases[key] = lease.with_(lease_counter=lease.lease_counter + 1, throughput_kbps=rates[key])
