@@ -70,11 +70,12 @@ def snippet_env(moto_endpoint: str, kinesalite_endpoint: str) -> dict[str, str]:
 def printed(text: str) -> set[str]:
     """The "<partition key> <size>" pairs the snippet printed. Its handler runs on one thread per shard and ``print``
     writes key, separator, size and newline separately, so two threads' lines can interleave
-    ("readme-001readme-000 10" then " 11"): a pair is taken as whole lines where they are intact, and otherwise as
-    the keys and the sizes printed, which must then match one to one."""
+    ("readme-001readme-000 10" then " 11", or "readme-00614" where a size follows a key directly): a pair is taken as
+    whole lines where they are intact, and otherwise as the keys and the sizes printed (the numbers left once the keys
+    are taken out), which must then match one to one."""
     lines = set(text.splitlines())
     keys = re.findall(r"readme-\d{3}", text)
-    sizes = sorted(int(size) for size in re.findall(r"(?<![-\d])(\d{2})(?!\d)", text))
+    sizes = sorted(int(size) for size in re.findall(r"(?<!\d)(\d{2})(?!\d)", re.sub(r"readme-\d{3}", " ", text)))
     if sorted(int(key[-3:]) + 10 for key in keys) == sizes:  # every key printed once, with its own size somewhere
         lines |= {f"{key} {int(key[-3:]) + 10}" for key in keys}
     return lines

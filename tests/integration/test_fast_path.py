@@ -261,6 +261,32 @@ def test_a_departing_workers_leases_are_not_moved_until_it_gives_them_up(
     assert world.notice("A")[0] == 0
 
 
+def test_a_worker_that_departs_between_the_ticks_read_and_its_pass_gets_its_leases_back_from_nobody(
+    ddb: Any, app_name: str
+) -> None:
+    # GIVEN an idle A (10 % CPU, two leases) and a busy B (70 %, two leases); the fast path has seen them
+    world, a = departing_world(ddb, app_name, WorkerState.ACTIVE, a_cpu=10, a_leases=2, b_cpu=70, b_leases=2, free=0)
+    assert world.fast.tick(run_number=1) is None
+    # AND A then says something changed (evc + 1): the next tick will run a pass
+    a.events += 1
+    world.fleet.advance(1)
+
+    def depart() -> None:
+        a.state = WorkerState.DEPARTING
+        a.beat()
+        for key in ("a0", "a1"):
+            lease = world.leases.get_lease(key)
+            assert lease is not None and world.leases.evict_lease(lease, "A") is not None
+
+    # WHEN A says DEPARTING and gives both leases up just after the tick read its row (still ACTIVE there)
+    world.watch_rows.after_next_scan = depart
+    report = world.fast.tick(run_number=1)
+    # THEN the pass reads the rows again after its lease scan: the departing A gets nothing back, B gets both
+    assert report is not None and report.fast and report.workers_departing == ("A",)
+    assert owners(world.leases) == {"a0": "B", "a1": "B", "b0": "B", "b1": "B"}
+    assert world.notice("A")[0] == 0
+
+
 # ----------------------------------------------------------------------------------------------- (d) (e) safety
 
 
@@ -279,17 +305,21 @@ def test_nothing_moves_when_the_confirmation_read_shows_a_new_heartbeat(world: W
     # GIVEN A silent for longer than the failover time as far as the fast path's scan can tell
     a = silent_but_renewing(world)
     asv_before, _ = world.notice("B")
-    # WHEN A's beat lands after the leader scanned the leases, just before the confirmation read
-    original = world.leases.list_leases
+    # WHEN A's beat lands after the pass read the worker rows (after its lease scan), just before the confirmation
+    # read
+    original = world.rows.list_all
+    scans: list[bool] = []
 
-    def scan_then_a_beats(**kwargs: Any) -> list[Lease]:
+    def scan_then_a_beats(**kwargs: Any) -> list[WorkerMetricStats]:
         scanned = original(**kwargs)
-        a.beat()
+        scans.append(True)
+        if len(scans) == 2:  # the tick's own read first, then the pass's
+            a.beat()
         return scanned
 
-    world.leases.list_leases = scan_then_a_beats  # type: ignore[method-assign]
+    world.rows.list_all = scan_then_a_beats  # type: ignore[method-assign]
     report = world.fast.tick(run_number=1)
-    world.leases.list_leases = original  # type: ignore[method-assign]
+    world.rows.list_all = original  # type: ignore[method-assign]
     # THEN the pass ran (the scan said gone) but the consistent read overruled it: nothing moved, nobody notified
     assert report is not None and report.workers_gone == ("A",)
     assert report.reassigned_expired == 0 and report.write_conflicts == 0

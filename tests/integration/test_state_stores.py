@@ -44,6 +44,8 @@ def test_put_get_list_and_conditional_stale_delete(ddb: Any, app_name: str, capl
     ddb.put_item(TableName=table, Item=KCL_ITEM)
     ddb.put_item(TableName=table, Item={"wid": {"S": "x"}, "entityType": {"S": "LEASE"}})
     ddb.put_item(TableName=table, Item={"wid": {"S": "bad"}, "lut": {"S": "secret-payload"}})
+    # AND an item that holds only its key (what moto shows while its UpdateItem creates an item)
+    ddb.put_item(TableName=table, Item={"wid": {"S": "being-created"}})
     # WHEN the leader lists them
     with caplog.at_level(logging.WARNING, logger="worker_lib.workermetrics.stats_store"):
         workers = sorted(store.list_all(), key=lambda w: w.worker_id)
@@ -51,6 +53,7 @@ def test_put_get_list_and_conditional_stale_delete(ddb: Any, app_name: str, capl
     assert [w.worker_id for w in workers] == ["a", "b", "java-worker"]
     assert workers[2].stats == {"C": (40.5, -1.0, 55.0)} and workers[2].has_failed_metric() is False
     assert "wid=bad" in caplog.text and "secret-payload" not in caplog.text and "wid=x" not in caplog.text
+    assert "being-created" not in caplog.text  # skipped without a warning: nothing is corrupt in it
     assert store.get("a") == workers[0] and store.get("bad") is None and store.get("x") is None
     assert store.get("nobody") is None
     # AND the KCL item is stored exactly as KCL would write it when we put it back

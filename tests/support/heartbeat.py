@@ -53,12 +53,18 @@ class ThrottledRows:
         self._inner = inner
         self.throttled = False
         self.scans = 0
+        self.after_next_scan: Callable[[], None] | None = None
+        """Run once, right after the next scan read the table (something that happens between the read and its use)."""
 
     def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]:
         self.scans += 1
         if self.throttled:
             raise ThrottledError("worker-metrics scan throttled (injected)")
-        return self._inner.list_all(consistent=consistent)
+        rows = self._inner.list_all(consistent=consistent)
+        then, self.after_next_scan = self.after_next_scan, None
+        if then is not None:
+            then()
+        return rows
 
     def get(self, worker_id: str) -> WorkerMetricStats | None:
         return self._inner.get(worker_id)

@@ -162,11 +162,12 @@ class LeaseAssigner:
 
     # --- one run --------------------------------------------------------------------------------------------
 
-    def run(
-        self, *, run_number: int, fast: bool = False, workers: Sequence[WorkerMetricStats] | None = None
-    ) -> AssignmentReport:
-        """One run. ``fast``: a pass between full cycles (no rebalancing, no term reset, no housekeeping);
-        ``workers``: the worker-metrics items if the caller just read them (the fast tick did)."""
+    def run(self, *, run_number: int, fast: bool = False) -> AssignmentReport:
+        """One run. ``fast``: a pass between full cycles (no rebalancing, no term reset, no housekeeping).
+
+        The worker rows are read after the lease scan, never before (not even the fast tick's fresh read): a worker
+        that says DEPARTING and then gives its leases up must not be seen active beside its given-up leases, or they
+        would go straight back to it."""
         started = self._clock.monotonic()
         if run_number == 1 and not fast:
             self._modes.new_term()
@@ -180,7 +181,7 @@ class LeaseAssigner:
         segments = PARALLEL_SCAN_SEGMENTS if self._last_lease_count > PARALLEL_SCAN_THRESHOLD else 1
         all_leases = self._store.list_leases(segments=segments)
         self._last_lease_count = len(all_leases)
-        all_workers = list(workers) if workers is not None else self._metrics.list_all()
+        all_workers = self._metrics.list_all()
         now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
 
         # A shard stopped by its failure policy (stop-shard) is assigned to nobody until resumed.

@@ -7,8 +7,9 @@ at once when a worker left, went silent or changed something.
 * :class:`FastPath` — one tick: scan the worker-metrics table (eventually consistent: one item per worker, about
   one read unit per tick for 20 workers) and, if the picture changed in a way that needs action — a worker gone
   (stopped, or silent past the failover time), a worker that released or created leases (``evc``) — run a fast
-  assignment pass (:meth:`~worker_lib.leader.assigner.LeaseAssigner.run` with ``fast=True``). A failing read (e.g.
-  throttling) backs the fast path off, doubling up to the full-cycle interval: the full cycle keeps assigning.
+  assignment pass (:meth:`~worker_lib.leader.assigner.LeaseAssigner.run` with ``fast=True``, which reads the rows
+  again after its lease scan). A failing read (e.g. throttling) backs the fast path off, doubling up to the
+  full-cycle interval: the full cycle keeps assigning.
   The read runs on a helper thread and the tick waits for it at most ``read_timeout_s``: a read that botocore keeps
   retrying (throttling) must not hold the leader loop past its lock heartbeat. While it is still running, ticks skip.
 """
@@ -36,9 +37,7 @@ class WorkerRows(Protocol):
 
 
 class FastAssignment(Protocol):
-    def run(
-        self, *, run_number: int, fast: bool = False, workers: Sequence[WorkerMetricStats] | None = None
-    ) -> AssignmentReport: ...
+    def run(self, *, run_number: int, fast: bool = False) -> AssignmentReport: ...
 
 
 class LivenessWatch:
@@ -118,7 +117,7 @@ class FastPath:
                 self._handled = signature
                 self._backoff_s = 0.0
                 return None
-            report = self._assignment.run(run_number=run_number, fast=True, workers=rows)
+            report = self._assignment.run(run_number=run_number, fast=True)
         except DependencyError as exc:
             self._back_off(now, f"fast path failed: {exc}")
             return None

@@ -215,7 +215,9 @@ class SparkLeaseCoordinator:
         log.info("spark source %s departing: giving up %d leases", self.worker_id, len(self._holder.held_keys()))
         self._keeper.depart()
         self._stop.set()
-        self._keeper.stop(timeout_s=10)
+        # Bounded well inside the runner's departure deadline (DEPARTURE_TIMEOUT_S): giving up is safe beside a last
+        # renewal (both are conditional writes on the lease, serialised per lease by the holder).
+        self._keeper.stop(timeout_s=3)
         self._keeper.give_up(self._holder.held_keys())
         # Unlike a worker, leases assigned to us that we do not hold are not given up: a query's worker id is the
         # same across restarts, and a restarted query (a new runner, started while this one is still leaving) holds

@@ -194,6 +194,11 @@ class WorkerMetricsStore(TableStore):
         item = self._place.as_read(item, A.WORKER_ID)
         if is_foreign(item):
             return None
+        if not set(item) - {A.WORKER_ID, A.ENTITY_TYPE}:
+            # Nothing but the key: an item being created. DynamoDB writes an item whole, but an emulator may show
+            # it between putting the key and applying the update (moto's UpdateItem does): not corrupt, just empty.
+            log.debug("worker-metrics item table=%s wid=%s holds only its key: skipped", self.table_name, worker_id)
+            return None
         try:
             return from_item(item)
         except CorruptItemError as exc:
