@@ -16,6 +16,7 @@ from tests.spark.support import Env, Sink, last_sequence_per_shard, lease_checkp
 from tests.support.recording import assign_unowned
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.models import WorkerState
 from worker_lib.leases.mode import LivenessMode
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.spark import stop_between_batches
@@ -76,6 +77,15 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     # what is assigned to it when it starts: wait for the stand-in leader to hand the given-up leases back first
     # (under CI's load a fresh query could otherwise start between the give-up and the reassignment, hold nothing,
     # and — rightly for availableNow — end at once).
+    # The stopped query's runner leaves on a thread of its own, after the query stopped: wait for its STOPPED, or the
+    # leases could still be its own here, be given up just after, and the fresh query start in the gap.
+    rows = WorkerMetricsStore(env.app, client=env.ddb)
+
+    def runner_stopped() -> bool:
+        row = rows.get("spark-a")
+        return row is not None and row.heartbeat is not None and row.heartbeat.state is WorkerState.STOPPED
+
+    assert wait_until(runner_stopped, timeout_s=20), rows.get("spark-a")
     assert wait_until(lambda: all(lease.lease_owner == "spark-a" for lease in env.store.list_leases()), timeout_s=20)
     env.produce(100)
     fresh = Sink()
