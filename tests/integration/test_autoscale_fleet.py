@@ -4,8 +4,16 @@ stopping them with SIGTERM, a producer that doubles its rate, then halves it.
 
 The workers report no CPU (``SHARDLEASE_CPU_METRIC=none``: on a shared 2-core test machine a process's CPU says more
 about its neighbours than about its load), so the demand is the leases' throughput against
-``SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS`` = 100: ~80 KB/s needs 2 workers at the sizing point (59.5 %), ~160 KB/s
-needs 3, and back at ~80 KB/s the scale-in band allows 2 again. Cool-downs of 3 s (out) and 8 s (in).
+``SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS`` = 100. Each worker has a capacity of 65 records/s (the journal
+processor's ``SHARDLEASE_TEST_RECORDS_PER_S``) and reads 20 records a call, so ``MillisBehindLatest`` shows a backlog:
+
+* 80 records/s of 1 KB over 6 shards: 2 workers (demand 80 KB/s at the 59.5 % sizing point), 40 records/s each;
+* 160 records/s: 2 workers would need 80 records/s each, so they fall behind; they read 130 KB/s, which already
+  asks for 3, and at 3 (2 shards, 53 records/s each) the backlog drains: lag grows, then recovers;
+* back at 80 records/s the scale-in band allows 2 again. Cool-downs of 3 s (out) and 8 s (in).
+
+A worker the scaler asks for starts 5 s later (an ECS task provisions for longer): the doubled rate has time to show
+as lag before help arrives, and the start's own backlog (one worker at first) is caught up before the rate doubles.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +32,7 @@ from tests.support.processes import LEADER_TIMINGS, process_group
 from tests.support.recording import owners
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.errors import DependencyError
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.state_store import CoordinatorStateStore
@@ -30,6 +40,7 @@ from worker_lib.testing.producers import Producer, shard_hash_keys
 from worker_lib.testing.scaler import LocalScaler
 from worker_lib.testing.streams import create_stream
 from worker_lib.testing.waiting import wait_until
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +62,12 @@ SCALING = {
     "SHARDLEASE_SCALING_MAX_WORKERS": "4",
     "SHARDLEASE_SCALING_DRAIN_LEAST_LOADED": "true",
 }
+
+
+CAPACITY = {"SHARDLEASE_TEST_RECORDS_PER_S": "65", "SHARDLEASE_MAX_RECORDS": "20"}
+BEHIND_MS = 1_000  # fallen behind: a backlog of a second or more
+CAUGHT_UP_MS = 500  # a 20-record read at 13–27 records/s per shard is under a second behind at worst
+START_DELAY_S = 5.0  # a new worker starts this long after the scaler asked for it
 
 
 class Idle:
@@ -82,6 +99,47 @@ class Idle:
         self._thread.join(timeout=5)
 
 
+class Lag:
+    """The worst ``MillisBehindLatest`` the live workers report (their worker-metrics rows), with how many run,
+    polled every 0.5 s."""
+
+    def __init__(self, rows: WorkerMetricsStore, live: Callable[[], list[str]]) -> None:
+        self.rows, self.live = rows, live
+        self.series: list[tuple[float, int, int]] = []  # (monotonic, worst lag ms, workers running)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            live = set(self.live())
+            try:
+                rows = [row for row in self.rows.list_all() if row.worker_id in live]
+            except DependencyError:
+                continue
+            worst = max((max(row.lag_ms.values(), default=0) for row in rows), default=0)
+            self.series.append((time.monotonic(), worst, len(live)))
+
+    def now(self) -> int:
+        return self.series[-1][1] if self.series else 0
+
+    def worst_since(self, since: float, *, running: int | None = None) -> int:
+        return max((ms for at, ms, n in self.series if at >= since and running in (None, n)), default=0)
+
+    def steady(self, running: int, for_s: float) -> bool:
+        """``running`` workers and caught up for the last ``for_s`` seconds."""
+        now = time.monotonic()
+        recent = [(ms, n) for at, ms, n in self.series if at >= now - for_s]
+        return len(recent) >= 2 * for_s - 2 and all(ms < CAUGHT_UP_MS and n == running for ms, n in recent)
+
+    def around(self, at: float) -> list[tuple[float, int, int]]:
+        return [(round(t - at, 1), ms, n) for t, ms, n in self.series if t >= at - 5][::2]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
     moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
 ) -> None:
@@ -89,7 +147,7 @@ def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
     cloudwatch = aws.client("cloudwatch", moto_aws)
     ensure_tables(app_name, ddb)
     stream = f"{app_name}-s"
-    create_stream(kinesis, stream, 4)
+    create_stream(kinesis, stream, 6)
     store = DynamoDBLeaseStore(app_name, client=ddb)
     journal = tmp_path / "journal.txt"
     journal.touch()
@@ -102,7 +160,7 @@ def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
             return [p.name for p in group.live("worker") if p.name.startswith("scaled-") and p.name not in stopped]
 
         def start(name: str) -> None:
-            env = {**REPORTS, "SHARDLEASE_LEADER_MODE": "none", "SHARDLEASE_TEST_JOURNAL": str(journal)}
+            env = {**REPORTS, **CAPACITY, "SHARDLEASE_LEADER_MODE": "none", "SHARDLEASE_TEST_JOURNAL": str(journal)}
             group.start_shardlease(name, "worker", *args, "--processor", PROCESSOR, "--worker-id", name, env=env)
 
         def stop(name: str) -> None:
@@ -117,6 +175,7 @@ def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
             running=running,
             start=start,
             stop=stop,
+            start_delay_s=START_DELAY_S,
         )
         done = threading.Event()
 
@@ -126,16 +185,27 @@ def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
 
         scaling = threading.Thread(target=scale, daemon=True)
         idle = Idle(store, running)
+        lag = Lag(WorkerMetricsStore(app_name, client=ddb), running)
         keys = shard_hash_keys(kinesis, stream)
         producer = Producer(kinesis, stream, per_tick=8, tick_s=0.1, hash_keys=keys, payload_bytes=1000)
         try:
             scaling.start()
             with producer:
-                # GIVEN ~80 KB/s: the fleet settles at 2 workers
-                assert wait_until(lambda: len(running()) == 2, timeout_s=60), scaler.history[-5:]
-                # WHEN the producer doubles its rate, THEN it grows to 3
+                # GIVEN ~80 KB/s: the fleet settles at 2 workers, caught up with the backlog it started with
+                assert wait_until(lambda: lag.steady(2, 5), timeout_s=150), (scaler.history[-5:], lag.series[-5:])
+                # WHEN the producer doubles its rate
                 producer.per_tick = 16
-                assert wait_until(lambda: len(running()) == 3, timeout_s=60), scaler.history[-5:]
+                doubled = time.monotonic()
+                # THEN the fleet falls behind: the two cannot keep up, and a new worker starts 5 s after it is asked
+                # for, as a task provisions, then takes its leases over (the worker's prefetched batches hide the
+                # first seconds of it: a fetch measures the lag, not the processor)
+                assert wait_until(lambda: lag.worst_since(doubled) >= BEHIND_MS, timeout_s=40), str(
+                    (lag.around(doubled), [(round(at - doubled, 1), d, r) for at, d, r in scaler.history][-30::3])
+                )
+                # AND the fleet grows to 3, with which the backlog drains: the lag recovers at the doubled rate
+                assert wait_until(lambda: len(running()) >= 3, timeout_s=60), scaler.history[-5:]
+                assert wait_until(lambda: lag.steady(len(running()), 2), timeout_s=90), lag.around(doubled)
+                recovered = time.monotonic()
                 # WHEN it halves it again, THEN it shrinks back to 2, by SIGTERM to the worker the leader named,
                 # and no lease goes without a live owner for more than 5 s meanwhile
                 producer.per_tick = 8
@@ -154,7 +224,13 @@ def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(
             done.set()
             scaling.join(timeout=10)
             idle.close()
+            lag.close()
         print(f"scaler history (desired, running): {[(d, r) for _, d, r in scaler.history][::5]}")
+        print(
+            f"lag after the rate doubled: worst {lag.worst_since(doubled) / 1000:.1f} s (while 2 workers ran "
+            f"{lag.worst_since(doubled, running=2) / 1000:.1f} s), back under "
+            f"{CAUGHT_UP_MS / 1000:.1f} s {recovered - doubled:.0f} s after the doubling"
+        )
         print(f"longest a lease went without a live owner during scale-in: {idle.longest:.1f} s")
         assert idle.longest <= 5.0
         # AND each stopped worker left cleanly on its SIGTERM

@@ -1,15 +1,16 @@
 """A record processor for multi-process tests: appends every record to a journal file, then checkpoints.
 
 ``shardlease worker --processor tests.support.journal_processor:JournalProcessor`` with
-``SHARDLEASE_TEST_JOURNAL=/path/file``. Each line is ``pid shard sequence sub-sequence data`` (in a multi-stream
-application ``shard`` is ``stream/shardId``); the line is flushed
-*before* the checkpoint, so a record checkpointed is always in the journal (duplicates are possible only for
-records after the last checkpoint, never losses).
+``SHARDLEASE_TEST_JOURNAL=/path/file`` (and ``SHARDLEASE_TEST_RECORDS_PER_S`` for a worker of limited capacity).
+Each line is ``pid shard sequence sub-sequence data`` (in a multi-stream application ``shard`` is
+``stream/shardId``); the line is flushed *before* the checkpoint, so a record checkpointed is always in the journal
+(duplicates are possible only for records after the last checkpoint, never losses).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,30 @@ from worker_lib.processing.processor import (
 )
 
 PROCESSOR = "tests.support.journal_processor:JournalProcessor"  # for `shardlease worker --processor`
+
+
+class ProcessCapacity:
+    """At most ``SHARDLEASE_TEST_RECORDS_PER_S`` records a second for the whole process, across its shards (unset:
+    no limit): a worker with a capacity, so that a fleet too small for its stream falls behind (lag grows) and a
+    larger one catches up."""
+
+    def __init__(self, records_per_s: float | None) -> None:
+        self.records_per_s = records_per_s
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def spend(self, records: int) -> None:
+        if not self.records_per_s or records <= 0:
+            return
+        with self._lock:
+            start = max(time.monotonic(), self._free_at)
+            self._free_at = start + records / self.records_per_s
+            done_at = self._free_at
+        time.sleep(max(0.0, done_at - time.monotonic()))
+
+
+_rate = os.environ.get("SHARDLEASE_TEST_RECORDS_PER_S")
+CAPACITY = ProcessCapacity(float(_rate) if _rate else None)
 
 
 class JournalProcessor:
@@ -41,6 +66,7 @@ class JournalProcessor:
         self._append([f"{os.getpid()} {self.shard_id} INIT {input.checkpoint}\n"])
 
     def process_records(self, input: ProcessRecordsInput) -> None:
+        CAPACITY.spend(len(input.records))
         pid = os.getpid()
         self._append(
             [

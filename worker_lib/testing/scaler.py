@@ -45,15 +45,21 @@ class LocalScaler:
         start: Callable[[str], None],
         stop: Callable[[str], None],
         window_s: float = 5.0,
+        start_delay_s: float = 0.0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``start_delay_s``: a worker asked for starts this long after (an ECS task's provisioning, a pod's
+        scheduling and image pull; 0: at once). It counts toward the fleet from the request on, as a pending task
+        counts toward an ECS service's running count, and a surplus cancels pending starts before it stops anyone."""
         self._cloudwatch = cloudwatch
         self._state = state
         self._namespace, self._app = namespace, app
         self._running, self._start, self._stop = running, start, stop
         self._window_s = window_s
+        self._start_delay_s = start_delay_s
         self._clock = clock
         self._started = 0
+        self._pending: list[tuple[float, str]] = []  # (due on the monotonic clock, name), oldest first
         self.history: list[tuple[float, int, int]] = []  # (monotonic, desired, running after the step)
 
     def desired(self) -> int | None:
@@ -72,32 +78,55 @@ class LocalScaler:
         points = sorted(reply.get("Datapoints", []), key=lambda p: p["Timestamp"])
         return int(points[-1]["Maximum"]) if points else None
 
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Workers asked for that have not started yet."""
+        return tuple(name for _, name in self._pending)
+
     def step(self) -> ScalerStep:
+        due = [name for at, name in self._pending if at <= self._clock.monotonic()]
+        self._pending = [(at, name) for at, name in self._pending if name not in due]
+        for name in due:
+            self._start(name)
         try:
             desired = self.desired()
         except DependencyError as exc:
             log.warning("scaler: could not read DesiredWorkers: %s", exc)
-            return ScalerStep(None)
+            return ScalerStep(None, tuple(due))
         running = list(self._running())
-        if desired is None or desired == len(running):
-            self.history.append((self._clock.monotonic(), desired or len(running), len(running)))
-            return ScalerStep(desired)
-        started: list[str] = []
+        fleet = len(running) + len(self._pending)
+        if desired is None or desired == fleet:
+            self.history.append((self._clock.monotonic(), desired or fleet, fleet))
+            return ScalerStep(desired, tuple(due))
+        started: list[str] = list(due)
         stopped: list[str] = []
-        if desired > len(running):
-            for _ in range(desired - len(running)):
+        if desired > fleet:
+            for _ in range(desired - fleet):
                 self._started += 1
                 name = f"scaled-{self._started}"
-                self._start(name)
-                started.append(name)
+                if self._start_delay_s > 0:
+                    self._pending.append((self._clock.monotonic() + self._start_delay_s, name))
+                else:
+                    self._start(name)
+                    started.append(name)
         else:
-            item = self._state.get(DESIRED_WORKERS_KEY) or {}
+            surplus = fleet - desired
+            while surplus and self._pending:  # not started yet: cancelled, nobody to stop
+                _, name = self._pending.pop()
+                surplus -= 1
+            item = (self._state.get(DESIRED_WORKERS_KEY) or {}) if surplus else {}
             named = [w for w in item.get("remove") or [] if w in running]
             newest_first = [w for w in reversed(running) if w not in named]
-            for worker in (named + newest_first)[: len(running) - desired]:
+            for worker in (named + newest_first)[:surplus]:
                 self._stop(worker)  # SIGTERM: the worker hands its leases over itself
                 stopped.append(worker)
         if started or stopped:
             log.info("scaler: DesiredWorkers %s, started %s, stopped %s", desired, started, stopped)
-        self.history.append((self._clock.monotonic(), desired, len(running) + len(started) - len(stopped)))
+        self.history.append(
+            (
+                self._clock.monotonic(),
+                desired,
+                len(running) + len(self._pending) + len(started) - len(due) - len(stopped),
+            )
+        )
         return ScalerStep(desired, tuple(started), tuple(stopped))
