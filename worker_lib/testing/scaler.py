@@ -60,7 +60,7 @@ class LocalScaler:
         self._clock = clock
         self._started = 0
         self._pending: list[tuple[float, str]] = []  # (due on the monotonic clock, name), oldest first
-        self.history: list[tuple[float, int, int]] = []  # (monotonic, desired, running after the step)
+        self.history: list[tuple[float, int, int]] = []  # (monotonic, desired, running and pending after the step)
 
     def desired(self) -> int | None:
         """The newest DesiredWorkers: the maximum over the last ``window_s`` seconds; None if none was put."""
