@@ -5,6 +5,7 @@ query refused for the other mode."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -77,15 +78,25 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     # what is assigned to it when it starts: wait for the stand-in leader to hand the given-up leases back first
     # (under CI's load a fresh query could otherwise start between the give-up and the reassignment, hold nothing,
     # and — rightly for availableNow — end at once).
-    # The stopped query's runner leaves on a thread of its own, after the query stopped: wait for its STOPPED, or the
-    # leases could still be its own here, be given up just after, and the fresh query start in the gap.
+    # The stopped query's runner leaves on a thread of its own, after the query stopped: wait until it is done — it
+    # said STOPPED, or it no longer beats (ended without a departure: what it held is still ours, and the fresh
+    # query under the same worker id takes it over) — or the leases could still be its own here, be given up just
+    # after, and the fresh query start in the gap.
     rows = WorkerMetricsStore(env.app, client=env.ddb)
+    beats: dict[str, float] = {}
 
-    def runner_stopped() -> bool:
+    def runner_done() -> bool:
         row = rows.get("spark-a")
-        return row is not None and row.heartbeat is not None and row.heartbeat.state is WorkerState.STOPPED
+        beat = row.heartbeat if row is not None else None
+        if beat is None or beat.state is WorkerState.STOPPED:
+            return True
+        now = time.monotonic()
+        if beats.get("counter") != beat.counter:
+            beats.update(counter=beat.counter, at=now)
+            return False
+        return now - beats["at"] >= 3 * beat.interval_ms / 1000
 
-    assert wait_until(runner_stopped, timeout_s=20), rows.get("spark-a")
+    assert wait_until(runner_done, timeout_s=30), str(rows.get("spark-a"))
     assert wait_until(lambda: all(lease.lease_owner == "spark-a" for lease in env.store.list_leases()), timeout_s=20)
     env.produce(100)
     fresh = Sink()
