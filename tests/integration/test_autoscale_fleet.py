@@ -70,7 +70,29 @@ CAUGHT_UP_MS = 500  # a 20-record read at 13–27 records/s per shard is under a
 START_DELAY_S = 5.0  # a new worker starts this long after the scaler asked for it
 
 
-class Idle:
+class Poller:
+    """Calls ``sample()`` every ``interval_s`` on a thread of its own until ``close()`` (subclasses set their state
+    before calling this constructor: the thread starts in it)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Idle(Poller):
     """The longest time any lease went without a live owner, polled every 0.2 s while ``watching`` is set."""
 
     def __init__(self, store: DynamoDBLeaseStore, live: Any) -> None:
@@ -78,47 +100,37 @@ class Idle:
         self.watching = threading.Event()
         self.longest = 0.0
         self._since: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(0.2)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            if not self.watching.is_set():
-                self._since.clear()
-                continue
-            now, live = time.monotonic(), set(self.live())
-            for key, owner in owners(self.store).items():
-                if owner in live:
-                    self._since.pop(key, None)
-                else:
-                    self.longest = max(self.longest, now - self._since.setdefault(key, now))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def sample(self) -> None:
+        if not self.watching.is_set():
+            self._since.clear()
+            return
+        now, live = time.monotonic(), set(self.live())
+        for key, owner in owners(self.store).items():
+            if owner in live:
+                self._since.pop(key, None)
+            else:
+                self.longest = max(self.longest, now - self._since.setdefault(key, now))
 
 
-class Lag:
+class Lag(Poller):
     """The worst ``MillisBehindLatest`` the live workers report (their worker-metrics rows), with how many run,
     polled every 0.5 s."""
 
     def __init__(self, rows: WorkerMetricsStore, live: Callable[[], list[str]]) -> None:
         self.rows, self.live = rows, live
         self.series: list[tuple[float, int, int]] = []  # (monotonic, worst lag ms, workers running)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(0.5)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            live = set(self.live())
-            try:
-                rows = [row for row in self.rows.list_all() if row.worker_id in live]
-            except DependencyError:
-                continue
-            worst = max((max(row.lag_ms.values(), default=0) for row in rows), default=0)
-            self.series.append((time.monotonic(), worst, len(live)))
+    def sample(self) -> None:
+        live = set(self.live())
+        try:
+            rows = [row for row in self.rows.list_all() if row.worker_id in live]
+        except DependencyError:
+            return
+        worst = max((max(row.lag_ms.values(), default=0) for row in rows), default=0)
+        self.series.append((time.monotonic(), worst, len(live)))
 
     def now(self) -> int:
         return self.series[-1][1] if self.series else 0
@@ -134,10 +146,6 @@ class Lag:
 
     def around(self, at: float) -> list[tuple[float, int, int]]:
         return [(round(t - at, 1), ms, n) for t, ms, n in self.series if t >= at - 5][::2]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def test_the_fleet_grows_with_the_load_and_shrinks_after_it_losing_nothing(

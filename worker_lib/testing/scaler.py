@@ -83,36 +83,36 @@ class LocalScaler:
         """Workers asked for that have not started yet."""
         return tuple(name for _, name in self._pending)
 
-    def step(self) -> ScalerStep:
-        due = [name for at, name in self._pending if at <= self._clock.monotonic()]
-        self._pending = [(at, name) for at, name in self._pending if name not in due]
+    def _start_due(self) -> list[str]:
+        """Start the pending workers whose delay has passed (a start without a delay is due at once)."""
+        now = self._clock.monotonic()
+        due = [name for at, name in self._pending if at <= now]
+        self._pending = [(at, name) for at, name in self._pending if at > now]
         for name in due:
             self._start(name)
+        return due
+
+    def step(self) -> ScalerStep:
+        started = self._start_due()
         try:
             desired = self.desired()
         except DependencyError as exc:
             log.warning("scaler: could not read DesiredWorkers: %s", exc)
-            return ScalerStep(None, tuple(due))
-        running = list(self._running())
+            return ScalerStep(None, tuple(started))
+        running = list(self._running())  # read after the starts above: they are in it
         fleet = len(running) + len(self._pending)
-        if desired is None or desired == fleet:
-            self.history.append((self._clock.monotonic(), desired or fleet, fleet))
-            return ScalerStep(desired, tuple(due))
-        started: list[str] = list(due)
         stopped: list[str] = []
-        if desired > fleet:
+        if desired is not None and desired > fleet:
             for _ in range(desired - fleet):
                 self._started += 1
-                name = f"scaled-{self._started}"
-                if self._start_delay_s > 0:
-                    self._pending.append((self._clock.monotonic() + self._start_delay_s, name))
-                else:
-                    self._start(name)
-                    started.append(name)
-        else:
+                self._pending.append((self._clock.monotonic() + self._start_delay_s, f"scaled-{self._started}"))
+            now_started = self._start_due()
+            started += now_started
+            fleet = len(running) + len(now_started) + len(self._pending)
+        elif desired is not None and desired < fleet:
             surplus = fleet - desired
             while surplus and self._pending:  # not started yet: cancelled, nobody to stop
-                _, name = self._pending.pop()
+                self._pending.pop()
                 surplus -= 1
             item = (self._state.get(DESIRED_WORKERS_KEY) or {}) if surplus else {}
             named = [w for w in item.get("remove") or [] if w in running]
@@ -120,13 +120,8 @@ class LocalScaler:
             for worker in (named + newest_first)[:surplus]:
                 self._stop(worker)  # SIGTERM: the worker hands its leases over itself
                 stopped.append(worker)
+            fleet = len(running) - len(stopped) + len(self._pending)
         if started or stopped:
             log.info("scaler: DesiredWorkers %s, started %s, stopped %s", desired, started, stopped)
-        self.history.append(
-            (
-                self._clock.monotonic(),
-                desired,
-                len(running) + len(self._pending) + len(started) - len(due) - len(stopped),
-            )
-        )
+        self.history.append((self._clock.monotonic(), desired if desired is not None else fleet, fleet))
         return ScalerStep(desired, tuple(started), tuple(stopped))
