@@ -12,15 +12,24 @@
 
 from __future__ import annotations
 
+import bisect
+import fcntl
 import itertools
 import os
 import signal
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.stalls import PROBE_ENV
+from tests.support.stalls import samples as probe_samples
 from worker_lib.core.config import AwsConfig
 from worker_lib.testing.emulators import Emulator, start_dynalite, start_kinesalite, start_kinesis_local, start_moto
 from worker_lib.testing.fanout_proxy import FanOutProxy
@@ -114,9 +123,53 @@ def app_name() -> str:
     return f"app-{next(_counter)}-{uuid.uuid4().hex[:8]}"
 
 
-# --- time per test folder (printed at the end of every run; .ci/run's last lines) -------------------------------
+# --- the timer probe, the heavy lock, and the run's figures (printed at the end: .ci/run's last lines) ------------
+
+HEAVY_LOCK_ENV = "SHARDLEASE_TEST_HEAVY_LOCK"
+_probe: list[subprocess.Popen[bytes]] = []  # the controller's timer probe (none in an xdist worker)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller (or a run without xdist): one timer probe for the whole run, and the heavy lock's file.
+    xdist's workers start after this and inherit both variables."""
+    if hasattr(config, "workerinput") or os.environ.get(PROBE_ENV):
+        return
+    run_dir = Path(tempfile.mkdtemp(prefix="shardlease-run-"))
+    os.environ[PROBE_ENV] = str(run_dir / "probe.txt")
+    os.environ[HEAVY_LOCK_ENV] = str(run_dir / "heavy.lock")
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "tests.support.stalls", os.environ[PROBE_ENV]]
+    _probe.append(subprocess.Popen(command, cwd=root, start_new_session=True))  # ends with us: it watches its parent
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for probe in _probe:
+        if probe.poll() is None:
+            probe.terminate()
+            probe.wait(timeout=10)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test marked ``heavy`` (a fleet of processes, a Spark cluster: docs/testing.md) runs only while no other
+    heavy test runs in the whole run, whatever xdist worker it is on; light tests go on beside it."""
+    lock_path = os.environ.get(HEAVY_LOCK_ENV)
+    if item.get_closest_marker("heavy") is None or not lock_path:
+        yield
+        return
+    with open(lock_path, "a") as lock:
+        asked = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        item.user_properties.append(("heavy_wait_s", round(time.monotonic() - asked, 1)))
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
 
 _folder_time: dict[str, list[float]] = {}  # folder -> [summed seconds, tests, first start, last stop]
+_spans: list[tuple[float, float, str]] = []  # (wall start, wall stop, node id) of every test's call phase
+_heavy_wait: list[float] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -128,15 +181,56 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry[1] += report.when == "call"
     entry[2] = min(entry[2], report.start)
     entry[3] = max(entry[3], report.stop)
+    if report.when == "call":
+        _spans.append((report.start, report.stop, report.nodeid))
+    if report.when == "setup":
+        _heavy_wait.extend(float(str(v)) for k, v in report.user_properties if k == "heavy_wait_s")
+
+
+def _probe_samples() -> list[tuple[float, float, float, float]]:
+    """(wall time, timer lateness, load average, small task's wall time) of every probe sample, in time order."""
+    path = os.environ.get(PROBE_ENV)
+    return [(wall, late, load, work) for _, wall, late, load, work in probe_samples(Path(path))] if path else []
+
+
+def _worst(samples: list[tuple[float, float, float, float]], start: float, stop: float) -> tuple[float, float, float]:
+    """The longest timer lateness, highest load average and longest small task sampled between two wall times."""
+    times = [s[0] for s in samples]
+    window = samples[bisect.bisect_left(times, start) : bisect.bisect_right(times, stop)]
+    return (
+        max((s[1] for s in window), default=0.0),
+        max((s[2] for s in window), default=0.0),
+        max((s[3] for s in window), default=0.0),
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _folder_time:
         return
-    terminalreporter.write_sep("=", "time per test folder")
-    terminalreporter.write_line(f"{'folder':<12} {'tests':>6} {'test time':>10} {'first to last':>14}")
+    samples = _probe_samples()
+    write = terminalreporter.write_line
+    terminalreporter.write_sep("=", "time per test folder, and how late the machine ran timers meanwhile")
+    header = f"{'folder':<12} {'tests':>6} {'test time':>10} {'first to last':>14} {'timer late':>11} {'load':>6}"
+    write(f"{header} {'5 ms task':>10}")
     for folder, (seconds, tests, start, stop) in sorted(_folder_time.items(), key=lambda kv: -kv[1][0]):
-        terminalreporter.write_line(f"{folder:<12} {tests:>6} {seconds / 60:>8.1f} m {(stop - start) / 60:>12.1f} m")
+        late, load, work = _worst(samples, start, stop)
+        write(
+            f"{folder:<12} {tests:>6} {seconds / 60:>8.1f} m {(stop - start) / 60:>12.1f} m {late:>9.2f} s {load:>6.1f}"
+            f" {work * 1000:>7.0f} ms"
+        )
+    if samples:
+        late, load, work = _worst(samples, samples[0][0], samples[-1][0])
+        write(
+            f"whole run: longest timer lateness {late:.2f} s, peak load average {load:.1f}, a 5 ms task took up to "
+            f"{work * 1000:.0f} ms ({len(samples)} probe samples)"
+        )
+        by_test = sorted(((_worst(samples, a, b)[0], n) for a, b, n in _spans), reverse=True)
+        worst = [(t, n) for t, n in by_test[:5] if t]
+        if worst:
+            write("longest timer lateness seen during: " + "; ".join(f"{n} ({t:.2f} s)" for t, n in worst))
+    if _heavy_wait:
+        waited, longest = sum(_heavy_wait) / 60, max(_heavy_wait)
+        write(f"heavy tests waited {waited:.1f} m in all for the heavy lock (longest {longest:.0f} s)")
 
 
 # --- parallel runs (pytest-xdist, `-n N --dist loadgroup` in .ci/run) ---------------------------------------------

@@ -224,9 +224,10 @@ class WorkerHeartbeat:
     """A worker's heartbeat attributes: ``hbc`` (counter, +1 per beat), ``hbt`` (its wall clock at sending, ms),
     ``hbi`` (its beat interval, ms), ``wst`` (state), ``evc`` (a counter it bumps when it released or created
     leases the leader should look at) and ``lvm`` (the liveness mode it runs in: ``lease`` = renewing, ``worker``;
-    ``None`` for a worker older than liveness modes, which always renews) and ``hbs`` (the session of the process
+    ``None`` for a worker older than liveness modes, which always renews), ``hbs`` (the session of the process
     that beat: its start time in ms, zero-padded, and a random suffix — a newer process under the same worker id
-    supersedes an older one; ``None`` from a worker older than sessions)."""
+    supersedes an older one; ``None`` from a worker older than sessions) and ``hbg`` (the leader's certificate: the
+    counter at which it declared this worker gone, 0 if never; ``None`` under a leader that writes none)."""
 
     counter: int
     wall_ms: int
@@ -235,6 +236,7 @@ class WorkerHeartbeat:
     events: int = 0
     liveness: str | None = None
     session: str | None = None
+    gone_counter: int | None = None
 
     @property
     def renews(self) -> bool:

@@ -24,7 +24,7 @@ from typing import Protocol
 from worker_lib.assignment.heartbeats import HeartbeatTracker, LivenessView
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
-from worker_lib.core.models import WorkerMetricStats
+from worker_lib.core.models import WorkerMetricStats, WorkerState
 from worker_lib.leader.assignment_report import AssignmentReport
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,10 @@ class WorkerRows(Protocol):
     def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]: ...
 
     def get(self, worker_id: str) -> WorkerMetricStats | None: ...
+
+    def declare_gone(self, worker_id: str, counter: int) -> bool: ...
+
+    def certify_declarations(self, worker_id: str) -> bool: ...
 
 
 class FastAssignment(Protocol):
@@ -49,15 +53,43 @@ class LivenessWatch:
         self._rows = rows
         self._clock = clock
         self._tracker = HeartbeatTracker(failover_s=failover_ms / 1000, max_clock_skew_s=max_clock_skew_ms / 1000)
+        self._certified: set[str] = set()
         self.last_view = LivenessView()
 
     def observe(self, workers: Sequence[WorkerMetricStats]) -> LivenessView:
         self.last_view = self._tracker.observe(workers, self._clock.monotonic(), self._clock.wall())
+        self._certify(workers)
         return self.last_view
 
+    def _certify(self, workers: Sequence[WorkerMetricStats]) -> None:
+        """Mark each heartbeating worker's item ``hbg`` = 0, once: this leader declares a worker gone before it
+        moves anything of it, so the worker may trust that no certificate means nothing moved (docs/failover.md)."""
+        for row in workers:
+            beat = row.heartbeat
+            if beat is None or beat.gone_counter is not None or row.worker_id in self._certified:
+                continue
+            try:
+                self._rows.certify_declarations(row.worker_id)
+            except DependencyError as exc:
+                log.debug("could not mark worker %s as certified: %s", row.worker_id, exc)
+                continue
+            self._certified.add(row.worker_id)
+        self._certified &= {row.worker_id for row in workers}
+
     def confirm_gone(self, worker_id: str) -> bool:
-        row = self._rows.get(worker_id)  # strongly consistent, and taken after the caller's lease scan
-        return self._tracker.still_gone(row, self._clock.monotonic(), self._clock.wall())
+        """Still gone by a consistent read taken after the caller's lease scan, and so declared on the worker's item
+        (conditionally on the counter it stood still at): only then may its leases move. A beat that landed after
+        the read makes the declaration fail, and the worker keeps its leases."""
+        row = self._rows.get(worker_id)
+        if not self._tracker.still_gone(row, self._clock.monotonic(), self._clock.wall()):
+            return False
+        assert row is not None and row.heartbeat is not None
+        if row.heartbeat.state is WorkerState.STOPPED:
+            return True  # it fenced itself before saying so: nothing to certify
+        if self._rows.declare_gone(worker_id, row.heartbeat.counter):
+            return True
+        log.info("worker %s beat again as it was declared gone: it keeps its leases", worker_id)
+        return False
 
     def scan(self) -> list[WorkerMetricStats]:
         """The tick's read: every worker item, eventually consistent (observe the result on the leader's thread)."""

@@ -56,8 +56,9 @@ class HeartbeatSink(Protocol):
 
 
 class HeartbeatFence(Protocol):
-    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> bool:
-        """Extend the fence; True if it had run out before this reply (leases were dropped)."""
+    def heartbeat_succeeded(self, sent_at: float, replied_at: float, *, declared_gone: bool | None = None) -> bool:
+        """Extend the fence; True if leases were dropped: it had run out before this reply and the leader declared
+        this worker gone meanwhile (``declared_gone``; ``None``: the reply cannot tell, so assume it did)."""
 
     def fence_all(self, reason: str) -> None:
         """Stop processing everything now; nothing is valid until the next beat lands."""
@@ -117,6 +118,7 @@ class HeartbeatLoop:
         self.session = new_session(clock)
         self._predecessor: str | None = None
         self._predecessor_until: float | None = None
+        self._confirmed_counter: int | None = None  # ``hbc`` after our last beat whose reply came back
         self.superseded = threading.Event()
         """Set once a newer process under our worker id beat: we hold nothing and beat no more."""
         self.state = WorkerState.ACTIVE
@@ -170,7 +172,9 @@ class HeartbeatLoop:
                 self._failing = True
                 self._go_quiet_if_lapsed()
                 return False
-            lapsed = self._fence.heartbeat_succeeded(sent, self._clock.monotonic())
+            lapsed = self._fence.heartbeat_succeeded(
+                sent, self._clock.monotonic(), declared_gone=self._declared_gone(row)
+            )
             if self._failing:
                 log.info("heartbeat of %s succeeded again", self.worker_id)
             self._failing = False
@@ -202,6 +206,18 @@ class HeartbeatLoop:
             elif self._seen_version is None:
                 self._seen_version = 0  # the item did not exist before this beat: no notice yet
             return True
+
+    def _declared_gone(self, row: WorkerMetricStats | None) -> bool | None:
+        """Whether the leader declared us gone since our last confirmed beat, from the item as it was before this
+        beat (``hbg``, written by the leader before it moves anything, conditionally on the counter it saw stand
+        still: docs/failover.md). ``None`` when the reply cannot tell: no item, no earlier confirmed beat, or a
+        leader that writes no certificates."""
+        beat = row.heartbeat if row is not None else None
+        confirmed = self._confirmed_counter
+        self._confirmed_counter = beat.counter + 1 if beat is not None else None
+        if beat is None or confirmed is None or beat.gone_counter is None:
+            return None
+        return beat.gone_counter >= confirmed
 
     def _await_predecessor(self, interval_ms: int, wall_ms: int, sent: float) -> None:
         """An older process under our worker id beat lately: take nothing until it has beaten again (and so seen

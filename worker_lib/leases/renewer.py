@@ -11,8 +11,11 @@ our write was applied, which is after we sent it. So a worker stops processing b
 without trusting wall clocks (docs/worker.md).
 
 With a worker heartbeat (docs/failover.md) a second, worker-wide bound applies: every lease is valid only until
-``last heartbeat sent + failover − epsilon`` as well, and a heartbeat whose reply arrives after that moment drops
-every lease held (the leader may already have moved them). :meth:`LeaseHolder.heartbeat_succeeded` keeps it.
+``last heartbeat sent + failover − epsilon`` as well. Once that moment passes the leases are *suspended*: nothing is
+processed or checkpointed. The next beat's reply decides: if the leader declared this worker gone meanwhile (its
+certificate ``hbg``, written before it moves anything) — or the reply cannot tell — every lease held is dropped as
+lost; otherwise nothing can have moved, and the leases are valid again. A slow machine (late timers, replies lost
+while the beats landed) so never costs a lease. :meth:`LeaseHolder.heartbeat_succeeded` keeps it.
 
 In ``worker`` liveness mode (docs/liveness-modes.md) nothing is renewed (:attr:`LeaseHolder.renewing` is off): the
 heartbeat fence alone bounds every lease, the leader asks for graceful hand-offs through the worker's own item
@@ -91,6 +94,7 @@ class LeaseHolder:
         self._renewing = True  # False in worker liveness mode: the heartbeat fence alone bounds every lease
         self._requests_seen: set[str] = set()
         self._guard = threading.Lock()
+        self._verdict = threading.Condition()  # notified when a beat's reply (or a fence) decides suspended leases
         self._max_parallel = max(1, max_parallel_renewals)
         self._pool: ThreadPoolExecutor | None = None
 
@@ -131,6 +135,44 @@ class LeaseHolder:
         if fence is None:
             return self._renewing  # without renewals only the heartbeat vouches for a lease
         return now < fence
+
+    def suspended(self, lease_key: str) -> bool:
+        """Held, and invalid only because the heartbeat fence ran out: nothing may be done with it until the next
+        beat's reply says whether the leader declared this worker gone (the lease is then lost) or not (valid again)."""
+        entry = self._entry(lease_key)
+        if entry is None or entry.lost:
+            return False
+        now = self._clock.monotonic()
+        fence = self._heartbeat_until
+        if fence is None or now < fence or fence == -float("inf"):
+            return False
+        if self._renewing and now >= entry.sent_at + self.validity_s:
+            return False
+        return entry.handoff_until is None or now < entry.handoff_until
+
+    @property
+    def verdict_timeout_s(self) -> float:
+        """How long a suspended lease waits for a verdict before it counts as lost: three failover times (a worker
+        whose beats keep failing goes quiet after one, the leader declares it gone after another)."""
+        return 3 * self._config.failover_time_ms / 1000
+
+    def still_valid(self, lease_key: str, *, stop: threading.Event | None = None) -> bool:
+        """:meth:`is_valid`, waiting for the verdict first if the lease is :meth:`suspended`."""
+        if self.is_valid(lease_key):
+            return True
+        return self.await_verdict(lease_key, timeout_s=self.verdict_timeout_s, stop=stop)
+
+    def await_verdict(self, lease_key: str, *, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        """While the lease is :meth:`suspended`, wait for the next beat's verdict (at most ``timeout_s``, or until
+        ``stop`` is set); then whether it is valid."""
+        deadline = self._clock.monotonic() + timeout_s
+        with self._verdict:
+            while self.suspended(lease_key) and not (stop is not None and stop.is_set()):
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    break
+                self._verdict.wait(min(left, 0.1))
+        return self.is_valid(lease_key)
 
     @property
     def fenced(self) -> bool:
@@ -286,18 +328,27 @@ class LeaseHolder:
 
     # --- the heartbeat fence (docs/failover.md) ---------------------------------------------------------------
 
-    def heartbeat_succeeded(self, sent_at: float, replied_at: float) -> bool:
+    def heartbeat_succeeded(self, sent_at: float, replied_at: float, *, declared_gone: bool | None = None) -> bool:
         """A heartbeat sent at ``sent_at`` was acknowledged at ``replied_at`` (monotonic). It extends the fence to
-        ``sent_at + validity`` — unless the previous fence had already run out when the reply came: then the leader
-        may have judged this worker dead and moved its leases, so every lease held is dropped as lost first.
-        Returns whether the fence had run out (the caller looks again at what the table says is ours: in
-        ``worker`` mode the leader moves nothing from a worker whose beats kept landing, so its leases wait for it)."""
+        ``sent_at + validity``. If the previous fence had already run out when the reply came, the leader may have
+        judged this worker dead: unless the reply shows it did not (``declared_gone`` False: no certificate since
+        our last confirmed beat, and none can be written now that this beat landed), every lease held is dropped
+        as lost first. Returns whether the fence had run out (the caller looks again at what the table says is
+        ours: in ``worker`` mode the leader moves nothing from a worker whose beats kept landing)."""
         with self._guard:
             lapsed = self._heartbeat_until is not None and replied_at >= self._heartbeat_until
-            dropped = self._drop_all_locked() if lapsed else []
+            dropped = self._drop_all_locked() if (lapsed and declared_gone is not False) or declared_gone else []
             self._heartbeat_until = sent_at + self.validity_s
-        self._report_lost(dropped, "heartbeat lapsed: the leader may have moved it")
+            kept = len(self._held)
+        if lapsed and kept:
+            log.info("heartbeat fence of %s ran out, the leader declared nothing: %d leases on", self.worker_id, kept)
+        self._report_lost(dropped, "heartbeat lapsed and the leader declared this worker gone")
+        self._decided()
         return lapsed
+
+    def _decided(self) -> None:
+        with self._verdict:
+            self._verdict.notify_all()
 
     def fence_all(self, reason: str) -> None:
         """Stop processing everything now (the worker is leaving): every lease is dropped as lost and nothing is
@@ -306,6 +357,7 @@ class LeaseHolder:
             dropped = self._drop_all_locked()
             self._heartbeat_until = -float("inf")
         self._report_lost(dropped, reason)
+        self._decided()
 
     def _drop_all_locked(self) -> list[str]:
         keys = list(self._held)
@@ -429,7 +481,7 @@ class LeaseHolder:
         condition and retries once as checkpoint owner when the leader started a hand-off meanwhile
         (:meth:`~worker_lib.leases.dynamodb.DynamoDBLeaseStore.checkpoint`); here the outcome is only recorded."""
         entry = self._entry(lease_key)
-        if entry is None or not self.is_valid(lease_key):
+        if entry is None or not self.still_valid(lease_key):
             return None
         with entry.lock:
             sent = self._clock.monotonic()

@@ -195,7 +195,7 @@ class ShardConsumer:
 
     def _run(self) -> ConsumerOutcome:
         lease = self._holder.lease(self.lease_key)
-        if lease is None or not self._holder.is_valid(self.lease_key):
+        if lease is None or not self._holder.still_valid(self.lease_key, stop=self._stop):
             return ConsumerOutcome.LOST
         if lease.is_finished:
             self._holder.drop(self.lease_key)
@@ -212,7 +212,9 @@ class ShardConsumer:
             if self._stop.is_set():
                 self._holder.evict(self.lease_key)
                 return ConsumerOutcome.SHUTDOWN
-            if not self._holder.is_valid(self.lease_key):
+            if not self._holder.still_valid(self.lease_key, stop=self._stop):
+                if self._stop.is_set():
+                    continue
                 return ConsumerOutcome.LOST
             log.debug("lease %s waits for its parents %s", self.lease_key, sorted(lease.parent_shard_ids))
             self._wait(self._config.parent_poll_interval_ms / 1000)
@@ -263,7 +265,9 @@ class ShardConsumer:
                 fetcher.close()
                 self._holder.complete_handoff(self.lease_key)
                 return ConsumerOutcome.HANDED_OFF
-            if not self._holder.is_valid(self.lease_key):
+            if not self._holder.still_valid(self.lease_key, stop=self._stop):
+                if self._stop.is_set():
+                    continue  # the stop path above gives it up
                 return self._lease_lost()
             delay = fetcher.seconds_until_next_call()
             if delay > 0:  # wait here, where a shutdown or a handoff interrupts the wait, not inside fetch()
@@ -285,7 +289,7 @@ class ShardConsumer:
                 log.warning("reading %s failed: %s", self.lease_key, exc)
                 self._wait(self._config.error_backoff_ms / 1000)
                 continue
-            if not self._holder.is_valid(self.lease_key):
+            if not self._holder.still_valid(self.lease_key, stop=self._stop):
                 return self._lease_lost()  # never deliver what we may no longer own
             if batch.records or (self._config.deliver_empty_batches and not batch.end_of_shard):
                 checkpointer.largest_permitted = fetcher.last_delivered
@@ -391,12 +395,14 @@ class ShardConsumer:
     def _shard_end(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
         children = list(batch.child_shards)
         while True:
-            if not self._holder.is_valid(self.lease_key):
-                return self._lease_lost()
             if self._stop.is_set():
                 self._shutdown_requested(checkpointer)
                 self._holder.evict(self.lease_key)
                 return ConsumerOutcome.SHUTDOWN
+            if not self._holder.still_valid(self.lease_key, stop=self._stop):
+                if self._stop.is_set():
+                    continue
+                return self._lease_lost()
             try:
                 ready = self._child_leases_ready(children)
                 if ready and children:
@@ -543,7 +549,7 @@ class _DeliveryPorts:
     def wait(self, seconds: float) -> bool:
         consumer = self._consumer
         consumer._wait(seconds)
-        return not consumer._stop.is_set() and consumer._holder.is_valid(consumer.lease_key)
+        return not consumer._stop.is_set() and consumer._holder.still_valid(consumer.lease_key, stop=consumer._stop)
 
     def blocked(self, records: Sequence[KinesisRecord], *, attempts: int, failure: Failure | None) -> None:
         consumer = self._consumer

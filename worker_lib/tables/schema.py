@@ -65,6 +65,9 @@ class WorkerMetricsAttr:
     HEARTBEAT_WALL_MS = "hbt"
     HEARTBEAT_INTERVAL_MS = "hbi"
     HEARTBEAT_SESSION = "hbs"
+    # The leader's certificate: the counter at which it declared the worker gone (written, conditionally on that
+    # counter, before it moves any of the worker's leases); 0 from a leader that certifies but declared nothing.
+    HEARTBEAT_GONE = "hbg"
     WORKER_STATE = "wst"
     LIVENESS_MODE = "lvm"
     EVENT_COUNTER = "evc"

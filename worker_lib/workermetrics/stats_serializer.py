@@ -200,6 +200,7 @@ def heartbeat_of(item: Mapping[str, Any]) -> WorkerHeartbeat | None:
         events=_whole(item.get(A.EVENT_COUNTER)) or 0,
         liveness=_string(item.get(A.LIVENESS_MODE)),
         session=_string(item.get(A.HEARTBEAT_SESSION)),
+        gone_counter=_whole(item.get(A.HEARTBEAT_GONE)),
     )
 
 

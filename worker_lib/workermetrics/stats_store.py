@@ -151,6 +151,33 @@ class WorkerMetricsStore(TableStore):
             aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
         return True
 
+    def declare_gone(self, worker_id: str, counter: int) -> bool:
+        """The leader's certificate, written before it moves any lease of a silent worker: ``hbg`` = ``counter``,
+        on condition that the heartbeat counter still is ``counter``. False if a beat landed meanwhile (the worker
+        is alive: move nothing). The worker's next beat reads it back and so learns whether its leases may have
+        moved while its fence was out (docs/failover.md)."""
+        return self._certify(worker_id, counter, "#hbc = :c")
+
+    def certify_declarations(self, worker_id: str) -> bool:
+        """``hbg`` = 0 where it is absent: this leader declares before it moves, so a worker whose fence ran out
+        may trust a certificate's absence. Once per worker item; False if the item is gone."""
+        return self._certify(worker_id, 0, "attribute_exists(#hbc)", only_if_absent=True)
+
+    def _certify(self, worker_id: str, counter: int, condition: str, *, only_if_absent: bool = False) -> bool:
+        names = {"#hbg": A.HEARTBEAT_GONE, "#hbc": A.HEARTBEAT_COUNTER}
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key=self._place.key(worker_id),
+                UpdateExpression="SET #hbg = if_not_exists(#hbg, :c)" if only_if_absent else "SET #hbg = :c",
+                **self._ours(condition, names=names, values={":c": number(counter)}),
+            )
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            if aws.is_conditional_check_failed(exc):
+                return False
+            aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
+        return True
+
     def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool:
         """The leader's (or a handing-over owner's) notice to ``worker_id``: ``asv`` + 1 and ``asl`` = the keys.
         The worker reads both back from its next heartbeat. False if the worker has no item (nothing to notify:
