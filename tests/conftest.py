@@ -136,7 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     run_dir = Path(tempfile.mkdtemp(prefix="shardlease-run-"))
     os.environ[PROBE_ENV] = str(run_dir / "probe.txt")
-    os.environ[HEAVY_LOCK_ENV] = str(run_dir / "heavy.lock")
+    os.environ[HEAVY_LOCK_ENV] = str(run_dir / "machine")
     root = Path(__file__).resolve().parent.parent
     command = [sys.executable, "-m", "tests.support.stalls", os.environ[PROBE_ENV]]
     _probe.append(subprocess.Popen(command, cwd=root, start_new_session=True))  # ends with us: it watches its parent
@@ -149,22 +149,69 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             probe.wait(timeout=10)
 
 
-@pytest.hookimpl(hookwrapper=True)
+MACHINE_SHARES = 2
+"""The machine's two cores as two shares: a ``heavy`` test takes both, a ``busy`` one takes one, a light one none."""
+
+BUSY_FILES = (
+    "tests/spark/",  # a Spark session's JVM and its streaming queries
+    "tests/chaos/",  # two in-process workers with embedded leaders, and fault injection
+    "tests/infra/test_wheel_cdk.py",  # builds a wheel and installs it with pip into a fresh virtualenv
+    "tests/e2e/test_wheel_demo.py",
+)
+
+
+def machine_shares(item: pytest.Item) -> int:
+    """How much of the machine a test takes while it runs (docs/testing.md, "What runs at the same time")."""
+    if item.get_closest_marker("heavy") is not None:
+        return MACHINE_SHARES
+    if item.get_closest_marker("busy") is not None or item.nodeid.startswith(BUSY_FILES):
+        return 1
+    return 0
+
+
+def _take_shares(base: str, shares: int) -> list[Any]:
+    """Lock ``shares`` of the machine's share files (``<base>.0``, ``<base>.1``), waiting as long as it takes.
+    A whole-machine test takes them in order, blocking; a one-share test takes whichever is free."""
+    files = [open(f"{base}.{n}", "a") for n in range(MACHINE_SHARES)]  # noqa: SIM115  # closed in _give_back
+    if shares >= MACHINE_SHARES:
+        for f in files:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        return files
+    while True:
+        for n, f in enumerate(files):
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            for other in files[:n] + files[n + 1 :]:
+                other.close()
+            return [f]
+        time.sleep(0.2)
+
+
+def _give_back(held: list[Any]) -> None:
+    for f in held:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: the wait for shares is outside pytest-timeout's timer
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A test marked ``heavy`` (a fleet of processes, a Spark cluster: docs/testing.md) runs only while no other
-    heavy test runs in the whole run, whatever xdist worker it is on; light tests go on beside it."""
-    lock_path = os.environ.get(HEAVY_LOCK_ENV)
-    if item.get_closest_marker("heavy") is None or not lock_path:
+    """A ``heavy`` test (a fleet of processes, a Spark cluster or Connect server) runs alone among heavy and busy
+    tests in the whole run, whatever xdist worker it is on; at most two ``busy`` tests (a Spark session's query, an
+    in-process chaos rig) run at once; light tests go on beside any of them."""
+    base = os.environ.get(HEAVY_LOCK_ENV)
+    shares = machine_shares(item)
+    if not shares or not base:
         yield
         return
-    with open(lock_path, "a") as lock:
-        asked = time.monotonic()
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        item.user_properties.append(("heavy_wait_s", round(time.monotonic() - asked, 1)))
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    asked = time.monotonic()
+    held = _take_shares(base, shares)
+    item.user_properties.append(("share_wait_s", round(time.monotonic() - asked, 1)))
+    try:
+        yield
+    finally:
+        _give_back(held)
 
 
 _folder_time: dict[str, list[float]] = {}  # folder -> [summed seconds, tests, first start, last stop]
@@ -184,7 +231,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call":
         _spans.append((report.start, report.stop, report.nodeid))
     if report.when == "setup":
-        _heavy_wait.extend(float(str(v)) for k, v in report.user_properties if k == "heavy_wait_s")
+        _heavy_wait.extend(float(str(v)) for k, v in report.user_properties if k == "share_wait_s")
 
 
 def _probe_samples() -> list[tuple[float, float, float, float]]:
@@ -230,15 +277,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             write("longest timer lateness seen during: " + "; ".join(f"{n} ({t:.2f} s)" for t, n in worst))
     if _heavy_wait:
         waited, longest = sum(_heavy_wait) / 60, max(_heavy_wait)
-        write(f"heavy tests waited {waited:.1f} m in all for the heavy lock (longest {longest:.0f} s)")
+        write(f"heavy and busy tests waited {waited:.1f} m in all for their share (longest {longest:.0f} s)")
 
 
 # --- parallel runs (pytest-xdist, `-n N --dist loadgroup` in .ci/run) ---------------------------------------------
 
-XDIST_GROUPS = {"chaos": "processes", "e2e": "processes", "spark": "spark", "infra": "infra"}
-"""Folders whose tests run one after another on one xdist worker each group: the chaos and end-to-end tests start fleets
-of real processes and judge timings (one fleet at a time keeps a 2-core machine from starving them); the Spark tests
-share one Spark session, the CDK tests one synth. Everything else is spread over every worker."""
+XDIST_GROUPS = {"spark": "spark", "infra": "infra"}
+"""Folders whose tests run one after another on one xdist worker each group: the Spark tests share one Spark session,
+the CDK tests one synth. Everything else is spread over every worker; what may run at the same time is decided by
+each test's share of the machine (:func:`machine_shares`), not by where it runs."""
 
 
 def folder_group(nodeid: str) -> str | None:
