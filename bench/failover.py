@@ -30,6 +30,10 @@ Scenarios (each ``--trials`` times in a running fleet, waiting for a steady flee
 * ``stop``   SIGSTOP a worker for 15 s, then SIGCONT; here the gap ends at the first record by *any* process (when
   nobody took the leases before it woke, the stopped worker serves them again itself); also the overlaps:
   records the stopped worker processed on a shard after its new owner's first one (expected 0);
+* ``hang``   SIGTERM a worker whose processor then hangs in ``shutdown_requested`` (a flush that never returns): it
+  says DEPARTING and keeps its leases until its shutdown timeout (``SHARDLEASE_SHUTDOWN_TIMEOUT_MS``, 30 s), then
+  fences itself; the gap counts from the SIGTERM, and how long after the shutdown timeout the shards were served
+  again is printed apart (then the hung worker is SIGKILLed and replaced);
 * ``lambda-kill`` / ``lambda-term``: kill / term with the leader on the 1-minute schedule, the signals spread over
   the minute.
 
@@ -50,6 +54,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +66,7 @@ from pathlib import Path
 from types import FrameType
 
 from failover_support.fleet import CHILDREN, LAMBDA_PERIOD_S, Fleet, FleetSpec, cut_signals
+from failover_support.processor import HANG_MARKER_PREFIX
 from failover_support.report import (
     Fate,
     Gap,
@@ -93,7 +99,7 @@ def liveness_of(config: str, liveness: str) -> str:
 
 LAMBDA_TIMEOUT_S = {"ours": 80.0, "kcl": 60.0}
 
-CLI_SCENARIOS = ("kill", "term", "deploy", "leader", "stop")
+CLI_SCENARIOS = ("kill", "term", "deploy", "leader", "stop", "hang")
 LAMBDA_SCENARIOS = ("lambda-kill", "lambda-term")
 ALL_SCENARIOS = CLI_SCENARIOS + LAMBDA_SCENARIOS
 
@@ -108,8 +114,26 @@ POLL_S = 0.1
 
 # Rough seconds per trial, for the estimate printed at the start (measured on a 2-core machine).
 EST_TRIAL_S = {
-    "ours": {"kill": 17, "term": 6, "deploy": 15, "leader": 17, "stop": 22, "lambda-kill": 45, "lambda-term": 35},
-    "kcl": {"kill": 45, "term": 40, "deploy": 210, "leader": 55, "stop": 35, "lambda-kill": 85, "lambda-term": 90},
+    "ours": {
+        "kill": 17,
+        "term": 6,
+        "deploy": 15,
+        "leader": 17,
+        "stop": 22,
+        "hang": 40,
+        "lambda-kill": 45,
+        "lambda-term": 35,
+    },
+    "kcl": {
+        "kill": 45,
+        "term": 40,
+        "deploy": 210,
+        "leader": 55,
+        "stop": 35,
+        "hang": 75,
+        "lambda-kill": 85,
+        "lambda-term": 90,
+    },
 }
 EST_FLEET_S = 40
 
@@ -316,6 +340,8 @@ class Trials:
                     self.leader_trial(result, trial)
                 elif scenario == "stop":
                     self.stop_trial(result, trial)
+                elif scenario == "hang":
+                    self.hang_trial(result, trial)
             except NoVictim as exc:
                 result.notes.append(f"trial {trial} skipped: {exc}")
                 self.say(f"    {scenario} #{trial + 1}: skipped ({exc})")
@@ -487,6 +513,28 @@ class Trials:
             f"    stop #{trial + 1}: SIGSTOP {victim.name} ({len(shards)} shards) for {continued[0] - at:.0f} s: "
             f"gaps {self._gaps_text(resumed, victim=victim)} s; overlaps {len(overlaps)}"
         )
+
+    def hang_trial(self, result: ScenarioResult, trial: int) -> None:
+        self._before_trial(result, trial)
+        victim, shards = self.pick_victim()
+        marker = self.fleet.journal_dir / f"{HANG_MARKER_PREFIX}{victim.pid}"
+        marker.touch()  # its processors hang in shutdown_requested from now on
+        try:
+            at = self.fleet.signal(victim, signal.SIGTERM)
+            resumed = self.await_resumption(shards, at, {victim.pid})
+            self.fleet.signal(victim, signal.SIGKILL)  # it would hang on: it never finished its shutdown
+            victim.process.wait(timeout=10)
+        finally:
+            marker.unlink(missing_ok=True)
+        timeout_s = int(self.fleet.env.get("SHARDLEASE_SHUTDOWN_TIMEOUT_MS") or 30_000) / 1000
+        past = [round(r.seconds - timeout_s, 3) for r in resumed.values() if not r.timed_out]
+        result.past_timeout_s.extend(past)
+        self.record(result, trial, victim, at, resumed, shutdown_timeout_s=timeout_s)
+        self.say(
+            f"    hang #{trial + 1}: SIGTERM {victim.name} ({len(shards)} shards), its processors hang: gaps "
+            f"{self._gaps_text(resumed)} s (shutdown timeout {timeout_s:.0f} s)"
+        )
+        self.fleet.start_worker()
 
     def _overlaps(self, victim: FleetProcess, shards: Sequence[str], at: float) -> list[str]:
         """Records the stopped worker processed on a shard after its new owner's first one (before it was given
@@ -781,6 +829,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             if r.term_exits:
                 print(f"  {r.scenario}: exits {Counter(t.split(' after')[0] for t in r.term_exits)}")
+            if r.past_timeout_s:
+                past = sorted(r.past_timeout_s)
+                print(
+                    f"  hang: shards served again {statistics.median(past):.1f} s (median), {past[-1]:.1f} s (max) "
+                    f"after the departing worker's shutdown timeout ran out"
+                )
         for note in o.notes:
             print(f"  {note}")
         if o.invocations:

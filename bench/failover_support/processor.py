@@ -12,6 +12,10 @@ and one line per lifecycle call, with the event in place of the sequence number 
 
 Wall times are ``time.time()``: every process runs on the benchmark's machine, so they compare with the times at
 which the benchmark sent its signals.
+
+While a file ``<dir>/hang-<pid>`` exists, that process's ``shutdown_requested`` hangs after journaling its
+``SHUTDOWN`` line (the ``hang`` scenario: a flush that never returns, so the worker says DEPARTING and then only its
+shutdown timeout ends its hold on the leases).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from worker_lib.processing.processor import (
 
 JOURNAL_DIR_ENV = "FAILOVER_JOURNAL_DIR"
 WORKER_ID_ENV = "FAILOVER_WORKER_ID"
+HANG_MARKER_PREFIX = "hang-"  # + pid: that process's shutdown_requested hangs while the file exists
 SPEC = "bench.failover_support.processor:JournalProcessor"
 
 
@@ -84,4 +89,7 @@ class JournalProcessor:
 
     def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
         _event(input.shard_id, "SHUTDOWN")
+        marker = os.path.join(os.environ[JOURNAL_DIR_ENV], f"{HANG_MARKER_PREFIX}{os.getpid()}")
+        while os.path.exists(marker):  # the `hang` scenario: a flush that never returns
+            time.sleep(0.5)
         input.checkpointer.checkpoint()  # nothing delivered yet: a no-op

@@ -20,6 +20,7 @@ TARGETS_S = {
     "deploy": 5.0,
     "leader": 20.0,
     "stop": 15.0,
+    "hang": 33.0,  # the shutdown timeout (30 s) + as for term: the departing worker's hold ends only then
     # not separate targets: the same events as kill / term, with the leader on the 1-minute schedule
     "lambda-kill": 15.0,
     "lambda-term": 3.0,
@@ -62,6 +63,7 @@ class ScenarioResult:
     term_exits: list[str] = field(default_factory=list)  # term: "0 after 1.2 s" / "timeout"
     overlaps: int = 0  # stop: records the stopped worker processed after the new owner's first one
     overlap_details: list[str] = field(default_factory=list)
+    past_timeout_s: list[float] = field(default_factory=list)  # hang: each gap minus the victim's shutdown timeout
     steady_timeouts: int = 0
     lost: int = 0
     duplicates: Counter[str] = field(default_factory=Counter)

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.chaos import ChaosProcessor
+from tests.support.chaos import ChaosProcessor, Timings
 from tests.support.chaos_fleet import ChaosFleet
 from tests.support.processes import liveness_env, shardlease_liveness
 from tests.support.recording import Journal, RecordingProcessor
+from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
@@ -33,6 +34,8 @@ from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 FAILOVER_MS = 6_000  # lease duration; every fault window in the chaos tests is shorter
+RIG_SHUTDOWN_TIMEOUT_MS = 10_000  # the rig's workers' shutdown timeout: a graceful stop ends by then
+RIG_IDLE_MS = 100  # the rig's workers' pause between reads
 
 LEADER_ENV = {
     "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
@@ -82,9 +85,9 @@ class Rig:
                 stream=self.stream,
                 worker_id=name,
                 lease=LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=self.liveness),
-                retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+                retrieval=RetrievalConfig(idle_time_between_reads_ms=RIG_IDLE_MS),
                 discovery_interval_ms=self.discovery_interval_ms,
-                shutdown_timeout_ms=10_000,
+                shutdown_timeout_ms=RIG_SHUTDOWN_TIMEOUT_MS,
                 leader_mode="embedded",
                 consumer=self.consumer,
                 failures=self.failures,
@@ -95,6 +98,26 @@ class Rig:
             worker = Worker(config, self._factory(len(self.workers) + 1), dynamodb=self.ddb, kinesis=self.kinesis)
             self.workers.append(worker)
             worker.start()
+
+    @property
+    def timings(self) -> Timings:
+        """What the rig's workers and embedded leaders run with (the leader's from LEADER_ENV, the workers' from
+        their configuration): the rig tests' liveness bounds are derived from it."""
+        return Timings.of(
+            {
+                **LEADER_ENV,
+                **liveness_env(self.liveness),
+                "SHARDLEASE_DISCOVERY_INTERVAL_MS": str(self.discovery_interval_ms or 0),
+                "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS": str(RIG_IDLE_MS),
+                "SHARDLEASE_SHUTDOWN_TIMEOUT_MS": str(RIG_SHUTDOWN_TIMEOUT_MS),
+            }
+        )
+
+    def stop(self) -> bool:
+        """Shut every worker down gracefully; whether each one's consumers all finished — waited for up to the
+        liveness bound of the workers' shutdown timeout (by design a graceful stop ends by then)."""
+        bound = hang_bound_s(self.timings.shutdown_s)
+        return all([worker.shutdown(timeout_s=bound) for worker in self.workers])
 
     def _factory(self, tag: int) -> Callable[[], RecordProcessor]:
         journal = self.chaos_journal

@@ -2,6 +2,9 @@
 skip, policy stop with a transient failure), a 1 MiB record, invalid configuration values for `shardlease worker`,
 a process configured for the other liveness mode than the application's; and bad command lines (an invalid region,
 out-of-range demo sizes, non-finite durations, a closed stdout).
+
+Every wait is a liveness bound: the rig's from its configured timings (``Rig.timings``), a command's run from the floor
+of tests/support/stalls.py (such a command ends at once: nothing configured to wait for).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 from tests.chaos.conftest import Rig, put
 from tests.support.processes import REPO, shardlease_liveness
 from tests.support.recording import RecordingProcessor
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.processing.config import FailureConfig
@@ -24,9 +28,11 @@ from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import lease_table_name
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kcl3_lease_items.json"
+# A `shardlease` command that ends at once (a usage error, one read, a closed pipe): no configured timing to wait for,
+# so its run is bounded by the liveness floor.
+COMMAND_BOUND_S = hang_bound_s(0.0)
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +48,12 @@ def test_corrupt_and_foreign_lease_items_are_left_alone_while_workers_run(rig: R
     rig.start()
     produced = put(rig.kinesis, rig.stream, 0, 200)
     # THEN every record is processed once, by workers that never crash on those items
-    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
-    assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
+    eventually(
+        lambda: set(rig.processed()) >= set(produced),
+        bound_s=hang_bound_s(rig.timings.start_s),
+        what="every record processed",
+    )
+    assert rig.stop()
     assert sorted(rig.processed()) == sorted(produced)
     # AND the odd items are exactly as they were (nobody assigned, renewed or deleted them)
     for item in odd:
@@ -63,16 +73,21 @@ def test_policy_skip_logs_and_skips_the_poison_batch_and_processes_the_rest(
     rig.failures = FailureConfig(on_failure="skip", max_attempts=2, retry_backoff_ms=10)
     rig.processor = Poisoned
     # GIVEN a poison record among good ones, and policy skip
+    t = rig.timings
     rig.start()
     good = put(rig.kinesis, rig.stream, 0, 50)
-    assert wait_until(lambda: set(rig.processed()) >= set(good), timeout_s=30)
+    eventually(lambda: set(rig.processed()) >= set(good), bound_s=hang_bound_s(t.start_s), what="the good records")
     rig.kinesis.put_record(StreamName=rig.stream, Data=b"poison", PartitionKey="f000000")
-    # WHEN its batch has failed 1 + 1 times and more good records follow
-    assert wait_until(lambda: any("policy skip" in r.getMessage() for r in caplog.records), timeout_s=30)
+    # WHEN its batch has failed 1 + 1 times (10 ms apart) and more good records follow
+    eventually(
+        lambda: any("policy skip" in r.getMessage() for r in caplog.records),
+        bound_s=hang_bound_s(t.idle_s + rig.failures.retry_backoff_s(1)),
+        what="the poison batch skipped",
+    )
     later = put(rig.kinesis, rig.stream, 50, 50)
     # THEN the poison batch (the whole batch: at-most-once for it) was skipped with a line giving its range, the
     # later records are processed, and no lease was lost
-    assert wait_until(lambda: set(rig.processed()) >= set(later), timeout_s=30)
+    eventually(lambda: set(rig.processed()) >= set(later), bound_s=hang_bound_s(t.idle_s), what="the later records")
     assert any("policy skip" in r.getMessage() for r in caplog.records)
     assert b"poison" not in rig.processed()
     assert rig.lost() == []
@@ -93,17 +108,22 @@ def test_policy_retry_with_a_transient_failure_retries_the_batch_from_the_checkp
     rig.failures = FailureConfig(max_attempts=2, retry_backoff_ms=10)  # policy retry (default)
     rig.processor = Flaky
     # GIVEN a processor whose downstream fails twice on one batch, then recovers
+    t = rig.timings
     rig.start()
     produced = put(rig.kinesis, rig.stream, 0, 20)
-    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=30)
+    eventually(lambda: set(rig.processed()) >= set(produced), bound_s=hang_bound_s(t.start_s), what="the first records")
     rig.kinesis.put_record(StreamName=rig.stream, Data=b"flaky", PartitionKey="f000000")
     produced.append(b"flaky")
     produced += put(rig.kinesis, rig.stream, 20, 20)
     # THEN the lease is given up with a clear line, reassigned by the leader, and the batch read again: nothing lost
-    assert wait_until(lambda: set(rig.processed()) >= set(produced), timeout_s=40)
+    eventually(
+        lambda: set(rig.processed()) >= set(produced),
+        bound_s=hang_bound_s(t.cycle_s + t.notice_s),
+        what="every record processed after the lease was given up",
+    )
     assert failures[0] == 2
     assert any("policy retry" in r.getMessage() for r in caplog.records)
-    assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
+    assert rig.stop()
     assert rig.processed().count(b"flaky") == 1
 
 
@@ -115,8 +135,12 @@ def test_a_one_mib_record_is_processed_whole(rig: Rig) -> None:
     rig.kinesis.put_record(StreamName=rig.stream, Data=big, PartitionKey="k")
     after = put(rig.kinesis, rig.stream, 10, 10)
     # THEN it is delivered whole, in its place, and the small ones around it too
-    assert wait_until(lambda: set(rig.processed()) >= {*before, big, *after}, timeout_s=30)
-    assert all(worker.shutdown(timeout_s=10) for worker in rig.workers)
+    eventually(
+        lambda: set(rig.processed()) >= {*before, big, *after},
+        bound_s=hang_bound_s(rig.timings.start_s),
+        what="every record processed",
+    )
+    assert rig.stop()
     assert sorted(rig.processed()) == sorted([*before, big, *after])
 
 
@@ -152,7 +176,7 @@ def assert_one_line_usage_error(args: list[str], name: str, value: str, fragment
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=COMMAND_BOUND_S,
         cwd=REPO,
         check=False,
     )
@@ -210,7 +234,7 @@ def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "PYTHONPATH": str(REPO), **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=COMMAND_BOUND_S,
         cwd=REPO,
         check=False,
     )
@@ -263,7 +287,7 @@ def test_status_into_a_closed_pipe_exits_1_without_a_traceback(moto_endpoint: st
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
-            timeout=60,
+            timeout=COMMAND_BOUND_S,
             cwd=REPO,
             check=False,
         )
@@ -288,7 +312,7 @@ def test_status_watch_piped_into_head_exits_1_without_a_traceback(
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=COMMAND_BOUND_S,
         cwd=REPO,
         check=False,
     )

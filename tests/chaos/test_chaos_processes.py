@@ -10,9 +10,12 @@ Both scenarios run in each liveness mode (docs/liveness-modes.md): ``lease`` (ev
 failover time, and on waking its first heartbeat reply comes after its fence ran out). The mode is recorded with
 ``shardlease liveness --set`` before the first process starts, and every process is configured for it.
 
-Invariants (tests/support/chaos.py, ``check_journal``), the same in both modes: nothing lost; duplicates only after
-an abnormal ownership change and only past the new session's start checkpoint; per-session order; nothing after a
-session's LOST; children after their parents' END; overlap of two processes on one shard within the lease bound.
+Invariants (tests/support/chaos.py, ``check_journal``), the same in both modes and exact whatever the load: nothing
+lost; duplicates only after an abnormal ownership change and only past the new session's start checkpoint;
+per-session order; nothing after a session's LOST; children after their parents' END; one owner at a time (once
+another process started a session on a shard, the earlier owner journals there only the batch it had been handed
+before). Every wait is a liveness bound derived from the fleet's configured timings (tests/support/stalls.py); the
+failover and unserved seconds are recorded figures — bench/failover.py measures them (kill, stop, leader).
 
     SHARDLEASE_CHAOS_SEED=7 SHARDLEASE_CHAOS_ROUNDS=20 .venv/bin/pytest tests/chaos -s   # the longer run
 
@@ -35,6 +38,7 @@ import pytest
 from tests.chaos.conftest import App
 from tests.support.chaos import (
     Line,
+    Timings,
     chaos_rounds,
     chaos_seed,
     failover_s,
@@ -43,24 +47,28 @@ from tests.support.chaos import (
     worker_liveness,
 )
 from tests.support.chaos_fleet import ChaosFleet
-from tests.support.processes import EMBEDDED_LEADER_ENV, LIVENESS_MODES, liveness_env, shardlease_liveness
+from tests.support.processes import EMBEDDED_LEADER_ENV, FAST_ENV, LIVENESS_MODES, liveness_env, shardlease_liveness
+from tests.support.stalls import eventually, hang_bound_s, stall_note
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import list_all_shards, merge_shards, split_shard
-from worker_lib.testing.waiting import wait_until
 
-LEASE_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
-# The longest a shard may go unserved after a kill or a freeze: the failover time, the lock's takeover when the
-# victim led (3 s lock + 0.5 s skew bound + a poll), then one leader pass and one beat (measured: at most 7.1 s in
-# a 20-round run, docs/reliability.md).
-MAX_UNSERVED_S = 12.0
+# What every worker process runs with (FAST_ENV under EMBEDDED_LEADER_ENV): failover 3 s, lock 3 s + 0.5 s skew
+# bound, leader cycle and fast tick 0.5 s, discovery 0.2 s, shard sync 1 s, parent poll 0.5 s.
+TIMINGS = Timings.of({**FAST_ENV, **EMBEDDED_LEADER_ENV})
+# A victim's shards in other workers' sessions, when it was also the leader: the lock's takeover, then a silent
+# worker's failover (the liveness bound of every failover wait and of the longest unserved time).
+FAILOVER_EXPECTED_S = TIMINGS.leader_takeover_s + TIMINGS.silent_worker_s
+# Every record processed once the producer stopped: a shard may still be in transit, or a child shard waiting for
+# its lease and its parents.
+DRAIN_EXPECTED_S = FAILOVER_EXPECTED_S + TIMINGS.assignment_s + TIMINGS.parent_poll_s
 ROUNDS = chaos_rounds()
 SEED = chaos_seed()
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 90 * ROUNDS)]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(120 + 90 * ROUNDS)]
 
 
 def labels(liveness: str) -> dict[str, Any]:
@@ -84,9 +92,15 @@ def producing(fleet: ChaosFleet, app: App, liveness: str, *, shards: int) -> Ite
     for worker_id in ("w1", "w2", "w3"):
         fleet.start_chaos_worker(worker_id)
     with Producer(app.kinesis, app.stream) as producer:
-        assert wait_until(lambda: fleet.shards_processed() == shards, timeout_s=60)
-        assert wait_until(lambda: in_mode(app, fleet, liveness), timeout_s=10), worker_liveness(
-            app.rows, fleet.live_workers()
+        eventually(
+            lambda: fleet.shards_processed() == shards,
+            bound_s=hang_bound_s(TIMINGS.start_s),
+            what=f"seed={SEED}: not every shard processed after the start",
+        )
+        eventually(
+            lambda: in_mode(app, fleet, liveness),
+            bound_s=hang_bound_s(TIMINGS.heartbeat_s),
+            what=f"seed={SEED}: the workers do not all say {liveness}",
         )
         yield producer
 
@@ -103,8 +117,10 @@ def sigkill_and_restart(fleet: ChaosFleet, rng: random.Random) -> float | None:
     killed_at = fleet.signal(fleet.latest[victim], signal.SIGKILL)
     time.sleep(rng.uniform(0.0, 2.0))  # a real process restarting: nothing to inject a clock into
     fleet.start_chaos_worker(victim if rng.random() < 0.5 else f"{victim}-r{fleet.starts}")
-    assert wait_until(lambda: failover_s(fleet.lines(), pid, killed_at) is not None, timeout_s=40), (
-        f"seed={SEED}: no failover after SIGKILL of {victim}"
+    eventually(
+        lambda: failover_s(fleet.lines(), pid, killed_at) is not None,
+        bound_s=hang_bound_s(FAILOVER_EXPECTED_S),
+        what=f"seed={SEED}: no failover after SIGKILL of {victim}",
     )
     return failover_s(fleet.lines(), pid, killed_at)
 
@@ -119,43 +135,66 @@ def sigstop_past_the_lease(
     held = fleet.holding(victim)
     stopped_at = fleet.signal(name, signal.SIGSTOP)
     try:
-        taken = wait_until(lambda: failover_s(fleet.lines(), pid, stopped_at) is not None, timeout_s=40)
-        time.sleep(rng.uniform(0.0, 1.0))
+        eventually(
+            lambda: failover_s(fleet.lines(), pid, stopped_at) is not None,
+            bound_s=hang_bound_s(FAILOVER_EXPECTED_S),
+            what=f"seed={SEED}: shards of the stopped {victim} were not taken over",
+        )
+        time.sleep(rng.uniform(0.0, 1.0))  # how long it stays frozen past the takeover: seeded, real time
         before = {lease.lease_key: lease for lease in store.list_leases() if lease.lease_key in held}
     finally:
         fleet.signal(name, signal.SIGCONT)
-    assert taken, f"seed={SEED}: shards of the stopped {victim} were not taken over"
     failover = failover_s(fleet.lines(), pid, stopped_at)
     # The resumed worker notices at its next beat; the leader may give it leases again (assigned, or handed
-    # over by a rebalancing move). Watch for two lease durations: a former lease that the table says the resumed
-    # worker processes (its actual owner: checkpointOwner during a hand-off, else leaseOwner) must get a new
-    # session of it, or move on, within the failover time — never stay owned by a worker that does not serve it.
-    stranded_since: dict[str, float] = {}
-    stranded_for: dict[str, float] = {}
-    watch_until = time.monotonic() + 2 * LEASE_S
-    while time.monotonic() < watch_until:
-        now = time.monotonic()
+    # over by a rebalancing move). A former lease that the table says the resumed worker processes (its actual
+    # owner: checkpointOwner during a hand-off, else leaseOwner) must get a new session of it, or move on — never
+    # stay owned by a worker that does not serve it. Sampled over two lease durations (a fixed watch: there is no
+    # event to wait for); a lease still stranded then is waited for, until the liveness bound of a silent worker's
+    # lease moving on has passed since it was first seen stranded.
+
+    def stranded() -> set[str]:
         reinit = {x.shard for x in fleet.lines() if x.pid == pid and x.kind == "INIT" and x.t > stopped_at}
-        for key in before:
-            current = store.get_lease(key)
-            if current is not None and current.actual_owner == victim and key not in reinit:
-                since = stranded_since.setdefault(key, now)
-                stranded_for[key] = max(stranded_for.get(key, 0.0), now - since)
-            else:
-                stranded_since.pop(key, None)
-        time.sleep(0.2)  # a fixed watch window, sampled: there is no event to wait for
+        owned = {key for key in before if _actual_owner(store, key) == victim}
+        return owned - reinit
+
+    stranded_since: dict[str, float] = {}
+
+    def sample() -> set[str]:
+        now, found = time.monotonic(), stranded()
+        for key in found:
+            stranded_since.setdefault(key, now)
+        for key in set(stranded_since) - found:
+            del stranded_since[key]
+        return found
+
+    watch_until = time.monotonic() + 2 * TIMINGS.failover_s
+    while time.monotonic() < watch_until:
+        sample()
+        time.sleep(0.2)
     problems = fenced_after_stop(fleet.lines(), pid, stopped_at)
-    problems += [
-        f"{key}: owned by the resumed {victim} without a new session for {s:.1f} s"
-        for key, s in sorted(stranded_for.items())
-        if s > LEASE_S
-    ]
+    if sample():
+        bound = hang_bound_s(TIMINGS.silent_worker_s)
+        first = min(stranded_since.values())
+        try:
+            eventually(
+                lambda: not sample(),
+                bound_s=max(0.0, first + bound - time.monotonic()),
+                what=f"{sorted(stranded_since)}: owned by the resumed {victim} without a new session since "
+                f"{time.monotonic() - first:.1f} s (liveness bound {bound:.0f} s)",
+            )
+        except AssertionError as exc:
+            problems.append(str(exc))
     for key, old in before.items():
         new = store.get_lease(key)
         assert new is not None
         if _rewound(old, new):
             problems.append(f"{key}: checkpoint moved back from {old.checkpoint} to {new.checkpoint}")
     return failover, problems
+
+
+def _actual_owner(store: DynamoDBLeaseStore, key: str) -> str | None:
+    lease = store.get_lease(key)
+    return None if lease is None else lease.actual_owner
 
 
 def _rewound(old: Lease, new: Lease) -> bool:
@@ -193,10 +232,17 @@ def judge(
     """The journal invariants, the final checkpoints and the unserved times; what failed. The scenario's figures
     are recorded with the verdict's."""
     lines = fleet.lines()
-    verdict = fleet.verdict(producer.produced, lease_bound_s=LEASE_S, parents=parents)
+    verdict = fleet.verdict(producer.produced, parents=parents)
     problems = verdict.violations + _final_checkpoints_match(store, lines)
+    # (how long a shard went without a session is a speed figure — bench/failover.py measures it; here it is only
+    # checked against the liveness bound of a failover, the probe's view of the run named with a miss)
     unserved = unserved_s(lines, cut_at=fleet.cut_at(), until=served_until)
-    problems += [f"{shard}: unserved for {s:.1f} s" for shard, s in sorted(unserved.items()) if s > MAX_UNSERVED_S]
+    bound = hang_bound_s(FAILOVER_EXPECTED_S)
+    problems += [
+        f"{shard}: unserved for {s:.1f} s (liveness bound {bound:.0f} s); {stall_note(fleet.started)}"
+        for shard, s in sorted(unserved.items())
+        if s > bound
+    ]
     fleet.record(scenario, verdict, producer, **figures, max_unserved_s=max(unserved.values(), default=0.0))
     return problems
 
@@ -232,8 +278,12 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_p
                         problems += found
             producer.stop()
         produced = producer.produced
-        # THEN every produced record is processed (bounded wait)
-        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), f"seed={SEED}: records still missing"
+        # THEN every produced record is processed
+        eventually(
+            lambda: fleet.processed_all(produced),
+            bound_s=hang_bound_s(DRAIN_EXPECTED_S),
+            what=f"seed={SEED}: records still missing",
+        )
         # AND a graceful stop of every live worker exits 0
         served_until = time.monotonic()
         codes = fleet.stop_workers()
@@ -251,8 +301,8 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_p
     # AND the journal and the lease table satisfy every invariant; the fence held for the resumed worker
     assert not problems, f"seed={SEED}: {problems[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
-    # AND failover after SIGKILL or a freeze is bounded: lock takeover + lease expiry + a few cycles
-    assert all(f is not None and f < 20 for f in kills + stops), f"seed={SEED}: failover {kills} {stops}"
+    # AND every kill and freeze failed over (how fast is recorded above: failover_kill_s, failover_stop_s)
+    assert all(f is not None for f in kills + stops), f"seed={SEED}: failover {kills} {stops}"
 
 
 def open_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
@@ -292,7 +342,11 @@ def test_split_and_merge_while_producing_with_worker_processes(
             producer.stop()
         produced = producer.produced
         # THEN every record is processed, children only after their parents ended
-        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=90), f"seed={SEED}: records still missing"
+        eventually(
+            lambda: fleet.processed_all(produced),
+            bound_s=hang_bound_s(DRAIN_EXPECTED_S),
+            what=f"seed={SEED}: records still missing",
+        )
         served_until = time.monotonic()
         codes = fleet.stop_workers()
     parents = {

@@ -3,19 +3,22 @@
 Real `shardlease worker` processes on moto with the chaos journal processor, no embedded leaders (leadership is in
 ``shardlease leader`` processes, or in this process where faults are injected), a steady producer, and the
 suite's invariants (tests/support/chaos.py, ``check_journal``): nothing lost; duplicates only after an abnormal
-ownership change and only past the new session's start checkpoint; per-session order; overlap of two processes on
-one shard within the lease bound. Workers run with the production discovery default (heartbeat on: new leases
-arrive by the leader's notice; the index query is only a safety net), so every hand-over below goes through
-the notice path.
+ownership change and only past the new session's start checkpoint; per-session order; one owner at a time (by journal
+order, whatever the load). Workers run with the production discovery default (heartbeat on: new leases arrive by
+the leader's notice; the index query is only a safety net), so every hand-over below goes through the notice path.
+
+How fast each hand-over was is a recorded figure (``record_figures``), measured by bench/failover.py (kill,
+leader, hang); here every wait is a liveness bound derived from the configured timings (``ChaosFleet.timings``,
+tests/support/stalls.py): a miss means something hangs, and names how late the machine ran timers meanwhile.
 
 1. A worker announces its shutdown (SIGTERM) and then hangs in ``shutdown_requested``: it says DEPARTING and keeps
    beating and (in ``lease`` mode) renewing what it holds; the leader gives it nothing while it hangs (not a dead
-   worker's leases), and when its shutdown timeout runs out it fences itself, says STOPPED, and its shards move at
-   once.
+   worker's leases), and when its shutdown timeout runs out it fences itself, says STOPPED, and its shards move.
 2. A leader SIGKILLed between two fast ticks and replaced at once, with a worker SIGKILLed at the same moment: the
-   worker's shards are served again within lock duration + failover + a margin. Then the next leader is killed and
-   replaced, and a worker killed under the new one: its fast path moves the shards within failover + a tick or two,
-   not at its next full cycle.
+   worker's shards are served again once the new leader took the lock. Then the next leader is killed and
+   replaced, and a worker killed under the new one: the new leader moves its shards (that its fast path does so
+   within about a tick of the failover time, not at its next full cycle, is tests/integration/test_fast_path.py's,
+   on a manual clock; the seconds here are a figure).
 3. The leader's fast reads (the Scan of ``<app>-WorkerMetricStats``) throttled persistently, in this process, while
    one worker is SIGKILLed and another stops gracefully: the full cycles keep assigning, the fast path backs off
    (doubling up to the cycle interval, far fewer reads than ticks), and reads again once the throttling ends.
@@ -57,24 +60,24 @@ from tests.support.handover import (
     throttle_worker_rows_scans,
 )
 from tests.support.processes import LEADER_TIMINGS, LIVENESS_MODES, liveness_env, shardlease_liveness
+from tests.support.stalls import eventually, hang_bound_s, stall_note
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import WorkerState
 from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.testing.producers import Producer
-from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 SEED = chaos_seed()
 SHARDS = 4
-FAILOVER_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS in tests/support/processes.py FAST_ENV
-LOCK_S = 3.0  # SHARDLEASE_LEADER_LOCK_DURATION_MS in tests/support/processes.py LEADER_TIMINGS
-SKEW_S = 0.5  # SHARDLEASE_MAX_CLOCK_SKEW_MS there
+# The in-process leader's settings (scenario 3), as the processes' (tests/support/processes.py FAST_ENV and
+# LEADER_TIMINGS); the processes' own come from their environment (ChaosFleet.timings).
+FAILOVER_S = 3.0  # SHARDLEASE_FAILOVER_TIME_MS
+LOCK_S = 3.0  # SHARDLEASE_LEADER_LOCK_DURATION_MS
+SKEW_S = 0.5  # SHARDLEASE_MAX_CLOCK_SKEW_MS
 TICK_S = 1.0  # the fast tick's default
-NOTICE_S = 1.0  # a worker's heartbeat interval: the leader's notice comes back with its next beat
-# A loaded 2-core machine shared with other runs: process start, moto latency, GetShardIterator + INIT line.
-MARGIN_S = 4.0
+LOCK_POLL_S = 1.0  # how often a contender re-reads the lock (LeaderLockConfig's default)
 SHUTDOWN_TIMEOUT_S = 25.0  # w1 hangs in shutdown_requested; it fences itself when this runs out
 
 pytestmark = [pytest.mark.slow]
@@ -116,8 +119,44 @@ def start_workers(
     ``w1_env`` on top) and wait until each beats in that mode; w1's pid."""
     shardlease_liveness(app.name, app.endpoint, target=liveness)
     pids = [fleet.start_chaos_worker(w, processor=processor, env=w1_env if w == "w1" else None) for w in WORKERS]
-    assert wait_until(lambda: heartbeating(app.rows, set(WORKERS), liveness), timeout_s=40)
+    eventually(
+        lambda: heartbeating(app.rows, set(WORKERS), liveness),
+        bound_s=hang_bound_s(fleet.timings.heartbeat_s),
+        what=f"the workers do not all beat in {liveness} mode",
+    )
     return pids[0]
+
+
+def all_shards_processed(fleet: ChaosFleet) -> None:
+    """Every shard processed, once the leader (started last) took the free lock and dealt the leases."""
+    eventually(
+        lambda: fleet.shards_processed() >= SHARDS,
+        bound_s=hang_bound_s(fleet.timings.start_s),
+        what=f"seed={SEED}: not every shard processed after the start",
+    )
+
+
+def drained(fleet: ChaosFleet, produced: list[str]) -> None:
+    """Every produced record processed (a shard may still be in transit after the last kill)."""
+    eventually(
+        lambda: fleet.processed_all(produced),
+        bound_s=hang_bound_s(fleet.timings.silent_worker_s),
+        what=f"seed={SEED}: records still missing",
+    )
+
+
+def failed_over(fleet: ChaosFleet, pid: int, at: float, *, expected_s: float, what: str) -> float:
+    """Wait until every shard ``pid`` was processing at ``at`` has a session in another process — at most the
+    liveness bound of ``expected_s`` from ``at`` — and return that failover's seconds (a figure, by the journal)."""
+    bound = hang_bound_s(expected_s)
+    eventually(
+        lambda: failover_s(fleet.lines(), pid, at) is not None,
+        bound_s=max(0.0, at + bound - time.monotonic()),
+        what=f"seed={SEED}: {what} (liveness bound {bound:.0f} s from the signal)",
+    )
+    seconds = failover_s(fleet.lines(), pid, at)
+    assert seconds is not None
+    return seconds
 
 
 def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) -> bool:
@@ -128,6 +167,7 @@ def heartbeating(rows: WorkerMetricsStore, worker_ids: set[str], liveness: str) 
 # --- 1. a worker that announces its shutdown and then hangs -------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(180)
 def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
     app: App, tmp_path: Path, liveness: str
@@ -136,52 +176,84 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
     app.create_stream(SHARDS)
     problems: list[str] = []
     with handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet:
+        t = fleet.timings
         # GIVEN an application in liveness mode `liveness`, three workers (w1's processor hangs in
         # shutdown_requested) and a leader process, 4 shards, a producer
         hang = {HANG_ENV: "600", "SHARDLEASE_SHUTDOWN_TIMEOUT_MS": str(int(SHUTDOWN_TIMEOUT_S * 1000))}
         victim = start_workers(fleet, app, liveness, processor=HANGING_PROCESSOR, w1_env=hang)  # w2, w3: hang 0
         fleet.start_leader_process("L1")
         with Producer(app.kinesis, app.stream) as producer, OwnerLog(app.store) as owners:
-            assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
-            assert wait_until(lambda: bool(fleet.holding("w1")), timeout_s=30), "w1 never processed a shard"
+            all_shards_processed(fleet)
+            eventually(
+                lambda: bool(fleet.holding("w1")), bound_s=hang_bound_s(t.start_s), what="w1 never processed a shard"
+            )
             held = fleet.holding("w1")
-            # WHEN w1 gets SIGTERM: it announces DEPARTING, asks its processors to checkpoint — and they hang
+            # WHEN w1 gets SIGTERM: it announces DEPARTING (with its next beat), asks its processors to checkpoint
+            # — and they hang (once their batch in flight is done)
             term_at = fleet.signal("w1", signal.SIGTERM)
-            assert wait_until(lambda: _state(app.rows, "w1") is WorkerState.DEPARTING, timeout_s=5), "no DEPARTING"
+            eventually(
+                lambda: _state(app.rows, "w1") is WorkerState.DEPARTING,
+                bound_s=hang_bound_s(t.heartbeat_s),
+                what="w1 never said DEPARTING",
+            )
             departing_seen = time.monotonic()
             beat_then = _beats(app.rows, "w1")
-            assert wait_until(lambda: "SHUTDOWN" in {x.kind for x in fleet.lines() if x.pid == victim}, timeout_s=10)
+            eventually(
+                lambda: "SHUTDOWN" in {x.kind for x in fleet.lines() if x.pid == victim},
+                bound_s=hang_bound_s(t.idle_s),
+                what="w1's processors were never asked to shut down",
+            )
             # WHEN, while w1 hangs (it keeps its leases renewed until its shutdown timeout), a busy worker is
             # SIGKILLed: its leases are up for grabs, and w1 reports fresh metrics — the natural target if DEPARTING
             # were ignored
-            assert _beats(app.rows, "w1") > beat_then or wait_until(
-                lambda: _beats(app.rows, "w1") > beat_then, timeout_s=3
-            ), "the departing worker's heartbeat stopped"
+            eventually(
+                lambda: _beats(app.rows, "w1") > beat_then,
+                bound_s=hang_bound_s(t.heartbeat_s),
+                what="the departing worker's heartbeat stopped",
+            )
             second = fleet.busy(["w2", "w3"])[0]
             second_pid = fleet.pid(second)
+            second_held = fleet.holding(second)
+            # (whether w1 still departs at the kill, and at its failover, are figures: on a starved machine its
+            # shutdown timeout may run out first, and the checks below hold either way)
+            departing_at_kill = _state(app.rows, "w1") is WorkerState.DEPARTING
             kill_at = fleet.signal(second, signal.SIGKILL)
             # THEN its shards move to the last active worker through the fast path (heartbeat silent > failover)
-            bound_kill = FAILOVER_S + SKEW_S + 2 * TICK_S + NOTICE_S + MARGIN_S
-            assert wait_until(lambda: failover_s(fleet.lines(), second_pid, kill_at) is not None, timeout_s=40), (
-                f"seed={SEED}: the shards of the killed {second} were not taken over"
+            kill_failover = failed_over(
+                fleet,
+                second_pid,
+                kill_at,
+                expected_s=t.silent_worker_s,
+                what=f"the shards of the killed {second} were not taken over",
             )
-            kill_failover = failover_s(fleet.lines(), second_pid, kill_at)
-            assert fleet.alive("w1"), "w1 finished its shutdown early: the scenario needs it hanging"
-            assert _state(app.rows, "w1") is WorkerState.DEPARTING
+            departing_at_kill_failover = _state(app.rows, "w1") is WorkerState.DEPARTING
+            assert fleet.alive("w1"), "w1 ended although its processor hangs"
             hung_for = time.monotonic() - term_at
-            # THEN once its shutdown timeout runs out, w1 fences itself and says STOPPED, and its shards move at
-            # once (one tick, one beat) — not after an expiry or a full cycle
-            bound_hang = SHUTDOWN_TIMEOUT_S + 2 * TICK_S + NOTICE_S + MARGIN_S
-            assert wait_until(lambda: failover_s(fleet.lines(), victim, term_at) is not None, timeout_s=60), (
-                f"seed={SEED}: w1's shards {held} were not taken over after its shutdown timeout"
+            # THEN once its shutdown timeout runs out, w1 fences itself and says STOPPED, and its shards move (a tick,
+            # a beat) — not after an expiry or a full cycle
+            hang_failover = failed_over(
+                fleet,
+                victim,
+                term_at,
+                expected_s=SHUTDOWN_TIMEOUT_S + 2 * t.pass_s + t.notice_s,
+                what=f"w1's shards {held} were not taken over after its shutdown timeout",
             )
-            hang_failover = failover_s(fleet.lines(), victim, term_at)
-            assert hang_failover is not None and hang_failover >= SHUTDOWN_TIMEOUT_S - 1.0, (
+            # AND not before it: its leases were kept while it finished (a lower bound: a late machine only makes it
+            # later — unless it starved w1 past its failover time, which the message would show)
+            assert hang_failover >= SHUTDOWN_TIMEOUT_S - 1.0, (
                 f"seed={SEED}: w1's shards moved after {hang_failover} s, before its shutdown timeout: its leases "
-                "were not kept while it finished"
+                f"were not kept while it finished; {stall_note(term_at)}"
             )
-            # AND the leader gave the departing worker nothing (a grace of one pass for decisions read before it)
-            given = owners.given_to("w1", after=departing_seen + 1.0)
+            # AND the leader gave the departing worker nothing: never one of the killed worker's leases (the pass
+            # that moves them read the rows after the kill, after DEPARTING), and nothing else once a pass that may
+            # have read the rows before DEPARTING was over (a grace of one pass)
+            given = owners.given_to("w1", after=kill_at)
+            problems += [
+                f"the killed {second}'s lease {c.lease_key} given to the departing w1 at +{c.t - term_at:.1f} s"
+                for c in given
+                if c.lease_key in second_held
+            ]
+            given = owners.given_to("w1", after=departing_seen + t.pass_s)
             problems += [f"lease {c.lease_key} given to the departing w1 at +{c.t - term_at:.1f} s" for c in given]
             assert not (owners.owned_by("w1") - held), f"w1 owns {owners.owned_by('w1')}, held {held} at SIGTERM"
             # clean-up: it would hang for another 10 min (and it never finished its shutdown: an abnormal end)
@@ -190,11 +262,12 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
         produced = producer.produced
         remaining = [w for w in ("w2", "w3") if w != second]
         # THEN every produced record is processed
-        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), f"seed={SEED}: records still missing"
-        codes = fleet.stop(remaining)
-    verdict = fleet.verdict(produced, lease_bound_s=FAILOVER_S)
+        drained(fleet, produced)
+        codes = fleet.stop(remaining, timeout_s=fleet.stop_bound_s())
+    verdict = fleet.verdict(produced)
     problems += verdict.violations
-    # AND the hanging worker journaled nothing on a shard once another process had started on it
+    # AND the hanging worker journaled nothing on a shard once another process had started on it (but the batch it
+    # had in flight)
     problems += fenced_after_stop(fleet.lines(), victim, term_at)
     fleet.record(
         "handover-departing-hangs",
@@ -202,13 +275,14 @@ def test_worker_that_departs_and_hangs_gets_nothing_and_its_shards_move(
         producer,
         held_at_sigterm=len(held),
         failover_hang_s=hang_failover,
+        failover_hang_past_timeout_s=round(hang_failover - SHUTDOWN_TIMEOUT_S, 2),
         failover_kill_s=kill_failover,
+        departing_at_kill=departing_at_kill,
+        departing_at_kill_failover=departing_at_kill_failover,
         hung_for_s=round(hung_for, 1),
     )
     assert not problems, f"seed={SEED}: {problems[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
-    assert hang_failover is not None and hang_failover < bound_hang, f"hang failover {hang_failover} s"
-    assert kill_failover is not None and kill_failover < bound_kill, f"kill failover {kill_failover} s"
 
 
 def _state(rows: WorkerMetricsStore, worker_id: str) -> WorkerState | None:
@@ -224,6 +298,7 @@ def _beats(rows: WorkerMetricsStore, worker_id: str) -> int:
 # --- 2. a leader killed between two fast ticks ----------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(150)
 def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
     app: App, tmp_path: Path, liveness: str
@@ -233,57 +308,68 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
     lock = DynamoDBLeaderLock(app.name, "observer", client=app.ddb)  # reads only: current_leader()
     app.create_stream(SHARDS)
     with handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet:
+        t = fleet.timings
+
+        def leads(owner: str) -> None:
+            eventually(
+                lambda: lock.current_leader() == owner,
+                bound_s=hang_bound_s(t.leader_takeover_s),
+                what=f"{owner} does not hold the leader lock",
+            )
+
         # GIVEN an application in liveness mode `liveness`, three workers and a leader process L1 (started once the
         # workers beat, so its first cycle deals all four shards), a producer
         start_workers(fleet, app, liveness)
         fleet.start_leader_process("L1")
         with Producer(app.kinesis, app.stream) as producer:
-            assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
-            assert wait_until(lambda: lock.current_leader() == "L1", timeout_s=10)
+            all_shards_processed(fleet)
+            leads("L1")
             # WHEN L1 is SIGKILLed between two fast ticks, a new leader L2 starts at once, and a busy worker is
             # SIGKILLed at the same moment
-            time.sleep(rng.uniform(0.0, TICK_S))  # the phase within a tick; nothing to inject a clock into
+            time.sleep(rng.uniform(0.0, t.tick_s))  # the phase within a tick; nothing to inject a clock into
             first = fleet.busy(WORKERS)[0]
             first_pid = fleet.pid(first)
             fleet.signal("L1", signal.SIGKILL)
             fleet.start_leader_process("L2")
             kill_a = fleet.signal(first, signal.SIGKILL)
-            # THEN its shards are served again within lock duration + failover + a margin (the new leader takes
-            # the lock when L1's expires, and judges the silent worker by its own heartbeat stamp at once)
-            bound_a = LOCK_S + SKEW_S + FAILOVER_S + NOTICE_S + MARGIN_S
-            assert wait_until(lambda: failover_s(fleet.lines(), first_pid, kill_a) is not None, timeout_s=40), (
-                f"seed={SEED}: {first}'s shards not taken over after the leader was replaced"
+            # THEN its shards are served again once L2 took the lock (when L1's expires) and judged the silent
+            # worker by its own heartbeat stamp
+            failover_a = failed_over(
+                fleet,
+                first_pid,
+                kill_a,
+                expected_s=t.leader_takeover_s + t.silent_worker_s,
+                what=f"{first}'s shards not taken over after the leader was replaced",
             )
-            failover_a = failover_s(fleet.lines(), first_pid, kill_a)
-            assert wait_until(lambda: lock.current_leader() == "L2", timeout_s=10)
+            leads("L2")
             # WHEN L2 is killed between two fast ticks in turn and L3 starts at once; once L3 leads, another busy
             # worker is SIGKILLed
-            time.sleep(rng.uniform(0.0, TICK_S))
+            time.sleep(rng.uniform(0.0, t.tick_s))
             fleet.signal("L2", signal.SIGKILL)
             fleet.start_leader_process("L3")
-            assert wait_until(lambda: lock.current_leader() == "L3", timeout_s=LOCK_S + SKEW_S + 10)
-            time.sleep(rng.uniform(0.0, TICK_S))
+            leads("L3")
+            time.sleep(rng.uniform(0.0, t.tick_s))
             survivors = [w for w in WORKERS if w != first]
             second = fleet.busy(survivors)[0]
             second_pid = fleet.pid(second)
             kill_b = fleet.signal(second, signal.SIGKILL)
-            # THEN L3's fast path moves its shards within failover + a tick or two — not at L3's next full cycle
-            bound_b = FAILOVER_S + SKEW_S + 2 * TICK_S + NOTICE_S + MARGIN_S
-            # (full cycles alone would need up to the cycle interval after L3's first one, minus the ≤ 2 s before
-            # the kill: more than this bound)
-            assert bound_b < cycle_s - 2.0
-            assert wait_until(lambda: failover_s(fleet.lines(), second_pid, kill_b) is not None, timeout_s=40), (
-                f"seed={SEED}: {second}'s shards not taken over under the new leader"
+            # THEN L3 moves its shards: failover, a tick or two, a notice (how soon is the figure)
+            failover_b = failed_over(
+                fleet,
+                second_pid,
+                kill_b,
+                expected_s=t.silent_worker_s,
+                what=f"{second}'s shards not taken over under the new leader",
             )
-            failover_b = failover_s(fleet.lines(), second_pid, kill_b)
             producer.stop()
         produced = producer.produced
         last = next(w for w in survivors if w != second)
-        assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), f"seed={SEED}: records still missing"
+        drained(fleet, produced)
         assert fleet.holding(last) == {x.shard for x in fleet.lines()}
-        codes = fleet.stop([last])
-        codes.update(fleet.stop(["L3"], sig=signal.SIGINT))  # the leader CLI releases its lock on SIGINT
-    verdict = fleet.verdict(produced, lease_bound_s=FAILOVER_S)
+        codes = fleet.stop([last], timeout_s=fleet.stop_bound_s())
+        # (the leader CLI releases its lock on SIGINT, between two waits: nothing configured to wait for)
+        codes.update(fleet.stop(["L3"], sig=signal.SIGINT, timeout_s=hang_bound_s(t.lock_beat_s)))
+    verdict = fleet.verdict(produced)
     fleet.record(
         "handover-leader-killed",
         verdict,
@@ -293,8 +379,6 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
     )
     assert not verdict.violations, f"seed={SEED}: {verdict.violations[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
-    assert failover_a is not None and failover_a < bound_a, f"seed={SEED}: failover {failover_a} s > {bound_a}"
-    assert failover_b is not None and failover_b < bound_b, f"seed={SEED}: failover {failover_b} s > {bound_b}"
 
 
 # --- 3. throttling on the fast reads ------------------------------------------------------------------------------
@@ -322,6 +406,7 @@ def in_process_leader(app: App, *, max_attempts: int, cycle_s: float, liveness: 
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(150)
 def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     app: App, tmp_path: Path, liveness: str
@@ -331,62 +416,74 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     app.create_stream(SHARDS)
     # The leader runs in this process, on its own client: that is where the throttling is injected.
     leader = in_process_leader(app, max_attempts=2, cycle_s=cycle_s, liveness=liveness)
+    # How long a full cycle may be held up by a throttled tick before it (its retries' backoff)
+    full_cycle_s = cycle_s + TEST_RETRY_BACKOFF_S
     with (
         handover_fleet(app, tmp_path, cycle_s=cycle_s, liveness=liveness) as fleet,
         throttle_worker_rows_scans(leader.ddb, worker_metrics_table_name(app.name), fast_only=True) as throttle,
     ):
+        t = fleet.timings
         try:
             # GIVEN an application in liveness mode `liveness`, three workers, the leader in this process, 4 shards
             # and a producer
             start_workers(fleet, app, liveness)
             leader.start()
             with Producer(app.kinesis, app.stream) as producer:
-                assert wait_until(lambda: fleet.shards_processed() >= SHARDS, timeout_s=60)
-                assert wait_until(lambda: len(throttle.fast_calls) >= 2, timeout_s=10), "the fast path never read"
+                all_shards_processed(fleet)
+                eventually(
+                    lambda: len(throttle.fast_calls) >= 2,
+                    bound_s=hang_bound_s(2 * TICK_S),
+                    what="the fast path never read",
+                )
                 # WHEN every fast read of the worker rows is throttled (the full cycle's read of the same table
                 # is not: it is what must keep going)
                 throttle.active.set()
                 window_start = time.monotonic()
-                assert wait_until(lambda: throttle.throttled > 0, timeout_s=10), "the throttling never hit"
+                eventually(
+                    lambda: throttle.throttled > 0, bound_s=hang_bound_s(TICK_S), what="the throttling never hit"
+                )
                 # AND a busy worker is SIGKILLed
-                time.sleep(rng.uniform(0.0, TICK_S))
+                time.sleep(rng.uniform(0.0, TICK_S))  # the phase within a tick
                 first = fleet.busy(WORKERS)[0]
                 first_pid = fleet.pid(first)
                 kill_at = fleet.signal(first, signal.SIGKILL)
                 # THEN the full cycles move its shards: its heartbeat's last value is first seen at one cycle and
                 # judged silent at the next one (a throttled tick may delay a cycle by its retries' backoff)
-                bound_kill = FAILOVER_S + 2 * cycle_s + TEST_RETRY_BACKOFF_S + NOTICE_S + MARGIN_S
-                assert wait_until(lambda: failover_s(fleet.lines(), first_pid, kill_at) is not None, timeout_s=40), (
-                    f"seed={SEED}: {first}'s shards not taken over while the fast reads were throttled"
+                failover_kill = failed_over(
+                    fleet,
+                    first_pid,
+                    kill_at,
+                    expected_s=FAILOVER_S + SKEW_S + 2 * full_cycle_s + t.notice_s,
+                    what=f"{first}'s shards not taken over while the fast reads were throttled",
                 )
-                failover_kill = failover_s(fleet.lines(), first_pid, kill_at)
                 # WHEN another busy worker stops gracefully (gives its leases up, announces STOPPED)
                 survivors = [w for w in WORKERS if w != first]
                 second = fleet.busy(survivors)[0]
                 second_pid = fleet.pid(second)
                 term_at = fleet.signal(second, signal.SIGTERM)
-                # THEN the next full cycle assigns the leases it gave up (once its batch in flight is done, ≤ 1 s)
-                bound_term = 1.0 + cycle_s + TEST_RETRY_BACKOFF_S + NOTICE_S + MARGIN_S
-                assert wait_until(lambda: failover_s(fleet.lines(), second_pid, term_at) is not None, timeout_s=40), (
-                    f"seed={SEED}: {second}'s shards not taken over while the fast reads were throttled"
+                # THEN the next full cycle assigns the leases it gave up (once its batch in flight is done)
+                failover_term = failed_over(
+                    fleet,
+                    second_pid,
+                    term_at,
+                    expected_s=t.idle_s + full_cycle_s + t.notice_s,
+                    what=f"{second}'s shards not taken over while the fast reads were throttled",
                 )
-                failover_term = failover_s(fleet.lines(), second_pid, term_at)
-                codes: dict[str, int | None] = {second: fleet.wait(second, timeout_s=40)}
+                codes: dict[str, int | None] = {second: fleet.wait(second, timeout_s=fleet.stop_bound_s())}
                 window_end = time.monotonic()
                 throttle.active.clear()
                 # AND once the throttling ends, the fast path reads again (within one backoff: at most a cycle)
                 recovered_at = time.monotonic()
-                assert wait_until(
+                eventually(
                     lambda: len(throttle.fast_between(recovered_at, time.monotonic())) >= 3,
-                    timeout_s=cycle_s + 3 * TICK_S + MARGIN_S,
-                ), f"seed={SEED}: the fast path did not resume after the throttling ended"
+                    bound_s=hang_bound_s(cycle_s + 3 * TICK_S),
+                    what=f"seed={SEED}: the fast path did not resume after the throttling ended",
+                )
                 producer.stop()
             produced = producer.produced
             last = next(w for w in survivors if w != second)
-            assert wait_until(lambda: fleet.processed_all(produced), timeout_s=60), (
-                f"seed={SEED}: records still missing"
-            )
-            codes.update(fleet.stop([last]))
+            drained(fleet, produced)
+            codes.update(fleet.stop([last], timeout_s=fleet.stop_bound_s()))
         finally:
             stopped = leader.stop()
     window_s = window_end - window_start
@@ -396,7 +493,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     full_cycles = [r for r in in_window if r.leader and not r.fast]
     marks = [window_start, *leader.full_cycle_times(window_start, window_end), window_end]
     cycle_gaps = [round(b - a, 2) for a, b in itertools.pairwise(marks)]
-    verdict = fleet.verdict(produced, lease_bound_s=FAILOVER_S)
+    verdict = fleet.verdict(produced)
     fleet.record(
         "handover-fast-reads-throttled",
         verdict,
@@ -416,16 +513,18 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
     assert not verdict.violations, f"seed={SEED}: {verdict.violations[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
     assert stopped, "the leader loop did not stop"
-    # AND the hand-overs came from the full cycles, within their bounds
-    assert failover_kill is not None and failover_kill < bound_kill, f"seed={SEED}: kill failover {failover_kill} s"
-    assert failover_term is not None and failover_term < bound_term, f"seed={SEED}: stop failover {failover_term} s"
+    # AND the hand-overs came from the full cycles: no fast pass ran while every fast read failed
     assert not any(r.fast for r in in_window), f"seed={SEED}: a fast pass ran although every fast read failed"
     # AND the full cycles kept running, without failing, through the whole window: never further apart than the
-    # cycle interval plus a throttled tick's backoff and a margin for the cycle itself
+    # liveness bound of a cycle held up by a throttled tick's backoff (their gaps are a figure)
     assert not any(r.error for r in full_cycles), f"seed={SEED}: {[r.error for r in full_cycles if r.error]}"
-    assert max(cycle_gaps) < cycle_s + TEST_RETRY_BACKOFF_S + MARGIN_S, f"seed={SEED}: full cycles {cycle_gaps}"
+    assert max(cycle_gaps) < hang_bound_s(full_cycle_s), (
+        f"seed={SEED}: full cycles {cycle_gaps} (liveness bound {hang_bound_s(full_cycle_s):.0f} s); "
+        f"{stall_note(window_start)}"
+    )
     # AND the fast path backed off: each wait at least the backoff (1, 2, 4 s … capped at the cycle interval;
-    # 0.2 s of tolerance for the hook's clock), so far fewer reads than the window has ticks
+    # 0.2 s of tolerance for the hook's clock) — a lower bound, which a late machine only makes easier to meet — so
+    # far fewer reads than the window has ticks
     for i, gap in enumerate(gaps):
         assert gap >= min(2.0**i, cycle_s) - 0.2, f"seed={SEED}: fast reads {gaps} do not back off"
     assert len(fast_reads) <= window_s / cycle_s + 4, f"seed={SEED}: {len(fast_reads)} fast reads in {window_s:.0f} s"
@@ -450,13 +549,20 @@ def test_a_throttled_fast_read_does_not_cost_the_leader_its_lock(app: App) -> No
         try:
             # GIVEN the leader leading and ticking
             leader.start()
-            assert wait_until(lambda: observer.current_leader() == leader.owner, timeout_s=15)
-            assert wait_until(lambda: len(throttle.fast_calls) >= 2, timeout_s=10), "the fast path never read"
+            eventually(
+                lambda: observer.current_leader() == leader.owner,
+                bound_s=hang_bound_s(LOCK_POLL_S),
+                what="the leader never took the free lock",
+            )
+            eventually(
+                lambda: len(throttle.fast_calls) >= 2, bound_s=hang_bound_s(2 * TICK_S), what="the fast path never read"
+            )
             # WHEN its fast reads are throttled
             throttle.active.set()
-            assert wait_until(lambda: throttle.throttled > 0, timeout_s=10)
+            eventually(lambda: throttle.throttled > 0, bound_s=hang_bound_s(TICK_S), what="the throttling never hit")
             window_start = time.monotonic()
-            # THEN it keeps its lock: the lock never looks free or foreign to another contender
+            # THEN it keeps its lock: the lock never looks free or foreign to another contender, over a watch of
+            # the lock's validity and 3 s more (a fixed window, sampled: there is no event to wait for)
             deadline = window_start + LOCK_S + SKEW_S + 3.0
             while time.monotonic() < deadline:
                 holder = observer.current_leader()
@@ -465,12 +571,19 @@ def test_a_throttled_fast_read_does_not_cost_the_leader_its_lock(app: App) -> No
                 time.sleep(0.1)
             throttle.active.clear()
         finally:
-            stopped = leader.stop(timeout_s=45)
+            stopped = leader.stop()
     new_terms = [
         r
         for r in leader.between(window_start, time.monotonic())
         if r.assignment is not None and not r.fast and r.assignment.run_number == 1
     ]
     assert stopped
-    assert not lapses, f"the lock lapsed {len(lapses)} times in {LOCK_S + SKEW_S + 3.0:.1f} s (seen: {set(lapses)})"
-    assert not new_terms, f"the leader re-acquired its own lock: {len(new_terms)} new term(s)"
+    # (a leader starved past its lock's validity would lapse whatever the fast read does: the probe's view of the
+    # watch is in the message)
+    assert not lapses, (
+        f"the lock lapsed {len(lapses)} times in {LOCK_S + SKEW_S + 3.0:.1f} s (seen: {set(lapses)}); "
+        f"{stall_note(window_start)}"
+    )
+    assert not new_terms, (
+        f"the leader re-acquired its own lock: {len(new_terms)} new term(s); {stall_note(window_start)}"
+    )

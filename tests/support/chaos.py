@@ -1,15 +1,19 @@
-"""Chaos-test support: a timestamped journal processor, journal invariants, DynamoDB faults.
+"""Chaos-test support: a timestamped journal processor, journal invariants, the fleet's timings, DynamoDB faults.
 
 Journal lines (one ``write`` each, O_APPEND, so the file order is the global order of writes)::
 
-    <monotonic s> <pid> <shard> REC <sequence> <sub-sequence> <data>
+    <monotonic s> <pid> <shard> REC <sequence> <sub-sequence> <data> <delivered s>
     <monotonic s> <pid> <shard> INIT <checkpoint sequence> <checkpoint sub-sequence> -
     <monotonic s> <pid> <shard> LOST|END|SHUTDOWN - - -
 
-(``<pid>`` is the worker's tag for in-process workers: several share one process.)
+(``<pid>`` is the worker's tag for in-process workers: several share one process.) Every REC line of one delivery
+(one ``process_records`` call) carries the same stamp and is written in one ``write``: a batch is told by its
+stamp. ``<delivered s>`` is when the consumer handed the batch over (its ``cache_exit_time``, taken right after
+its fence check), on the same clock.
 
 ``time.monotonic()`` is CLOCK_MONOTONIC on Linux: one clock for every process on the machine, so the test
-process can compare its own readings (when it sent SIGKILL) with the workers' lines.
+process can compare its own readings (when it sent SIGKILL) with the workers' lines. A starved machine makes
+every stamp late, never out of order: the invariants compare stamps only with each other, never with a duration.
 
 ``shardlease worker --processor tests.support.chaos:ChaosProcessor`` with ``SHARDLEASE_CHAOS_JOURNAL=/path``.
 """
@@ -26,12 +30,18 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import botocore.exceptions
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 from botocore.httpsession import URLLib3Session
 
+from worker_lib.core.env import env_int
+from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
+from worker_lib.leases.config import LeaseConfig
+from worker_lib.leases.mode import LivenessMode
+from worker_lib.leases.renewer import LeaseHolder
+from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -39,6 +49,7 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 DEFAULT_SEED = 20240607
@@ -76,18 +87,40 @@ class ChaosProcessor:
         finally:
             os.close(fd)
 
-    def _line(self, shard: str, kind: str, a: str = "-", b: str = "-", c: str = "-") -> str:
+    def _line(
+        self,
+        shard: str,
+        kind: str,
+        a: str = "-",
+        b: str = "-",
+        c: str = "-",
+        *,
+        t: float | None = None,
+        delivered: float | None = None,
+    ) -> str:
         tag = os.getpid() if self.tag is None else self.tag
-        return f"{time.monotonic():.6f} {tag} {shard} {kind} {a} {b} {c}\n"
+        tail = "" if delivered is None else f" {delivered:.6f}"
+        return f"{time.monotonic() if t is None else t:.6f} {tag} {shard} {kind} {a} {b} {c}{tail}\n"
 
     def initialize(self, input: InitializationInput) -> None:
         cp = input.checkpoint
         self._append([self._line(input.shard_id, "INIT", cp.sequence, str(cp.sub_sequence))])
 
     def process_records(self, input: ProcessRecordsInput) -> None:
+        wall = time.time()
+        now = time.monotonic()  # one stamp for the whole batch: the journal tells a batch by it
+        delivered = _delivered_at(input, wall=wall, now=now)
         self._append(
             [
-                self._line(input.shard_id, "REC", r.sequence_number, str(r.sub_sequence_number), r.data.decode())
+                self._line(
+                    input.shard_id,
+                    "REC",
+                    r.sequence_number,
+                    str(r.sub_sequence_number),
+                    r.data.decode(),
+                    t=now,
+                    delivered=delivered,
+                )
                 for r in input.records
             ]
         )
@@ -105,6 +138,16 @@ class ChaosProcessor:
         input.checkpointer.checkpoint()
 
 
+def _delivered_at(input: ProcessRecordsInput, *, wall: float, now: float) -> float:
+    """When the consumer handed the batch over (``cache_exit_time``, a wall-clock time), on the monotonic clock:
+    ``now`` minus the wall time since. ``wall`` is read just before ``now``: a pause between the two readings makes
+    the result later, never earlier, than the hand-over."""
+    handed = input.cache_exit_time
+    if handed is None:
+        return now
+    return now - max(0.0, wall - handed.timestamp())
+
+
 @dataclass(frozen=True)
 class Line:
     index: int  # position in the file (global order)
@@ -115,14 +158,22 @@ class Line:
     a: str
     b: str
     c: str
+    delivered: float | None = None  # REC lines: when the consumer handed the batch over (monotonic)
+
+    @property
+    def handed_over(self) -> float:
+        """When the record was delivered (its line's own stamp, later, if the line does not say)."""
+        return self.t if self.delivered is None else self.delivered
 
 
 def read_lines(path: Path) -> list[Line]:
     out: list[Line] = []
     for raw in path.read_text(encoding="utf-8").splitlines():
         parts = raw.split()
-        if len(parts) == 7:
-            out.append(Line(len(out), float(parts[0]), int(parts[1]), parts[2], parts[3], parts[4], parts[5], parts[6]))
+        if len(parts) in (7, 8):
+            t, pid, shard, kind, a, b, c = parts[:7]
+            delivered = float(parts[7]) if len(parts) == 8 else None
+            out.append(Line(len(out), float(t), int(pid), shard, kind, a, b, c, delivered))
     return out
 
 
@@ -150,7 +201,8 @@ class Verdict:
     duplicated: int = 0
     lost: int = 0
     sessions: int = 0
-    max_overlap_s: float = 0.0
+    in_flight_after_successor: int = 0  # sessions that journaled their batch in flight after the next owner's INIT
+    max_overlap_s: float = 0.0  # a figure only: the longest time two owners' journaled records overlapped
     violations: list[str] = field(default_factory=list)
 
     def figures(self) -> dict[str, Any]:
@@ -163,9 +215,8 @@ def check_journal(
     *,
     abnormal_pids: set[int],
     parents: dict[str, list[str]] | None = None,
-    lease_bound_s: float = 3.0,
 ) -> Verdict:
-    """Every invariant of the chaos suite, from one journal.
+    """Every invariant of the chaos suite, from one journal; none of them depends on how fast anything ran.
 
     * no record lost: every produced record has a REC line;
     * duplicates only after an ownership change, only for records the new session's start checkpoint did not
@@ -174,8 +225,8 @@ def check_journal(
     * per-shard order within one ownership session (INIT to the next INIT of that pid and shard);
     * nothing processed in a session after its LOST line (the lease was lost: processing stops there);
     * a child shard's first record comes after every parent's END line;
-    * two sessions of different processes on one shard overlap (first record of the later one before the last
-      record of the earlier one) by no more than ``lease_bound_s``.
+    * one owner at a time (:func:`two_owners`): once another process's session started on a shard, the earlier
+      session journals there only the one batch it had been handed before that start.
     """
     v = Verdict(produced=len(produced))
     session_of: dict[int, int] = {}  # REC line index -> INIT line index
@@ -239,39 +290,101 @@ def check_journal(
                 v.violations.append(f"child {child} processed but parent {parent} never ended")
             elif ended[parent] > first_rec[child]:
                 v.violations.append(f"child {child} processed (line {first_rec[child]}) before {parent} ended")
-    spans: dict[str, list[tuple[float, float, int]]] = {}
-    per_session: dict[int, list[float]] = {}
-    for rec in recs:
-        per_session.setdefault(session_of[rec.index], []).append(rec.t)
-    for s, times in per_session.items():
-        init = by_index[s]
-        spans.setdefault(init.shard, []).append((min(times), max(times), init.pid))
-    for shard, items in spans.items():
-        items.sort()
-        for (_, end1, pid1), (start2, _, pid2) in itertools.pairwise(items):
-            if pid1 != pid2:
-                overlap = end1 - start2
-                v.max_overlap_s = max(v.max_overlap_s, round(overlap, 3))
-                if overlap > lease_bound_s:
-                    v.violations.append(f"{shard}: pids {pid1} and {pid2} overlapped for {overlap:.2f} s")
+    owners = two_owners(lines)
+    v.violations += owners.violations
+    v.in_flight_after_successor = owners.in_flight
+    v.max_overlap_s = _max_overlap_s(recs, session_of, by_index)
     return v
 
 
-def fenced_after_stop(lines: list[Line], stopped_pid: int, stopped_at: float) -> list[str]:
-    """Violations of the SIGSTOP fence: a record journaled by ``stopped_pid`` on a shard after another process
-    started a session on it (after ``stopped_at``), before ``stopped_pid`` started a new session of its own."""
-    violations: list[str] = []
-    taken: set[str] = set()
+@dataclass
+class Owners:
+    """What :func:`two_owners` found: its violations, and how many sessions journaled their batch in flight after
+    the next owner's INIT (allowed: KCL's semantics of a batch already handed over)."""
+
+    violations: list[str] = field(default_factory=list)
+    in_flight: int = 0
+
+
+def two_owners(lines: list[Line], *, pid: int | None = None, since: float | None = None) -> Owners:
+    """One owner at a time, by journal order and the fence: once another process started a session on a shard (its
+    INIT line), an earlier session there journals at most one batch after that line — the batch it had been handed
+    before that INIT (its delivery stamp precedes the INIT's) — and nothing else until it starts a new session.
+
+    Why this holds exactly, whatever the load: the consumer checks its fence before every delivery; the lease moves
+    only once that fence ran out (the leader expires a lease or a silent worker only after the failover time of
+    its own observation, later than the owner's fence); the next owner's INIT comes after it took the lease. So a
+    delivery after that INIT is a fence that did not hold, and a second batch after it is one too (the batch in
+    flight ends in a checkpoint that fails: the session ends). A killed process journals nothing more; a frozen
+    one may journal, when woken, the batch it had been handed before its freeze — the same rule.
+
+    The only stamp compared is the delivery's with the INIT's: both are readings of one machine clock, late on a
+    starved machine but never out of order. (The delivery stamp is the consumer's ``cache_exit_time``, taken a few
+    statements after its fence check: a process frozen exactly between the two, past the whole lease move, would be
+    reported although its check held — a window of microseconds.)
+
+    ``pid``: judge that process's sessions only; ``since``: only successors whose INIT is stamped at or after it
+    (:func:`fenced_after_stop`)."""
+    found = Owners()
+    open_init: dict[tuple[int, str], Line] = {}  # (pid, shard) -> the INIT of its current session
+    successor: dict[tuple[int, str], Line] = {}  # (pid, shard) -> the first INIT of another process since then
+    batches: dict[tuple[int, int], set[float]] = {}  # (session INIT, successor INIT) -> batch stamps after it
     for line in lines:
-        if line.t < stopped_at and line.pid != stopped_pid:
-            continue
-        if line.kind == "INIT" and line.pid != stopped_pid and line.t >= stopped_at:
-            taken.add(line.shard)
-        elif line.kind == "INIT" and line.pid == stopped_pid:
-            taken.discard(line.shard)  # re-acquired: a new session of its own
-        elif line.kind == "REC" and line.pid == stopped_pid and line.shard in taken:
-            violations.append(f"stopped pid {stopped_pid} journaled {line.c} on {line.shard} after it was taken")
-    return violations
+        key = (line.pid, line.shard)
+        if line.kind == "INIT":
+            open_init[key] = line
+            successor.pop(key, None)
+            if since is None or line.t >= since:
+                for (other, shard), init in open_init.items():
+                    if shard == line.shard and other != line.pid and init.index < line.index:
+                        successor.setdefault((other, shard), line)
+        elif line.kind == "REC" and key in successor and (pid is None or line.pid == pid):
+            nxt = successor[key]
+            stamps = batches.setdefault((open_init[key].index, nxt.index), set())
+            if line.t in stamps:
+                continue  # the rest of a batch already judged
+            stamps.add(line.t)
+            if line.handed_over >= nxt.t:
+                found.violations.append(
+                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}) handed over to it at "
+                    f"{line.handed_over:.3f}, after pid {nxt.pid} had started its session there at {nxt.t:.3f} "
+                    f"(line {nxt.index}): two owners at once"
+                )
+            elif len(stamps) > 1:
+                found.violations.append(
+                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}) after the one it had in flight when "
+                    f"pid {nxt.pid} started its session there (line {nxt.index}): two owners at once"
+                )
+    found.in_flight = sum(1 for stamps in batches.values() if stamps)
+    return found
+
+
+def _max_overlap_s(recs: list[Line], session_of: dict[int, int], by_index: dict[int, Line]) -> float:
+    """The figure ``max_overlap_s``: for each shard, how long (by the lines' stamps) the later of two processes'
+    sessions had journaled records before the earlier one's last record. Reported, never judged (a stamp taken on
+    a starved machine is late): :func:`two_owners` is the invariant."""
+    per_session: dict[int, list[float]] = {}
+    for rec in recs:
+        per_session.setdefault(session_of[rec.index], []).append(rec.t)
+    spans: dict[str, list[tuple[float, float, int]]] = {}
+    for s, times in per_session.items():
+        init = by_index[s]
+        spans.setdefault(init.shard, []).append((min(times), max(times), init.pid))
+    worst = 0.0
+    for items in spans.values():
+        items.sort()
+        for (_, end1, pid1), (start2, _, pid2) in itertools.pairwise(items):
+            if pid1 != pid2:
+                worst = max(worst, round(end1 - start2, 3))
+    return worst
+
+
+def fenced_after_stop(lines: list[Line], stopped_pid: int, stopped_at: float) -> list[str]:
+    """Violations of the fence of a process frozen (SIGSTOP) or cut off (its heartbeats failing) at
+    ``stopped_at``: on a shard another process started a session on after ``stopped_at``, the stopped pid journals
+    nothing until it starts a new session of its own there — but the one batch it had been handed before that
+    session started (:func:`two_owners`, for this pid)."""
+    return two_owners(lines, pid=stopped_pid, since=stopped_at).violations
 
 
 def unserved_s(lines: list[Line], *, cut_at: Mapping[int, Sequence[float]], until: float) -> dict[str, float]:
@@ -356,6 +469,98 @@ def worker_liveness(rows: WorkerMetricsStore, worker_ids: Iterable[str]) -> dict
     return {worker: said.get(worker) for worker in worker_ids}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Timings:
+    """The timings a fleet runs with, read from the ``SHARDLEASE_*`` variables its processes get (the product's
+    default where one is unset; docs/api.md): what every liveness bound of the chaos suite is derived from, times
+    :data:`~tests.support.stalls.HANG_FACTOR` (``hang_bound_s``)."""
+
+    failover_s: float  # SHARDLEASE_FAILOVER_TIME_MS: the lease duration, and how long a silent worker is waited for
+    verdict_s: float  # how long a suspended lease waits for a beat's verdict before it counts as lost (renewer.py)
+    heartbeat_s: float  # the worker heartbeat in the fleet's liveness mode
+    discovery_s: float  # SHARDLEASE_DISCOVERY_INTERVAL_MS; unset or 0: new leases arrive by notice, with a beat
+    idle_s: float  # SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS: a consumer's pause between two reads
+    lock_s: float  # SHARDLEASE_LEADER_LOCK_DURATION_MS
+    lock_beat_s: float  # SHARDLEASE_LEADER_HEARTBEAT_MS
+    lock_poll_s: float  # how often a contender re-reads the lock
+    skew_s: float  # SHARDLEASE_MAX_CLOCK_SKEW_MS
+    cycle_s: float  # SHARDLEASE_LEADER_CYCLE_INTERVAL_MS: the leader's full cycle
+    tick_s: float  # SHARDLEASE_LEADER_FAST_TICK_MS: the fast path's read (0: no fast path)
+    shard_sync_s: float  # SHARDLEASE_SHARD_SYNC_INTERVAL_MS
+    parent_poll_s: float  # SHARDLEASE_PARENT_POLL_INTERVAL_MS: a child shard's wait for its parents
+    mode_check_s: float  # SHARDLEASE_LIVENESS_MODE_CHECK_MS
+    shutdown_s: float  # SHARDLEASE_SHUTDOWN_TIMEOUT_MS: a SIGTERM'd worker has ended by then, at the latest
+
+    @classmethod
+    def of(cls, env: Mapping[str, str]) -> Timings:
+        lease = LeaseConfig.from_env(env)
+        lock = LeaderLockConfig.from_env(env)
+        leader = LeaderConfig.from_env(env)
+        mode = LivenessMode.WORKER if lease.liveness_mode == LivenessMode.WORKER.value else LivenessMode.LEASE
+        heartbeat_ms = lease.heartbeat_interval_for(mode)
+        discovery_ms = env_int(env, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0)
+        # (the verdict's wait is the lease holder's own, derived from the failover time; building one reads nothing)
+        verdict_s = LeaseHolder(cast(LeaseStore, None), "timings", config=lease).verdict_timeout_s
+        return cls(
+            failover_s=lease.failover_s,
+            verdict_s=verdict_s,
+            heartbeat_s=heartbeat_ms / 1000,
+            discovery_s=(discovery_ms or heartbeat_ms) / 1000,
+            idle_s=env_int(env, "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS", 1_000) / 1000,
+            lock_s=lock.lease_duration_ms / 1000,
+            lock_beat_s=lock.heartbeat_interval_ms / 1000,
+            lock_poll_s=lock.poll_interval_ms / 1000,
+            skew_s=lock.max_clock_skew_ms / 1000,
+            cycle_s=leader.cycle_interval_ms / 1000,
+            tick_s=leader.fast_tick_ms / 1000,
+            shard_sync_s=ShardSyncConfig.from_env(env).interval_ms / 1000,
+            parent_poll_s=env_int(env, "SHARDLEASE_PARENT_POLL_INTERVAL_MS", 10_000) / 1000,
+            mode_check_s=lease.mode_check_interval_ms / 1000,
+            shutdown_s=env_int(env, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000) / 1000,
+        )
+
+    @property
+    def pass_s(self) -> float:
+        """How often the leader acts on a worker's silence: its fast tick, or its full cycle without one."""
+        return self.tick_s or self.cycle_s
+
+    @property
+    def notice_s(self) -> float:
+        """How long a worker takes to start on a lease it was given: the leader's notice comes back with its next
+        beat, or its own index query finds the lease."""
+        return min(self.heartbeat_s, self.discovery_s)
+
+    @property
+    def silent_worker_s(self) -> float:
+        """A killed, frozen or fenced worker's shards in another worker's sessions: its beat judged silent after
+        the failover time (plus the skew bound), seen at one leader pass and acted on at the next, then noticed."""
+        return self.failover_s + self.skew_s + 2 * self.pass_s + self.notice_s
+
+    @property
+    def fenced_s(self) -> float:
+        """A worker whose beats fail: its fence runs out (the failover time after its last beat), its leases are
+        suspended, and counted as lost at the verdict of a beat's reply — at the latest when the wait for it ends."""
+        return self.failover_s + self.verdict_s
+
+    @property
+    def start_s(self) -> float:
+        """A fresh application's shards in sessions: a contender takes the free lock (within a poll), its first
+        cycle, at once, creates and assigns the leases, and their owners notice."""
+        return self.lock_poll_s + self.notice_s
+
+    @property
+    def leader_takeover_s(self) -> float:
+        """A dead leader replaced: its lock runs out (plus the skew bound) and a contender's next read takes it (its
+        first full cycle runs at once)."""
+        return self.lock_s + self.skew_s + self.lock_poll_s
+
+    @property
+    def assignment_s(self) -> float:
+        """A new lease served (a child shard's): created by a shard sync, given by the next full cycle, noticed by
+        its new owner."""
+        return self.shard_sync_s + self.cycle_s + self.notice_s
+
+
 def record_figures(name: str, figures: dict[str, Any]) -> None:
     """Print one JSON line, and append it to ``$SHARDLEASE_CHAOS_REPORT`` if set (for docs/reliability.md)."""
     line = json.dumps({"scenario": name, **figures}, sort_keys=True)
@@ -400,8 +605,8 @@ def heartbeat_of(body: bytes | str | None, metrics_table: str) -> str | None:
         request = json.loads(body)
     except ValueError:
         return None
-    if request.get("TableName") != metrics_table or "#hbc" not in request.get("ExpressionAttributeNames", {}):
-        return None
+    if request.get("TableName") != metrics_table or "ADD #hbc" not in request.get("UpdateExpression", ""):
+        return None  # not a beat (the leader's certificate names #hbc only in its condition)
     worker = request.get("Key", {}).get("wid", {}).get("S")
     return str(worker) if worker is not None else None
 

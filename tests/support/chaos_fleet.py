@@ -13,11 +13,20 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.support.chaos import PROCESSOR, Line, Verdict, check_journal, holding, read_lines, record_figures
+from tests.support.chaos import (
+    PROCESSOR,
+    Line,
+    Timings,
+    Verdict,
+    check_journal,
+    holding,
+    read_lines,
+    record_figures,
+)
 from tests.support.processes import REPO, repo_env
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.testing.processes import ProcessFleet
 from worker_lib.testing.producers import Producer
-from worker_lib.testing.waiting import wait_until
 
 
 class ChaosFleet(ProcessFleet):
@@ -43,6 +52,8 @@ class ChaosFleet(ProcessFleet):
         self.worker_env = dict(worker_env or {})
         self.latest: dict[str, str] = {}  # worker id -> name of its latest process
         self.starts = 0  # worker processes started so far
+        self.timings = Timings.of({**self.env, **self.worker_env})
+        """What the workers are configured with: the fleet's liveness bounds are derived from it."""
 
     def start_chaos_worker(
         self, worker_id: str, *, processor: str = PROCESSOR, env: Mapping[str, str] | None = None
@@ -79,9 +90,10 @@ class ChaosFleet(ProcessFleet):
         """Shards the worker id's latest process has an open session on (journal)."""
         return holding(self.lines(), self.pid(worker_id))
 
-    def busy(self, candidates: Iterable[str] | None = None, *, timeout_s: float = 30) -> list[str]:
+    def busy(self, candidates: Iterable[str] | None = None, *, bound_s: float | None = None) -> list[str]:
         """The live workers among ``candidates`` (default: every live worker) that process at least one shard,
-        sorted; waits (bounded) until there is one."""
+        sorted; waits until there is one — at most ``bound_s``, by default the liveness bound of a silent worker's
+        shards landing in another worker's sessions (a kill just before may have left every shard in transit)."""
         found: list[str] = []
 
         def any_busy() -> bool:
@@ -89,13 +101,20 @@ class ChaosFleet(ProcessFleet):
             found[:] = sorted(w for w in pool if self.holding(w))
             return bool(found)
 
-        assert wait_until(any_busy, timeout_s=timeout_s), f"none of {candidates or 'the workers'} processes a shard"
+        bound = hang_bound_s(self.timings.silent_worker_s) if bound_s is None else bound_s
+        eventually(any_busy, bound_s=bound, what=f"none of {candidates or 'the workers'} processes a shard")
         return found
 
-    def stop_workers(self, worker_ids: Iterable[str] | None = None, *, timeout_s: float = 40) -> dict[str, int | None]:
-        """SIGTERM the latest process of each worker id (default: every live one); exit codes by worker id."""
+    def stop_bound_s(self) -> float:
+        """The liveness bound of a graceful stop: a SIGTERM'd worker has ended by its shutdown timeout at the
+        latest (it then fences what is left), whatever its consumers do."""
+        return hang_bound_s(self.timings.shutdown_s)
+
+    def stop_workers(self, worker_ids: Iterable[str] | None = None) -> dict[str, int | None]:
+        """SIGTERM the latest process of each worker id (default: every live one); exit codes by worker id (``None``:
+        still running after :meth:`stop_bound_s`)."""
         chosen = self.live_workers() if worker_ids is None else list(worker_ids)
-        codes = self.stop([self.latest[w] for w in chosen], timeout_s=timeout_s)
+        codes = self.stop([self.latest[w] for w in chosen], timeout_s=self.stop_bound_s())
         return {w: codes[self.latest[w]] for w in chosen}
 
     def processed_all(self, produced: Iterable[str]) -> bool:
@@ -107,13 +126,17 @@ class ChaosFleet(ProcessFleet):
         return len({x.shard for x in self.lines() if x.kind == "REC"})
 
     def verdict(
-        self, produced: list[str], *, lease_bound_s: float, parents: dict[str, list[str]] | None = None
+        self,
+        produced: list[str],
+        *,
+        parents: dict[str, list[str]] | None = None,
+        lease_bound_s: float | None = None,
     ) -> Verdict:
         """The suite's journal invariants (tests/support/chaos.py, ``check_journal``); duplicates are allowed only
-        after what this fleet killed or froze."""
-        return check_journal(
-            self.lines(), produced, abnormal_pids=self.abnormal_pids(), parents=parents, lease_bound_s=lease_bound_s
-        )
+        after what this fleet killed or froze. ``lease_bound_s`` is not used any more (two owners at once are
+        judged by journal order, not by a time): it is accepted until every caller stops passing it."""
+        del lease_bound_s
+        return check_journal(self.lines(), produced, abnormal_pids=self.abnormal_pids(), parents=parents)
 
     def record(self, scenario: str, verdict: Verdict, producer: Producer, **figures: Any) -> None:
         """Record the scenario's figures (``record_figures``): its labels, ``figures``, its runtime since the fleet

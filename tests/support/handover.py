@@ -29,6 +29,7 @@ from typing import Any
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
 from tests.support.chaos import ChaosProcessor, RawBody
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -39,7 +40,6 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.processor import ShutdownRequestedInput
 from worker_lib.shardsync.config import ShardSyncConfig
-from worker_lib.testing.waiting import wait_until
 
 HANGING_PROCESSOR = "tests.support.handover:HangingShutdownProcessor"
 HANG_ENV = "SHARDLEASE_HANDOVER_HANG_S"
@@ -79,6 +79,7 @@ class InProcessLeader:
         liveness: str = "lease",
     ) -> None:
         self.owner = owner
+        self.cycle_s = cycle_ms / 1000
         self.ddb = aws.client("dynamodb", aws_config)
         self.parts: LeaderParts = build_leader(
             app=app,
@@ -103,11 +104,12 @@ class InProcessLeader:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 40) -> bool:
-        """Stop the loop (it releases the lock); False if it did not finish within ``timeout_s``."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the loop (it finishes the cycle in flight and releases the lock); False if it did not finish within
+        ``timeout_s`` — by default the liveness bound of one cycle interval."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout_s)
+            self._thread.join(hang_bound_s(self.cycle_s) if timeout_s is None else timeout_s)
         return not self._thread.is_alive()
 
     def between(self, start: float, end: float) -> list[CycleReport]:
@@ -166,12 +168,12 @@ class OwnerLog:
 
     def __enter__(self) -> OwnerLog:
         self._thread.start()
-        assert wait_until(lambda: self.polls > 0, timeout_s=10), "the lease table could not be read"
+        eventually(lambda: self.polls > 0, bound_s=hang_bound_s(self._step_s), what="the lease table could not be read")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=hang_bound_s(self._step_s))
 
 
 # --- throttling the leader's reads of the worker rows -----------------------------------------------------------------

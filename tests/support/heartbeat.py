@@ -69,6 +69,12 @@ class ThrottledRows:
     def get(self, worker_id: str) -> WorkerMetricStats | None:
         return self._inner.get(worker_id)
 
+    def declare_gone(self, worker_id: str, counter: int) -> bool:
+        return self._inner.declare_gone(worker_id, counter)
+
+    def certify_declarations(self, worker_id: str) -> bool:
+        return self._inner.certify_declarations(worker_id)
+
 
 @dataclass
 class StandInWorker:

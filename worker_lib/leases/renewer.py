@@ -91,6 +91,7 @@ class LeaseHolder:
         self._in_use = in_use
         self._held: dict[str, HeldLease] = {}
         self._heartbeat_until: float | None = None  # None: no heartbeat fence (heartbeats off or not yet sent)
+        self._fence_before_reply: float | None = None  # the fence in force when the latest beat's reply came
         self._renewing = True  # False in worker liveness mode: the heartbeat fence alone bounds every lease
         self._requests_seen: set[str] = set()
         self._guard = threading.Lock()
@@ -239,7 +240,9 @@ class LeaseHolder:
             except DependencyError as exc:
                 log.warning("could not read lease=%s for a hand-off request: %s", lease_key, exc)
                 continue  # the request stays on our item: the next beat brings it back
-            outcome = self._apply_request(entry, current, until=sent_at + timeout_ms / 1000 - self.epsilon_s)
+            outcome = self._apply_request(
+                entry, current, until=self._request_basis(sent_at) + timeout_ms / 1000 - self.epsilon_s
+            )
             if outcome == "lost":
                 self._mark_lost(lease_key, "taken over while a hand-off was requested")
             if outcome in ("lost", "stale"):
@@ -248,6 +251,15 @@ class LeaseHolder:
                 self._requests_seen.add(element)
         self._requests_seen &= set(elements)
         return done
+
+    def _request_basis(self, sent_at: float) -> float:
+        """When a hand-off request seen by the beat sent at ``sent_at`` may have been written, at the latest for our
+        bound: the beat's send time — or, if that beat's reply came after the fence had run out (its leases kept:
+        the leader declared nothing), the end of that fence. The request was not on the item when our last answered
+        beat landed, and the leader forces it a timeout plus a failover time after writing it (rule 3 of
+        docs/liveness-modes.md), so the bound must not grow with the time the replies were missing."""
+        before = self._fence_before_reply
+        return sent_at if before is None else min(sent_at, before)
 
     def _complete_orphaned_handoff(self, lease_key: str) -> bool:
         """Complete the hand-off of a lease we do not hold but are named ``checkpointOwner`` of (see
@@ -338,6 +350,7 @@ class LeaseHolder:
         with self._guard:
             lapsed = self._heartbeat_until is not None and replied_at >= self._heartbeat_until
             dropped = self._drop_all_locked() if (lapsed and declared_gone is not False) or declared_gone else []
+            self._fence_before_reply = self._heartbeat_until
             self._heartbeat_until = sent_at + self.validity_s
             kept = len(self._held)
         if lapsed and kept:

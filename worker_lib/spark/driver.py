@@ -49,9 +49,9 @@ from worker_lib.spark.planning import (
     commit_actions,
     handoffs_to_complete,
     is_idle,
-    later_of,
     new_run_id,
     plan_next_offset,
+    remember_delivered,
     without_shards,
 )
 from worker_lib.spark.reading import start_timestamp
@@ -150,6 +150,8 @@ class SparkLeaseCoordinator:
         self._committed: tuple[str, int] = ("", -1)
         self._delivered: dict[str, Checkpoint] = {}  # per shard, how far batches Spark committed have read
         self._pending_shard_ends: dict[str, BatchEnd] = {}
+        # Shards a committed batch read to their end, held or not then: finished once their lease is held
+        self._read_to_end: dict[str, BatchEnd] = {}
         self._last_probe: dict[str, float] = {}
         self._lags: dict[str, int] = {}  # per shard, MillisBehindLatest of its last committed read
         self._available_now_until: float | None = None
@@ -436,9 +438,10 @@ class SparkLeaseCoordinator:
             lease = self._holder.lease(key)
             if lease is not None:
                 lease_checkpoints[key] = lease.checkpoint
+        remember_delivered(self._delivered, ends)
         for key, end in ends.items():
-            if not end.position.is_sentinel and not end.ended:
-                self._delivered[key] = later_of(self._delivered.get(key, end.position), end.position)
+            if end.ended and key not in self._pending_shard_ends:
+                self._read_to_end.setdefault(key, end)
             if end.millis_behind_latest is not None:
                 self._lags[key] = end.millis_behind_latest
         actions = commit_actions(offset, ends, held_epochs=self._held_epochs(), lease_checkpoints=lease_checkpoints)
@@ -485,6 +488,10 @@ class SparkLeaseCoordinator:
     # --- SHARD_END ------------------------------------------------------------------------------------------
 
     def _retry_shard_ends(self) -> None:
+        for key, end in list(self._read_to_end.items()):
+            if key in self._pending_shard_ends or self._holder.lease(key) is not None:
+                self._pending_shard_ends.setdefault(key, end)  # held (again): its records are in the sink, finish it
+                del self._read_to_end[key]
         for key, end in sorted(self._pending_shard_ends.items()):
             if self._holder.lease(key) is None:
                 self._pending_shard_ends.pop(key, None)

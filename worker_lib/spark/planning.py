@@ -225,6 +225,17 @@ def plan_next_offset(
     return SourceOffset(run=start.run, batch=start.batch + 1, shards=shards)
 
 
+def remember_delivered(delivered: dict[str, Checkpoint], ends: Mapping[str, BatchEnd]) -> None:
+    """Add what a batch Spark committed read to ``delivered``: how far each shard was read, ``SHARD_END`` for a read
+    that reached the end of its shard. A committed batch's records are in the sink whether or not its lease was held
+    then; planning never reads them again, and a shard read to its end is finished rather than read again."""
+    for key, end in ends.items():
+        if end.ended:
+            delivered[key] = SHARD_END
+        elif not end.position.is_sentinel:
+            delivered[key] = later_of(delivered.get(key, end.position), end.position)
+
+
 def idle_shards(start: SourceOffset, ends: Mapping[str, BatchEnd]) -> set[str]:
     """Shards of ``start`` whose read in batch ``start.batch`` found nothing new at the tip of the shard."""
     if start.batch == 0:

@@ -11,6 +11,7 @@ only their key and the faulty attribute, never a payload.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -31,6 +32,12 @@ A = WorkerMetricsAttr
 MAX_NOTICE_KEYS = 100
 """A notice names at most this many leases (keeps the item small); a larger batch is announced without keys."""
 
+
+
+def heartbeat_stamp_ms(wall_s: float) -> int:
+    """``hbt`` for a beat sent at wall time ``wall_s``: rounded *up* to the ms, because a new leader dates a beat it
+    first sees by ``hbt`` + the skew bound, which must not come before the real send time (docs/failover.md)."""
+    return math.ceil(wall_s * 1000)
 
 class WorkerMetricsStore(TableStore):
     """The worker-metrics table. Satisfies the reporter's ``WorkerMetricsSink`` and the leader's source."""
@@ -78,7 +85,7 @@ class WorkerMetricsStore(TableStore):
         there was no item (the first beat) or it cannot be read. ``done_requests``: hand-off requests (``hrq``)
         this worker is done with, removed in the same write (docs/liveness-modes.md). ``session``: the beating
         process's session (``hbs``)."""
-        now_ms = int(self._clock.wall() * 1000)
+        now_ms = heartbeat_stamp_ms(self._clock.wall())
         names = {
             "#asl": A.ASSIGNED_KEYS,
             "#hbc": A.HEARTBEAT_COUNTER,
