@@ -10,15 +10,29 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.journal_processor import PROCESSOR, read_journal
-from tests.support.processes import EMBEDDED_LEADER_ENV, process_group
+from tests.support.processes import (
+    CLI_BOUND_S,
+    EMBEDDED_LEADER_ENV,
+    FAILOVER_S,
+    GRACEFUL_STOP_S,
+    first_read_s,
+    process_group,
+)
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.coordinator_items import MIGRATION_KEY
 from worker_lib.tables.schema import coordinator_state_table_name
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
+
+# Liveness bounds (tests/support/stalls.py) from the test timings (tests/support/processes.py): three workers start
+# and read every shard once the 2.x workers' leases, never renewed by anyone here, have expired
+READ_BOUND_S = hang_bound_s(first_read_s(3) + FAILOVER_S)
+STOP_BOUND_S = hang_bound_s(GRACEFUL_STOP_S)
 
 
 def put(kinesis: Any, stream: str, names: list[str]) -> None:
@@ -32,6 +46,7 @@ def shard_records(kinesis: Any, stream: str, shard_id: str) -> list[tuple[str, s
     return [(r["SequenceNumber"], r["Data"].decode()) for r in response["Records"]]
 
 
+@pytest.mark.heavy
 def test_a_kcl2_application_is_adopted_and_resumes_after_its_checkpoints(
     moto_aws: AwsConfig, moto_endpoint: str, app_name: str, tmp_path: Path
 ) -> None:
@@ -72,7 +87,7 @@ def test_a_kcl2_application_is_adopted_and_resumes_after_its_checkpoints(
     with process_group(tmp_path) as group:
         # WHEN the tables go through `shardlease create-tables`
         group.start_shardlease("create-tables", "create-tables", *args, env=env)
-        assert group.wait("create-tables", timeout_s=120) == 0
+        assert group.wait("create-tables", timeout_s=CLI_BOUND_S) == 0, group.log("create-tables")[-2000:]
         # AND three workers start on the two shards while new records arrive
         for name in ("w1", "w2", "w3"):
             group.start_shardlease(
@@ -83,11 +98,15 @@ def test_a_kcl2_application_is_adopted_and_resumes_after_its_checkpoints(
             f"new{i:03d}" for i in range(40)
         }
         # THEN every record after the checkpoints is processed
-        assert wait_until(lambda: {r[4] for r in read_journal(journal)} >= expected, timeout_s=90)
+        eventually(
+            lambda: {r[4] for r in read_journal(journal)} >= expected,
+            bound_s=READ_BOUND_S,
+            what="every record after the checkpoints processed",
+        )
         for name in ("w1", "w2", "w3"):
             group.signal(name, signal.SIGTERM)
         for name in ("w1", "w2", "w3"):
-            assert group.wait(name, timeout_s=30) == 0
+            assert group.wait(name, timeout_s=STOP_BOUND_S) == 0, group.log(name)[-2000:]
     records = read_journal(journal)
     # AND none at or before a checkpoint the 2.x fleet had made
     assert not {r[4] for r in records} & done

@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from tests.support.journal_processor import PROCESSOR, read_journal, read_lines_with_kinds
-from tests.support.processes import EMBEDDED_LEADER_ENV, process_group
+from tests.support.processes import (
+    EMBEDDED_LEADER_ENV,
+    GRACEFUL_STOP_S,
+    KILL_FAILOVER_S,
+    PARENT_POLL_S,
+    SHARD_SYNC_S,
+    eventually_showing,
+    first_read_s,
+    process_group,
+)
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.streams import split_lease_key
@@ -21,9 +31,15 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream, list_all_shards, split_shard
-from worker_lib.testing.waiting import wait_until
 
-pytestmark = pytest.mark.kinesalite
+pytestmark = [pytest.mark.kinesalite, pytest.mark.heavy]
+
+# Liveness bounds (tests/support/stalls.py) from the test timings (tests/support/processes.py): three workers start
+# and read every shard; after the kill, the victim's shards fail over, and the split's children (a shard sync makes
+# their leases) start once their parent ended
+START_BOUND_S = hang_bound_s(first_read_s(3))
+RECOVERY_BOUND_S = hang_bound_s(KILL_FAILOVER_S + SHARD_SYNC_S + PARENT_POLL_S)
+STOP_BOUND_S = hang_bound_s(GRACEFUL_STOP_S)
 
 
 def test_two_streams_one_resharded_three_workers_one_killed(
@@ -60,7 +76,9 @@ def test_two_streams_one_resharded_three_workers_one_killed(
             """``stream/shard`` of every record so far."""
             return {r[1] for r in read_journal(journal)}
 
-        assert wait_until(lambda: len(labels()) == 4, timeout_s=60), labels()
+        eventually_showing(
+            lambda: len(labels()) == 4, bound_s=START_BOUND_S, what="the 4 shards of both streams read", detail=labels
+        )
         # WHEN one stream's shard is split
         parent = sorted(s["ShardId"] for s in list_all_shards(kinesis, streams[0]))[0]
         split_shard(kinesis, streams[0], parent)
@@ -71,24 +89,27 @@ def test_two_streams_one_resharded_three_workers_one_killed(
             return {r[1] for r in read_journal(journal) if r[0] == pids[name]} - {split_label}
 
         # AND a worker that reads a shard that goes on is killed
-        assert wait_until(lambda: bool(reading("w2") or reading("w3")), timeout_s=30)
+        eventually(lambda: bool(reading("w2") or reading("w3")), bound_s=START_BOUND_S, what="w2 or w3 reads")
         victim = "w2" if reading("w2") else "w3"
         survivors = sorted(set(pids) - {victim})
-        time.sleep(1.0)
+        time.sleep(1.0)  # it reads on a moment (not a bound)
         group.signal(victim, signal.SIGKILL)
         killed_at = len(read_journal(journal))
-        time.sleep(3.0)
+        time.sleep(3.0)  # records keep coming after the kill (not a bound)
         for producer in producers:
             producer.stop()
         produced = {data for producer in producers for data in producer.produced}
         # THEN every record of both streams is processed by the workers left
-        assert wait_until(lambda: {r[4] for r in read_journal(journal)} >= produced, timeout_s=90), (
-            f"{len(produced - {r[4] for r in read_journal(journal)})} records never processed"
+        eventually_showing(
+            lambda: {r[4] for r in read_journal(journal)} >= produced,
+            bound_s=RECOVERY_BOUND_S,
+            what="every record of both streams processed",
+            detail=lambda: f"{len(produced - {r[4] for r in read_journal(journal)})} records never processed",
         )
         for name in survivors:
             group.signal(name, signal.SIGTERM)
         for name in survivors:
-            assert group.wait(name, timeout_s=30) == 0
+            assert group.wait(name, timeout_s=STOP_BOUND_S) == 0, group.log(name)[-2000:]
     records = read_journal(journal)
     # AND what the killed worker was reading (but the ended split shard) was taken over by the others
     victims = {r[1] for r in records[:killed_at] if r[0] == pids[victim]} - {split_label}

@@ -26,15 +26,36 @@ import pytest
 
 from tests.support.kpl import put_aggregate
 from tests.support.multilang import NODE_CONSUMER, child_pids, edit_properties, fetch_kclpy, kclpy_sample_records
-from tests.support.processes import EMBEDDED_LEADER_ENV, REPO, process_group
+from tests.support.processes import (
+    DISCOVERY_S,
+    EMBEDDED_CYCLE_S,
+    EMBEDDED_LEADER_ENV,
+    GRACEFUL_STOP_S,
+    PROCESS_START_S,
+    READ_S,
+    REPO,
+    eventually_showing,
+    first_read_s,
+    process_group,
+)
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.testing.processes import ProcessFleet
 from worker_lib.testing.producers import Producer
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
+
+pytestmark = pytest.mark.heavy  # a daemon and a child process per shard
 
 SHARDS = 2
+PER_TICK, TICK_S = 5, 0.1  # the producer's pace: 50 records a second
+# Liveness bounds (tests/support/stalls.py) from the test timings (tests/support/processes.py): the daemon and its
+# children start and read every shard; a dead child is noticed (its pipe closes) and replaced; a SIGTERM'd daemon
+# has every child checkpoint and gives its leases up
+START_BOUND_S = hang_bound_s(first_read_s(1 + SHARDS))
+NOTICE_BOUND_S = hang_bound_s(READ_S)
+REPLACE_BOUND_S = hang_bound_s(PROCESS_START_S + EMBEDDED_CYCLE_S + DISCOVERY_S + READ_S)
+STOP_BOUND_S = hang_bound_s(GRACEFUL_STOP_S)
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +80,12 @@ def lease_items(ddb: Any, app: str) -> dict[str, dict[str, Any]]:
 
 def produce(kinesis: Any, stream: str, *, prefix: str, records: int) -> list[str]:
     """Write at least ``records`` records with ids ``<prefix><n>`` (a real producer's pace), then stop."""
-    with Producer(kinesis, stream, per_tick=5, tick_s=0.1, prefix=prefix) as producer:
-        assert wait_until(lambda: len(producer.produced) >= records, timeout_s=60), "the producer stalled"
+    with Producer(kinesis, stream, per_tick=PER_TICK, tick_s=TICK_S, prefix=prefix) as producer:
+        eventually(
+            lambda: len(producer.produced) >= records,
+            bound_s=hang_bound_s(records / PER_TICK * TICK_S),
+            what=f"the producer wrote {records} records",
+        )
     return producer.produced
 
 
@@ -117,7 +142,12 @@ def test_kclpy_sample_app_runs_unchanged(
 
     # WHEN records are written  THEN the sample app processes each of them
     produced = produce(kinesis, stream, prefix="a", records=100)
-    assert wait_until(lambda: not missing(produced), timeout_s=60), daemon.log("d1")[-3000:]
+    eventually_showing(
+        lambda: not missing(produced),
+        bound_s=START_BOUND_S,
+        what="the sample app processed every record",
+        detail=lambda: daemon.log("d1")[-3000:],
+    )
     first_hundred_s = time.monotonic() - started
     # WHEN one child is killed, and more records are written
     victims = child_pids(d1.pid)
@@ -126,15 +156,25 @@ def test_kclpy_sample_app_runs_unchanged(
     produced += produce(kinesis, stream, prefix="b", records=100)
     # THEN its shard's processing ends with one line naming the shard and how the child ended, and a new child
     # resumes from the last checkpoint: nothing is lost
-    assert wait_until(lambda: "was killed by SIGKILL" in daemon.log("d1"), timeout_s=30), daemon.log("d1")[-3000:]
-    assert wait_until(lambda: not missing(produced), timeout_s=60), sorted(missing(produced))[:10]
+    eventually_showing(
+        lambda: "was killed by SIGKILL" in daemon.log("d1"),
+        bound_s=NOTICE_BOUND_S,
+        what="the daemon noticed the killed child",
+        detail=lambda: daemon.log("d1")[-3000:],
+    )
+    eventually_showing(
+        lambda: not missing(produced),
+        bound_s=REPLACE_BOUND_S,
+        what="a new child processed the rest",
+        detail=lambda: sorted(missing(produced))[:10],
+    )
     assert victims[0] not in child_pids(d1.pid) and len(child_pids(d1.pid)) == SHARDS
     log = daemon.log("d1")
     failures = [line for line in log.splitlines() if " ERROR " in line and "was killed by SIGKILL" in line]
     assert len(failures) == 1 and re.search(r"multilang child for shardId-\d+ \(pid \d+\)", failures[0]), failures
     # WHEN the daemon gets SIGTERM
     sigterm_at = time.monotonic()
-    assert daemon.stop(["d1"], timeout_s=30) == {"d1": 0}, daemon.log("d1")[-3000:]
+    assert daemon.stop(["d1"], timeout_s=STOP_BOUND_S) == {"d1": 0}, daemon.log("d1")[-3000:]
     stop_s = time.monotonic() - sigterm_at
     # THEN every child checkpointed its last record (kclpy's sample does at shutdownRequested), where KCL keeps
     # checkpoints, and every lease was handed back
@@ -189,14 +229,19 @@ def test_an_aws_kcl_node_processor_runs_unchanged(
     aggregate = put_aggregate(kinesis, stream, [b"agg-0", b"agg-1", b"agg-2"])  # a KPL aggregate among them
     produced = [*produce(kinesis, stream, prefix="r", records=100), "agg-0", "agg-1", "agg-2"]
     # THEN the Node processor sees every record, and its checkpoints after each batch are accepted
-    assert wait_until(lambda: not missing(produced), timeout_s=60), daemon.log("d1")[-3000:]
+    eventually_showing(
+        lambda: not missing(produced),
+        bound_s=START_BOUND_S,
+        what="the Node processor saw every record",
+        detail=lambda: daemon.log("d1")[-3000:],
+    )
     # AND the aggregate reached it de-aggregated, as KCL delivers it: one record per user record
     parts = sorted((e["sequence"], e["sub"], e["data"]) for e in entries() if e.get("data", "").startswith("agg-"))
     assert parts == [(aggregate, 0, "agg-0"), (aggregate, 1, "agg-1"), (aggregate, 2, "agg-2")]
     checkpoints = [e for e in entries() if e["kind"] == "checkpoint"]
     assert checkpoints and all(e["error"] is None for e in checkpoints), checkpoints
     # WHEN the daemon gets SIGTERM  THEN it exits 0, each lease handed back at the last record checkpointed
-    assert daemon.stop(["d1"], timeout_s=30) == {"d1": 0}, daemon.log("d1")[-3000:]
+    assert daemon.stop(["d1"], timeout_s=STOP_BOUND_S) == {"d1": 0}, daemon.log("d1")[-3000:]
     items = lease_items(aws.client("dynamodb", moto_aws), app_name)
     last: dict[str, int] = {}
     for e in entries():

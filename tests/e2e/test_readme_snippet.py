@@ -21,17 +21,22 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import FAST_ENV, REPO
+from tests.support.processes import FAST_ENV, GRACEFUL_STOP_S, REPO, first_read_s
+from tests.support.stalls import eventually, hang_bound_s, stall_note
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.schema import all_specs
 from worker_lib.testing.streams import create_stream
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.busy]  # one worker process with its embedded leader
 
 REGION = "eu-west-1"
 APP, STREAM = "orders", "orders-stream"  # the names the snippet uses
+# Liveness bounds (tests/support/stalls.py) from the timings of snippet_env (tests/support/processes.py's): the
+# snippet starts, its embedded leader makes and assigns the leases, it reads; on SIGTERM it stops gracefully
+READ_BOUND_S = hang_bound_s(first_read_s(1))
+STOP_BOUND_S = hang_bound_s(GRACEFUL_STOP_S)
 
 
 def readme_snippet() -> str:
@@ -124,11 +129,14 @@ def test_the_readme_snippet_runs_as_written_with_only_environment_variables(
         )
     try:
         # THEN it prints one line per record, as its handler says ("<partition key> <size>")
-        deadline = time.monotonic() + 60
         seen: set[str] = set()
-        while time.monotonic() < deadline and not expected <= seen and process.poll() is None:
-            time.sleep(0.2)
-            seen = printed(output.read_text(encoding="utf-8", errors="replace"))
+
+        def all_printed_or_ended() -> bool:
+            seen.clear()
+            seen.update(printed(output.read_text(encoding="utf-8", errors="replace")))
+            return expected <= seen or process.poll() is not None
+
+        eventually(all_printed_or_ended, bound_s=READ_BOUND_S, what="the snippet printed every record", step_s=0.2)
         text = output.read_text(encoding="utf-8", errors="replace")
         assert expected <= seen, f"missing {sorted(expected - seen)[:5]}; output:\n{text[-3000:]}"
         # AND the snippet's embedded leader made the two leases in eu-west-1's lease table
@@ -136,8 +144,13 @@ def test_the_readme_snippet_runs_as_written_with_only_environment_variables(
         assert len(leases) == 2
         # WHEN it is sent SIGTERM (as docker stop, ECS or Kubernetes would)
         process.send_signal(signal.SIGTERM)
-        # THEN it shuts down gracefully and exits 0
-        assert process.wait(timeout=30) == 0, text[-3000:]
+        # THEN it shuts down gracefully and exits 0 (within a liveness bound)
+        sent = time.monotonic()
+        try:
+            code = process.wait(timeout=STOP_BOUND_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running {STOP_BOUND_S:.0f} s after SIGTERM; {stall_note(sent)}") from None
+        assert code == 0, text[-3000:]
     finally:
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

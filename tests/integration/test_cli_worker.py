@@ -9,11 +9,17 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import process_group, shardlease_run
+from tests.support.processes import (
+    GRACEFUL_STOP_S,
+    PROCESS_START_S,
+    eventually_showing,
+    process_group,
+    shardlease_run,
+)
+from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.tables.admin import ensure_tables
-from worker_lib.testing import wait_until
 
 GOOD_PROCESSOR = "tests.support.journal_processor:JournalProcessor"
 
@@ -80,11 +86,17 @@ def test_a_sigterm_while_the_worker_starts_stops_it_with_exit_0(tmp_path: Path) 
             endpoint_url="http://127.0.0.1:9",
             env={"SHARDLEASE_STARTUP_TIMEOUT_MS": "20000"},
         )
-        assert wait_until(lambda: "waiting for" in group.log("w1"), timeout_s=20), group.log("w1")
+        eventually_showing(
+            lambda: "waiting for" in group.log("w1"),
+            bound_s=hang_bound_s(PROCESS_START_S),
+            what="the worker waits for its endpoint",
+            detail=lambda: group.log("w1"),
+        )
         # WHEN it gets SIGTERM (a deployment rolled back, a task stopped before it was up)
         group.signal("w1", signal.SIGTERM)
-        # THEN it does not start, and exits 0 well before its startup timeout, without a traceback
-        assert group.wait("w1", timeout_s=10) == 0, group.log("w1")
+        # THEN it does not start, and exits 0 without a traceback (a worker that waited out its startup timeout would
+        # exit 1, "cannot reach endpoint"; the bound on the wait is liveness only)
+        assert group.wait("w1", timeout_s=hang_bound_s(GRACEFUL_STOP_S)) == 0, group.log("w1")
     log = group.log("w1")
     assert "worker stopped before it started id=w1" in log and "Traceback" not in log
 

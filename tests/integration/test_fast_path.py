@@ -10,8 +10,7 @@ writes, on the leader's :class:`ManualClock`. Only the Lambda takeover tests run
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ from worker_lib.leader.assignment_report import AssignmentReport
 from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
 from worker_lib.leader.factory import build_leader
 from worker_lib.leader.fast_path import FastPath, LivenessWatch
-from worker_lib.leader.leader import CycleReport, Leader
+from worker_lib.leader.leader import TAKEOVER_POLL_S, CycleReport, Leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
@@ -508,92 +507,108 @@ def test_the_leaders_loop_ticks_between_cycles_and_moves_a_dead_workers_leases_w
 
 
 # ----------------------------------------------------------------------------------------------- (h) takeover
+# On one manual clock shared by the holder and the contender: the contender's polls and waits advance it, the holder's
+# release happens when the clock passes its time. What each test asserts about time is then exact.
 
 
-@pytest.fixture
-def timers() -> Iterator[list[threading.Timer]]:
-    started: list[threading.Timer] = []
-    yield started
-    for timer in started:
-        timer.cancel()
-        timer.join(5)
+class ScheduledClock(ManualClock):
+    """A manual clock that runs each scheduled action once, when the clock reaches its time."""
+
+    def __init__(self) -> None:
+        super().__init__(monotonic=1_000.0, wall=WALL)
+        self._due: list[tuple[float, Callable[[], None]]] = []
+
+    def at(self, monotonic: float, action: Callable[[], None]) -> None:
+        self._due.append((monotonic, action))
+
+    def advance(self, seconds: float) -> None:
+        super().advance(seconds)
+        now = self.monotonic()
+        due = [action for at, action in self._due if at <= now]
+        self._due = [(at, action) for at, action in self._due if at > now]
+        for action in due:
+            action()
 
 
-def holder_lock(ddb: Any, app: str, *, release_in_s: float, config: LeaderLockConfig | None = None) -> Any:
-    holder = DynamoDBLeaderLock(app, "invocation-1", config=config or LeaderLockConfig(), client=ddb)
-    holder.plan_release(int((time.time() + release_in_s) * 1000))
+def holder_lock(
+    ddb: Any, app: str, clock: ManualClock, *, release_in_s: float, config: LeaderLockConfig | None = None
+) -> DynamoDBLeaderLock:
+    holder = DynamoDBLeaderLock(app, "invocation-1", config=config or LeaderLockConfig(), client=ddb, clock=clock)
+    holder.plan_release(int((clock.wall() + release_in_s) * 1000))
     assert holder.try_acquire()
     return holder
 
 
-def contender(ddb: Any, app: str, *, lock_config: LeaderLockConfig | None = None) -> Leader:
+def contender(ddb: Any, app: str, clock: ManualClock, *, lock_config: LeaderLockConfig | None = None) -> Leader:
     lock_config = lock_config or LeaderLockConfig()
     return Leader(
-        lock=DynamoDBLeaderLock(app, "invocation-2", config=lock_config, client=ddb),
+        lock=DynamoDBLeaderLock(app, "invocation-2", config=lock_config, client=ddb, clock=clock),
         shard_sync=None,
         config=LeaderConfig(cycle_interval_ms=1_000, deadline_margin_ms=1_000),
         lock_config=lock_config,
+        clock=clock,
     )
 
 
-def test_an_invocation_waits_for_a_lock_released_soon_and_takes_over(
-    ddb: Any, app_name: str, timers: list[threading.Timer]
-) -> None:
+def test_an_invocation_waits_for_a_lock_released_soon_and_takes_over(ddb: Any, app_name: str) -> None:
     # GIVEN a holder that announced it releases in 1.5 s, and does
-    holder = holder_lock(ddb, app_name, release_in_s=1.5)
+    clock = ScheduledClock()
+    holder = holder_lock(ddb, app_name, clock, release_in_s=1.5)
+    started = clock.monotonic()
     released_at: list[float] = []
 
     def release() -> None:
         assert holder.release()
-        released_at.append(time.monotonic())
+        released_at.append(clock.monotonic())
 
-    timers.append(threading.Timer(1.5, release))
-    timers[0].start()
+    clock.at(started + 1.5, release)
     # WHEN the next invocation (8 s left, 1 s margin) finds the lock held
-    started = time.monotonic()
     led_at: list[float] = []
     stop = threading.Event()
 
     def on_cycle(report: CycleReport) -> None:
         if report.leader:
-            led_at.append(time.monotonic())
+            led_at.append(clock.monotonic())
             stop.set()
 
-    reports = contender(ddb, app_name).run(
+    reports = contender(ddb, app_name, clock).run(
         stop=stop, deadline_monotonic=started + 8, exit_when_held=True, on_cycle=on_cycle
     )
-    # THEN it did not exit after its first read: it waited, and led right after the release (within ~2 polls)
+    # THEN it did not exit after its first read: it waited, and led right after the release (within two polls)
     assert not reports[0].leader and reports[0].current_leader == "invocation-1"
     assert reports[-1].leader and len(led_at) == 1 and len(released_at) == 1
-    assert released_at[0] <= led_at[0] <= released_at[0] + 1.0
+    assert released_at[0] <= led_at[0] <= released_at[0] + 2 * TAKEOVER_POLL_S
     assert led_at[0] - started < 3.0
 
 
 def test_an_invocation_exits_after_one_read_when_the_release_is_far_away(ddb: Any, app_name: str) -> None:
     # GIVEN a holder with a 30 s lock that releases in 25 s (beyond the 20 s takeover wait)
+    clock = ScheduledClock()
     holder_lock(
         ddb,
         app_name,
+        clock,
         release_in_s=25,
         config=LeaderLockConfig(lease_duration_ms=30_000, heartbeat_interval_ms=10_000),
     )
     # WHEN an invocation with a whole minute left finds the lock held
-    started = time.monotonic()
-    reports = contender(ddb, app_name).run(deadline_monotonic=started + 61, exit_when_held=True)
-    # THEN it exits after one read
+    started = clock.monotonic()
+    reports = contender(ddb, app_name, clock).run(deadline_monotonic=started + 61, exit_when_held=True)
+    # THEN it exits after one read, without waiting at all
     assert [r.leader for r in reports] == [False]
-    assert time.monotonic() - started < 1.5
+    assert clock.monotonic() == started
 
 
 def test_an_invocation_near_its_own_deadline_does_not_wait(ddb: Any, app_name: str) -> None:
     # GIVEN a holder that releases in 3 s, and an invocation with only 4.5 s left (1 s margin): it could lead for
-    # at most 0.5 s after waiting 3 s (the gap between the two stays wide when a loaded machine delays the read)
-    holder_lock(ddb, app_name, release_in_s=3.0)
-    started = time.monotonic()
-    reports = contender(ddb, app_name).run(deadline_monotonic=started + 4.5, exit_when_held=True)
+    # at most 0.5 s after waiting 3 s
+    clock = ScheduledClock()
+    holder_lock(ddb, app_name, clock, release_in_s=3.0)
+    started = clock.monotonic()
+    reports = contender(ddb, app_name, clock).run(deadline_monotonic=started + 4.5, exit_when_held=True)
     # THEN it exits after one read instead of waiting
     assert [r.leader for r in reports] == [False]
-    assert time.monotonic() - started < 2.5  # waiting would take 3 s
+    assert clock.monotonic() == started
 
 
 def test_an_invocation_waiting_for_a_release_that_never_comes_takes_over_when_the_lock_expires(
@@ -601,17 +616,24 @@ def test_an_invocation_waiting_for_a_release_that_never_comes_takes_over_when_th
 ) -> None:
     # GIVEN a holder of a 3 s lock (0.5 s skew bound) that announced its release in 1 s and then died
     config = LeaderLockConfig(lease_duration_ms=3_000, heartbeat_interval_ms=1_000, max_clock_skew_ms=500)
-    holder_lock(ddb, app_name, release_in_s=1.0, config=config)
+    clock = ScheduledClock()
+    holder_lock(ddb, app_name, clock, release_in_s=1.0, config=config)
     # WHEN an invocation with 30 s left finds the lock held (the lock expires for it 3.5 s after the acquire)
-    started = time.monotonic()
+    started = clock.monotonic()
+    expires_s = (config.lease_duration_ms + config.max_clock_skew_ms) / 1000
     stop = threading.Event()
-    reports = contender(ddb, app_name, lock_config=config).run(
-        stop=stop,
-        deadline_monotonic=started + 30,
-        exit_when_held=True,
-        on_cycle=lambda report: stop.set() if report.leader else None,
+    led_at: list[float] = []
+
+    def on_cycle(report: CycleReport) -> None:
+        if report.leader:
+            led_at.append(clock.monotonic())
+            stop.set()
+
+    reports = contender(ddb, app_name, clock, lock_config=config).run(
+        stop=stop, deadline_monotonic=started + 30, exit_when_held=True, on_cycle=on_cycle
     )
-    # THEN it keeps waiting past the missed release and takes over once the lock expired, within its budget
+    # THEN it keeps waiting past the missed release and takes over once the lock expired (not before), within two
+    # polls, well within its budget
     assert not reports[0].leader
-    assert reports[-1].leader, f"exited after {time.monotonic() - started:.1f} s without taking over"
-    assert time.monotonic() - started < 6
+    assert reports[-1].leader, f"exited after {clock.monotonic() - started:.1f} s without taking over"
+    assert expires_s <= led_at[0] - started <= expires_s + 2 * TAKEOVER_POLL_S

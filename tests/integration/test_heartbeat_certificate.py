@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.heartbeat import FlakySink, SlowSink, owned_lease
+from tests.support.stalls import hang_bound_s
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import WorkerMetricStats
@@ -246,7 +247,8 @@ def test_a_suspended_lease_waits_for_the_verdict_of_the_next_beat(world: World) 
     )
     waiting.start()
     beat.start()
-    beat.join(timeout=30)
-    waiting.join(timeout=30)
+    beat.join(timeout=hang_bound_s(0.0))  # liveness: a beat is a few calls, and the waiter waits on the manual clock
+    waiting.join(timeout=hang_bound_s(0.0))
+    assert not beat.is_alive() and not waiting.is_alive(), "a beat or the waiter hangs"
     # THEN it is told the lease is valid again
     assert verdict == [True] and world.lost == []

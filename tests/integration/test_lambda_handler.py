@@ -1,7 +1,11 @@
 """The leader Lambda handler, called as Lambda would (event + context), against a moto server.
 
 The handler reads its configuration from the environment like in Lambda; short cycle and deadline settings keep
-each invocation to a couple of seconds.
+each invocation to a couple of seconds. The handler runs on the system clock (it takes no clock: Lambda's context is
+its only source of time), so its deadline is checked exactly where it is decided — no cycle starts within the
+margin before the invocation's deadline, and the loop leads until then — and how long it took is a liveness bound
+(tests/support/stalls.py); that the loop stops at deadline − margin is also proved on a fake clock in
+tests/unit/test_leader_loop.py.
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ import pytest
 
 from functions.leader import handler as leader_handler
 from tests.support.leader_reports import assignment_report
+from tests.support.stalls import hang_bound_s, stall_note
 from worker_lib.core import aws
+from worker_lib.core.clock import SystemClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
 from worker_lib.leader import lambda_handler
 from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.cycle_metrics import cycle_metrics, run_outcome, worker_metrics
-from worker_lib.leader.leader import CycleReport
+from worker_lib.leader.leader import CycleReport, Leader
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.shardsync.syncer import ShardSyncResult
@@ -34,13 +40,19 @@ from worker_lib.testing.streams import create_stream
 SCHEDULED_EVENT = {"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}}
 SHARDS = 3
 NAMESPACE = "ShardleaseTest"
+CYCLE_MS = 300
+# The margin must cover one cycle on a loaded machine (a 0.9 s cycle once ran 0.4 s past a 6 s deadline at 500 ms);
+# a deployed leader keeps 10 s.
+MARGIN_MS = 1_500
+BUDGET_S = 6.0  # the invocation's time left when it starts
+ONE_READ_BOUND_S = hang_bound_s(CYCLE_MS / 1000)  # liveness: an invocation that finds the lock held and returns
 
 
 class FakeContext:
     """The parts of a Lambda context the handler reads."""
 
     def __init__(self, budget_ms: int) -> None:
-        self._deadline = time.monotonic() + budget_ms / 1000
+        self.deadline = time.monotonic() + budget_ms / 1000
         self.function_name = "shardlease-leader"
         self.function_version = "$LATEST"
         self.memory_limit_in_mb = 256
@@ -48,7 +60,7 @@ class FakeContext:
         self.aws_request_id = str(uuid.uuid4())
 
     def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
 
 
 @pytest.fixture
@@ -66,10 +78,8 @@ def deployment(moto_endpoint: str, app_name: str, monkeypatch: pytest.MonkeyPatc
         "SHARDLEASE_ENDPOINT_URL": moto_endpoint,
         "SHARDLEASE_AWS_MAX_ATTEMPTS": "2",
         "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
-        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "300",
-        # The margin must cover one cycle on a loaded machine (a 0.9 s cycle once ran 0.4 s past a 6 s deadline at
-        # 500 ms); a deployed leader keeps 10 s.
-        "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS": "1500",
+        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": str(CYCLE_MS),
+        "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS": str(MARGIN_MS),
         "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
     }.items():
@@ -87,6 +97,26 @@ def _emf_documents(stdout: str) -> list[dict[str, Any]]:
     return docs
 
 
+def cycle_starts(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The system-clock reading on which the leader's loop decided to start each cycle from now on: the last reading
+    its thread took before the cycle (the loop's deadline check), not a later one a busy machine could delay."""
+    starts: list[float] = []
+    last = threading.local()
+    monotonic, run_cycle = SystemClock.monotonic, Leader.run_cycle
+
+    def reading(clock: SystemClock) -> float:
+        last.value = monotonic(clock)
+        return float(last.value)
+
+    def spy(leader: Leader) -> CycleReport:
+        starts.append(last.value)
+        return run_cycle(leader)
+
+    monkeypatch.setattr(SystemClock, "monotonic", reading)
+    monkeypatch.setattr(Leader, "run_cycle", spy)
+    return starts
+
+
 def _probe_lock(deployment: dict[str, Any]) -> DynamoDBLeaderLock:
     return DynamoDBLeaderLock(
         deployment["app"], f"probe-{uuid.uuid4().hex[:6]}", config=LeaderLockConfig(), client=deployment["ddb"]
@@ -94,23 +124,33 @@ def _probe_lock(deployment: dict[str, Any]) -> DynamoDBLeaderLock:
 
 
 def test_given_tables_and_stream_when_invoked_then_it_leads_creates_leases_and_releases_the_lock(
-    deployment: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    deployment: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN empty tables and a 3-shard stream
     store = DynamoDBLeaseStore(deployment["app"], client=deployment["ddb"])
     assert store.list_leases() == []
-    # WHEN EventBridge invokes the handler with ~6 s left (under CI's load 2.5 s, then 4 s, once fitted only one cycle:
-    # the first cycle makes the clients, checks the tables and syncs the shards)
+    starts = cycle_starts(monkeypatch)
+    # WHEN EventBridge invokes the handler with 6 s left (the first cycle makes the clients, checks the tables and
+    # syncs the shards: under CI's load it took 2.5 s, then 4 s)
     started = time.monotonic()
-    result = leader_handler.handler(SCHEDULED_EVENT, FakeContext(6_000))
-    elapsed = time.monotonic() - started
-    # THEN it led, synced the shards into leases, and stopped before its deadline
+    context = FakeContext(int(BUDGET_S * 1000))
+    result = leader_handler.handler(SCHEDULED_EVENT, context)
+    returned = time.monotonic()
+    # THEN it led, synced the shards into leases, and ran no cycle in error
     assert result["leader"] is True
-    assert result["leader_cycles"] >= 2
+    assert result["leader_cycles"] == len(starts) >= 1
     assert result["failed_cycles"] == 0
     assert result["leases_created"] == SHARDS
     assert len(store.list_leases()) == SHARDS
-    assert elapsed < 6.0
+    # AND it started no cycle within the margin before its deadline, and led until then (the context's time left is
+    # read in whole milliseconds: the handler's deadline is up to 1 ms earlier than the context's, on the same clock)
+    stop_at = context.deadline - MARGIN_MS / 1000
+    assert all(at < stop_at for at in starts), [round(at - stop_at, 3) for at in starts]
+    assert returned >= stop_at - 0.001, round(returned - stop_at, 3)
+    # AND it returned (a liveness bound: a handler that ignored its deadline would lead for its 65 s term; how far
+    # past the deadline the last cycle ran is the machine's speed, printed)
+    assert returned - started < hang_bound_s(BUDGET_S), stall_note(started)
+    print(f"figure: {len(starts)} cycles, returned {returned - context.deadline:+.2f} s from the invocation's deadline")
     json.dumps(result)  # JSON-able, as Lambda requires
     # AND the lock is free: another contender acquires it at once
     assert _probe_lock(deployment).try_acquire() is True
@@ -128,6 +168,7 @@ def test_given_tables_and_stream_when_invoked_then_it_leads_creates_leases_and_r
 def test_given_two_concurrent_invocations_then_only_one_leads_and_the_other_returns_quickly(
     deployment: dict[str, Any],
 ) -> None:
+    began = time.monotonic()
     # GIVEN a duplicate EventBridge delivery: two invocations start together
     barrier = threading.Barrier(2)
 
@@ -140,7 +181,8 @@ def test_given_two_concurrent_invocations_then_only_one_leads_and_the_other_retu
     # WHEN both run
     with ThreadPoolExecutor(max_workers=2) as pool:
         outcomes = list(pool.map(lambda _: invoke(), range(2)))
-    # THEN exactly one led; the other found the lock held and exited after one cycle, well before its deadline
+    # THEN exactly one led; the other found the lock held and exited after one cycle (waiting for the lock, or
+    # leading, would have run more), well before its deadline
     leaders = [r for r, _ in outcomes if r["leader"]]
     followers = [(r, t) for r, t in outcomes if not r["leader"]]
     assert len(leaders) == 1
@@ -148,7 +190,7 @@ def test_given_two_concurrent_invocations_then_only_one_leads_and_the_other_retu
     follower, follower_s = followers[0]
     assert follower["cycles_run"] == 1
     assert follower["current_leader"] == leaders[0]["owner"]
-    assert follower_s < 1.5
+    assert follower_s < ONE_READ_BOUND_S, stall_note(began)  # liveness
     assert leaders[0]["leases_created"] == SHARDS
     # AND the lock is free afterwards
     assert _probe_lock(deployment).try_acquire() is True
@@ -163,9 +205,10 @@ def test_given_the_lock_held_elsewhere_when_invoked_then_it_returns_leader_false
     # WHEN a scheduled invocation arrives
     started = time.monotonic()
     result = leader_handler.handler(SCHEDULED_EVENT, FakeContext(5_000))
-    # THEN it returns at once without touching the lease table, and the holder keeps the lock
-    assert time.monotonic() - started < 1.5
+    # THEN it returns after one cycle (one lock read) without touching the lease table, and the holder keeps the lock
+    assert time.monotonic() - started < ONE_READ_BOUND_S, stall_note(started)  # liveness
     assert result["leader"] is False
+    assert result["cycles_run"] == 1
     assert result["current_leader"] == holder.owner
     assert result["leases_created"] == 0
     assert DynamoDBLeaseStore(deployment["app"], client=deployment["ddb"]).list_leases() == []

@@ -1,7 +1,7 @@
 """The leader lock against moto and dynalite: one holder among concurrent contenders, expiry, fencing, KCL items.
 
 Timing tests use :class:`ManualClock` (shared between contenders, or one per host with ``skew_wall``); only the
-real-concurrency tests (threads, processes) use the system clock, bounded by timeouts.
+real-concurrency tests (threads, processes) use the system clock, bounded by liveness bounds (tests/support/stalls.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from tests.support.faults import lose_replies
+from tests.support.processes import fleet_start_s
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
-from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
+from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import TableMissingError
 from worker_lib.leader.config import LeaderLockConfig
@@ -34,6 +36,10 @@ DURATION_S = CONFIG.lease_duration_ms / 1000
 SKEW_S = CONFIG.max_clock_skew_ms / 1000
 POLL_S = CONFIG.poll_interval_ms / 1000
 LOG = "worker_lib.leader.lock"
+# Liveness bounds (tests/support/stalls.py) of the real-concurrency tests: a few calls each (no timing: the floor),
+# and ten interpreters starting at once
+CALLS_BOUND_S = hang_bound_s(0.0)
+READY_BOUND_S = hang_bound_s(fleet_start_s(10))
 
 
 @pytest.fixture
@@ -90,14 +96,15 @@ def test_exactly_one_of_ten_threads_wins_each_round(ddb: Any, app_name: str) -> 
         def contend(
             contender: DynamoDBLeaderLock, barrier: threading.Barrier = barrier, results: dict[str, bool] = results
         ) -> None:
-            barrier.wait(timeout=10)
+            barrier.wait(timeout=CALLS_BOUND_S)
             results[contender.owner] = contender.try_acquire()
 
         threads = [threading.Thread(target=contend, args=(c,), daemon=True) for c in contenders]
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout=30)
+            thread.join(timeout=CALLS_BOUND_S)
+        assert not any(thread.is_alive() for thread in threads), "a contender hangs"
         # THEN exactly one holds the lock, and everyone agrees who
         winners = [owner for owner, won in results.items() if won]
         assert len(results) == 10 and len(winners) == 1
@@ -116,12 +123,12 @@ from worker_lib.core.clock import SYSTEM_CLOCK
 from worker_lib.core.config import AwsConfig
 from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.leader.lock import DynamoDBLeaderLock
-endpoint, app, owner, barrier = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
+endpoint, app, owner, barrier, bound_s = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), float(sys.argv[5])
 client = aws.client("dynamodb", AwsConfig(endpoint_url=endpoint, max_attempts=2))
 lock = DynamoDBLeaderLock(app, owner, config=LeaderLockConfig(lease_duration_ms=30_000), client=client)
 lock.current_leader()  # warm the connection so that every process starts its attempt equally ready
 (barrier / f"ready-{owner}").touch()
-deadline = SYSTEM_CLOCK.monotonic() + 60
+deadline = SYSTEM_CLOCK.monotonic() + bound_s  # the others are ready by then, or the test failed
 while not (barrier / "go").exists():
     if SYSTEM_CLOCK.monotonic() > deadline:
         sys.exit(3)
@@ -130,12 +137,13 @@ print("WON" if lock.try_acquire() else "LOST", flush=True)
 """
 
 
+@pytest.mark.heavy  # ten interpreters starting at once
 def test_exactly_one_of_ten_processes_wins(ddb: Any, ddb_endpoint: str, app_name: str, tmp_path: Path) -> None:
     # GIVEN 10 separate OS processes, each ready to try, released together through a file barrier
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CONTENDER, ddb_endpoint, app_name, f"p{n}", str(tmp_path)],
+            [sys.executable, "-c", CONTENDER, ddb_endpoint, app_name, f"p{n}", str(tmp_path), str(READY_BOUND_S)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -145,15 +153,16 @@ def test_exactly_one_of_ten_processes_wins(ddb: Any, ddb_endpoint: str, app_name
     ]
     outputs: list[str] = []
     try:
-        deadline = SYSTEM_CLOCK.monotonic() + 60
-        while len(list(tmp_path.glob("ready-*"))) < 10:
+
+        def ready() -> bool:
             assert all(p.poll() is None for p in procs), "a contender died before the start"
-            assert SYSTEM_CLOCK.monotonic() < deadline, "contenders never got ready"
-            SYSTEM_CLOCK.sleep(0.01)
+            return len(list(tmp_path.glob("ready-*"))) == 10
+
+        eventually(ready, bound_s=READY_BOUND_S, what="10 contenders ready", step_s=0.01)
         # WHEN all try at once
         (tmp_path / "go").touch()
         for proc in procs:
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=CALLS_BOUND_S)
             assert proc.returncode == 0, err
             outputs.append(out.strip())
     finally:

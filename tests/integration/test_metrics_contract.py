@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from tests.integration.test_multi_stream import StreamRecorder
-from tests.support.processes import EMBEDDED_LEADER_ENV
+from tests.support.processes import (
+    EMBEDDED_CYCLE_S,
+    EMBEDDED_LEADER_ENV,
+    REPORT_S,
+    SHARD_SYNC_S,
+    eventually_showing,
+)
+from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
@@ -28,12 +35,13 @@ from worker_lib.processing.processor import ProcessRecordsInput
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.names import UNITS
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 Metric = tuple[str, frozenset[str]]  # (name, dimension names)
+
+FLUSH_MS, READ_MS, DISCOVERY_MS = 1_000, 100, 200  # the fleet's timings (with EMBEDDED_LEADER_ENV's leader)
 
 
 def off_dashboard() -> set[str]:
@@ -138,7 +146,7 @@ def test_every_graphed_metric_is_emitted_and_every_emitted_metric_is_graphed_or_
         **EMBEDDED_LEADER_ENV,
         "SHARDLEASE_METRICS": "cloudwatch",
         "SHARDLEASE_METRICS_NAMESPACE": namespace,
-        "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS": "1000",
+        "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS": str(FLUSH_MS),
         "SHARDLEASE_FAILURE_POLICY": "skip-and-record",
         "SHARDLEASE_FAILURE_DESTINATION": f"arn:aws:sqs:us-east-1:123456789012:{queue}",
         "SHARDLEASE_RETRY_BACKOFF_MS": "10",
@@ -152,8 +160,8 @@ def test_every_graphed_metric_is_emitted_and_every_emitted_metric_is_graphed_or_
             stream=stream,
             worker_id=worker_id,
             lease=LeaseConfig(failover_time_ms=3_000),
-            retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-            discovery_interval_ms=200,
+            retrieval=RetrievalConfig(idle_time_between_reads_ms=READ_MS),
+            discovery_interval_ms=DISCOVERY_MS,
             worker_metrics=WorkerMetricsConfig(
                 sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200
             ),
@@ -168,12 +176,20 @@ def test_every_graphed_metric_is_emitted_and_every_emitted_metric_is_graphed_or_
         workers.append(worker)
         worker.start()
     # (r7 is a poison record: the failure policy isolates it and sends it to the queue, so its metrics are put too)
-    assert wait_until(lambda: len(seen) >= 39, timeout_s=60), len(seen)
+    eventually_showing(
+        lambda: len(seen) >= 39,
+        bound_s=hang_bound_s(SHARD_SYNC_S + EMBEDDED_CYCLE_S + DISCOVERY_MS / 1000 + READ_MS / 1000),
+        what="the fleet processed the 39 good records",
+        detail=lambda: len(seen),
+    )
     template = synthesized(app_name, namespace)
     wanted = referenced(template, namespace)
     # WHEN the metrics they put are listed (the leader's lag needs a report carrying lags, then a cycle)
-    assert wait_until(lambda: wanted <= set(emitted(cloudwatch, namespace)), timeout_s=30), sorted(
-        wanted - set(emitted(cloudwatch, namespace))
+    eventually_showing(
+        lambda: wanted <= set(emitted(cloudwatch, namespace)),
+        bound_s=hang_bound_s(REPORT_S + EMBEDDED_CYCLE_S + FLUSH_MS / 1000),
+        what="every referenced metric emitted",
+        detail=lambda: sorted(wanted - set(emitted(cloudwatch, namespace))),
     )
     put = emitted(cloudwatch, namespace)
     # THEN every metric the dashboard and the alarms reference is emitted with the same name and dimensions

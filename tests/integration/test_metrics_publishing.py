@@ -13,6 +13,7 @@ from tests.support.recording import (
     RecordingProcessor,
     stream_with_leases,
 )
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -21,8 +22,9 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.publisher import EmfPublisher, MetricsConfig, make_publisher
-from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
+
+READ_MS, DISCOVERY_MS, FLUSH_MS = 100, 200, 1_000  # the publishing worker's timings
 
 
 def test_emf_document_aggregates_between_flushes() -> None:
@@ -67,17 +69,21 @@ def test_a_worker_publishes_put_metric_data_to_cloudwatch(moto_aws: AwsConfig, a
         stream=stream,
         worker_id="w1",
         lease=LeaseConfig(failover_time_ms=3_000),
-        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-        discovery_interval_ms=200,
-        metrics=MetricsConfig(mode="cloudwatch", namespace=namespace, flush_interval_ms=1_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=READ_MS),
+        discovery_interval_ms=DISCOVERY_MS,
+        metrics=MetricsConfig(mode="cloudwatch", namespace=namespace, flush_interval_ms=FLUSH_MS),
     )
     journal = Journal()
     worker = Worker(config, lambda: RecordingProcessor(journal), aws_config=moto_aws, dynamodb=ddb, kinesis=kinesis)
     worker.start()
     try:
-        assert wait_until(lambda: len(journal.datas()) >= 25, timeout_s=20)
+        eventually(
+            lambda: len(journal.datas()) >= 25,
+            bound_s=hang_bound_s((DISCOVERY_MS + READ_MS) / 1000),
+            what="25 records processed",
+        )
     finally:
-        worker.shutdown(timeout_s=10)  # flushes what is left
+        worker.shutdown(timeout_s=hang_bound_s(FLUSH_MS / 1000))  # flushes what is left (liveness bound)
     # THEN CloudWatch holds the worker's metrics with Application / WorkerId dimensions
     metrics = cloudwatch.list_metrics(Namespace=namespace)["Metrics"]
     names = {m["MetricName"] for m in metrics}

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import eventually_showing
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -34,11 +36,17 @@ from worker_lib.shardsync.syncer import ShardSyncResult
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 GRACE_MS = 600_000
+# The embedded worker's timings (embedded_worker, and what its tests set), and the liveness bounds derived from them
+# (tests/support/stalls.py): its leader makes and assigns the leases once it reported, it finds them and reads; a
+# deleted stream is seen by a shard sync and its lease's renewal then fails
+FAILOVER_MS, READ_MS, DISCOVERY_MS, FIRST_REPORT_MS = 3_000, 100, 200, 200
+FAST_TICK_MS, CYCLE_MS, SHARD_SYNC_MS = 200, 500, 1_000
+READ_BOUND_S = hang_bound_s((FIRST_REPORT_MS + CYCLE_MS + DISCOVERY_MS + READ_MS) / 1000)
+DELETED_BOUND_S = hang_bound_s((SHARD_SYNC_MS + CYCLE_MS + FAILOVER_MS / 3) / 1000)
 
 
 @pytest.fixture
@@ -253,10 +261,12 @@ def embedded_worker(
     settings.setdefault("leader_mode", "embedded")
     config = WorkerConfig(
         worker_id="w1",
-        lease=LeaseConfig(failover_time_ms=3_000),
-        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
-        discovery_interval_ms=200,
-        worker_metrics=WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200),
+        lease=LeaseConfig(failover_time_ms=FAILOVER_MS),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=READ_MS),
+        discovery_interval_ms=DISCOVERY_MS,
+        worker_metrics=WorkerMetricsConfig(
+            sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=FIRST_REPORT_MS
+        ),
         **settings,
     )
     return Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
@@ -274,7 +284,7 @@ def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_proce
             Records=[{"Data": f"{name}/{n}".encode(), "PartitionKey": str(n)} for n in range(40)],
         )
     monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
-    monkeypatch.setenv("SHARDLEASE_LEADER_FAST_TICK_MS", "200")
+    monkeypatch.setenv("SHARDLEASE_LEADER_FAST_TICK_MS", str(FAST_TICK_MS))
     seen: list[tuple[str, str | None, str, bytes]] = []
     lock = threading.Lock()
     # GIVEN one worker of a two-stream application, leading too
@@ -283,7 +293,9 @@ def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_proce
     # WHEN it runs
     worker.start()
     # THEN every record of both streams arrives once, each with its own stream's name and identifier
-    assert wait_until(lambda: len(seen) >= 80, timeout_s=60), f"{len(seen)} of 80 records"
+    eventually_showing(
+        lambda: len(seen) >= 80, bound_s=READ_BOUND_S, what="80 records", detail=lambda: f"{len(seen)} of 80 records"
+    )
     with lock:
         got = list(seen)
     assert sorted(data for *_, data in got) == sorted(f"{name}/{n}".encode() for name in names for n in range(40))
@@ -292,7 +304,11 @@ def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_proce
         assert data.decode().startswith(f"{stream}/") and ident == ids[stream] and shard.startswith("shardId-")
     # AND the checkpoints land on the multi-stream leases
     store = DynamoDBLeaseStore(app_name, client=ddb)
-    assert wait_until(lambda: all(not lease.checkpoint.is_sentinel for lease in store.list_leases()), timeout_s=10)
+    eventually(
+        lambda: all(not lease.checkpoint.is_sentinel for lease in store.list_leases()),
+        bound_s=READ_BOUND_S,
+        what="every lease checkpointed",
+    )
 
 
 def test_a_missing_stream_fails_a_single_stream_start_but_only_warns_in_a_multi_stream_one(
@@ -327,8 +343,8 @@ def test_a_stream_deleted_while_workers_read_it_stops_its_consumers_and_not_the_
     for name in names:
         create_stream(kinesis, name, 1)
     monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
-    monkeypatch.setenv("SHARDLEASE_SHARD_SYNC_INTERVAL_MS", "1000")
-    monkeypatch.setenv("SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", "500")
+    monkeypatch.setenv("SHARDLEASE_SHARD_SYNC_INTERVAL_MS", str(SHARD_SYNC_MS))
+    monkeypatch.setenv("SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", str(CYCLE_MS))
     seen: list[tuple[str, str | None, str, bytes]] = []
     lock = threading.Lock()
     worker = embedded_worker(clients, seen, lock, app=app_name, streams=names)
@@ -336,15 +352,25 @@ def test_a_stream_deleted_while_workers_read_it_stops_its_consumers_and_not_the_
     worker.start()
     store = DynamoDBLeaseStore(app_name, client=ddb)
     # GIVEN a worker reading both streams
-    assert wait_until(lambda: len(worker.held_leases) == 2, timeout_s=30), worker.held_leases
+    eventually_showing(
+        lambda: len(worker.held_leases) == 2,
+        bound_s=READ_BOUND_S,
+        what="both leases held",
+        detail=lambda: worker.held_leases,
+    )
     doomed = identifier(kinesis, names[1]).lease_key("shardId-000000000000")
     # WHEN stream b is deleted in Kinesis while stream a keeps receiving records
     kinesis.delete_stream(StreamName=names[1])
     kinesis.put_records(StreamName=names[0], Records=[{"Data": b"after", "PartitionKey": "k"}])
     # THEN b's lease is deleted by the leader and its consumer stops, while a's record still arrives
-    assert wait_until(lambda: worker.outcomes.get(doomed) is ConsumerOutcome.LOST, timeout_s=30), worker.outcomes
+    eventually_showing(
+        lambda: worker.outcomes.get(doomed) is ConsumerOutcome.LOST,
+        bound_s=DELETED_BOUND_S,
+        what="the deleted stream's consumer lost its lease",
+        detail=lambda: worker.outcomes,
+    )
     assert store.get_lease(doomed) is None
-    assert wait_until(lambda: any(data == b"after" for *_, data in seen), timeout_s=20)
+    eventually(lambda: any(data == b"after" for *_, data in seen), bound_s=READ_BOUND_S, what="a's record arrived")
     assert worker.held_leases == [identifier(kinesis, names[0]).lease_key("shardId-000000000000")]
 
 
@@ -369,5 +395,10 @@ def test_a_bare_shard_key_in_an_application_of_several_streams_is_not_taken(
     # WHEN it runs
     worker.start()
     # THEN it takes the one it can read and leaves the other, with one warning
-    assert wait_until(lambda: worker.held_leases == [good], timeout_s=20), worker.held_leases
+    eventually_showing(
+        lambda: worker.held_leases == [good],
+        bound_s=READ_BOUND_S,
+        what="only the multi-stream lease held",
+        detail=lambda: worker.held_leases,
+    )
     assert any("names no stream" in r.getMessage() for r in caplog.records)

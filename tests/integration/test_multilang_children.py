@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from tests.support.checkpointers import RecordingCheckpointer
-from tests.support.processes import REPO
+from tests.support.processes import PROCESS_START_S, REPO, eventually_showing
 from tests.support.recording import stream_with_leases
+from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
@@ -35,10 +36,11 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
-from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker, WorkerConfig
 
 SHARD = "shardId-000000000007"
+READ_MS, DISCOVERY_MS = 100, 200
+EXIT_BOUND_S = hang_bound_s(0.0)  # liveness: a child killed, or told to stop, exits (no timing: the floor)
 
 
 def batch(start: int, count: int) -> list[KinesisRecord]:
@@ -165,7 +167,7 @@ def test_a_child_that_fails_a_batch_is_replaced_and_the_batch_fails_with_one_lin
     # AND the checkpoint stays at what the child confirmed (the first batch); the failed child is gone and a new
     # one, initialized at that checkpoint, took its place
     assert checkpointer.written == [Checkpoint(sequence="1001")]
-    assert child.exit_code(wait_s=5.0) is not None
+    assert child.exit_code(wait_s=EXIT_BOUND_S) is not None
     replacement = processor.child
     assert replacement is not None and replacement is not child and registry.live == {replacement}
     starts = [e for e in journal(tmp_path / "journal.jsonl") if e.get("action") == "initialize"]
@@ -209,9 +211,9 @@ def test_a_child_that_dies_on_a_poison_record_is_replaced_and_the_policy_sends_t
         stream=stream,
         worker_id="w1",
         lease=LeaseConfig(failover_time_ms=3_000),
-        retrieval=RetrievalConfig(idle_time_between_reads_ms=100),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=READ_MS),
         failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
-        discovery_interval_ms=200,
+        discovery_interval_ms=DISCOVERY_MS,
     )
     worker = Worker(
         config,
@@ -226,7 +228,13 @@ def test_a_child_that_dies_on_a_poison_record_is_replaced_and_the_policy_sends_t
         def handled() -> list[str]:
             return [e["data"] for e in journal(tmp_path / "journal.jsonl") if e["kind"] == "record"]
 
-        assert wait_until(lambda: len(handled()) >= 11, timeout_s=30), handled()
+        # (a liveness bound: four children start one after the other, each within a discovery and a read)
+        eventually_showing(
+            lambda: len(handled()) >= 11,
+            bound_s=hang_bound_s(4 * (PROCESS_START_S + (DISCOVERY_MS + READ_MS) / 1000)),
+            what="11 records handled",
+            detail=handled,
+        )
         assert handled() == [d.decode() for d in datas if d != b"poison-5"]
         starts = [e for e in journal(tmp_path / "journal.jsonl") if e.get("action") == "initialize"]
         assert len(starts) >= 1 + 3  # the first child, and one per failed delivery of the poison record
@@ -236,4 +244,4 @@ def test_a_child_that_dies_on_a_poison_record_is_replaced_and_the_policy_sends_t
         assert report["KinesisBatchInfo"]["batchSize"] == 1
         assert report["shardlease"]["errorType"] == "ChildBatchFailedError"
     finally:
-        assert worker.shutdown(timeout_s=10)
+        assert worker.shutdown(timeout_s=EXIT_BOUND_S)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 import uuid
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from tests.support.processes import CLI_BOUND_S, run_command
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -271,10 +271,10 @@ def test_leader_once_runs_a_shard_sync_and_exits_0(moto_endpoint: str, moto_aws:
     create_stream(kinesis, f"{app}-s", 3)
     args = [sys.executable, "-m", "worker_lib.cli", "leader", "--app", app, "--stream", f"{app}-s", "--once"]
     args += ["--initial-position", "TRIM_HORIZON", "--endpoint-url", moto_endpoint]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    first = run_command(args, timeout_s=CLI_BOUND_S)
     assert first.returncode == 0, first.stderr
     assert "created 3 lease(s)" in first.stdout
-    second = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120, check=False)
+    second = run_command([*args, "--json"], timeout_s=CLI_BOUND_S)
     assert second.returncode == 0, second.stderr
     import json
 

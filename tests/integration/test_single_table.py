@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_multi_stream import embedded_worker
+from tests.integration.test_multi_stream import READ_BOUND_S, embedded_worker
+from tests.support.processes import CLI_BOUND_S, eventually_showing, run_command
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
@@ -27,7 +27,6 @@ from worker_lib.tables.coordinator_items import TABLE_MIGRATION_KEY
 from worker_lib.tables.schema import TableLayout, coordinator_state_table_name
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
@@ -176,7 +175,7 @@ def test_a_worker_with_an_embedded_leader_runs_in_single_table_mode(
     worker.preflight()
     worker.start()
     # THEN every record is processed, and the lease table alone holds everything, KCL's entity types on all of it
-    assert wait_until(lambda: len(seen) >= 30, timeout_s=60), len(seen)
+    eventually_showing(lambda: len(seen) >= 30, bound_s=READ_BOUND_S, what="30 records", detail=lambda: len(seen))
     assert table_names(ddb, app_name) == {app_name}
     items = ddb.scan(TableName=app_name, ConsistentRead=True)["Items"]
     kinds = {i["leaseKey"]["S"]: i.get("entityType", {}).get("S") for i in items}
@@ -186,7 +185,7 @@ def test_a_worker_with_an_embedded_leader_runs_in_single_table_mode(
     # AND `shardlease status` in the same layout shows the worker and the leader
     env = {**os.environ, "SHARDLEASE_TABLE_LAYOUT": "single-table"}
     cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
-    result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60, check=False, env=env)
+    result = run_command([*cmd, "--json"], timeout_s=CLI_BOUND_S, env=env)
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["leader"] == "w1:leader" and [w["worker"] for w in status["workers"]] == ["w1"]

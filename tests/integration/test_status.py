@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import CLI_BOUND_S, run_command
 from worker_lib.assignment.snapshot import ExpiryTracker
 from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
@@ -85,18 +86,12 @@ def test_status_cli_prints_json_and_errors_in_one_line(moto_endpoint: str, moto_
     ensure_tables(app_name, ddb)
     setup_fleet(ddb, app_name, ManualClock(wall=float(time.time())))
     cmd = [sys.executable, "-m", "worker_lib.cli", "status", "--app", app_name, "--endpoint-url", moto_endpoint]
-    result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60, check=False)
+    result = run_command([*cmd, "--json"], timeout_s=CLI_BOUND_S)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["leader"] == "leader-x"
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    text = run_command(cmd, timeout_s=CLI_BOUND_S)
     assert "cluster a: 2 workers, 3 leases" in text.stdout
-    missing = subprocess.run(
-        [*cmd[:-4], "--app", "no-such-app", "--endpoint-url", moto_endpoint],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    missing = run_command([*cmd[:-4], "--app", "no-such-app", "--endpoint-url", moto_endpoint], timeout_s=CLI_BOUND_S)
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "create-tables" in missing.stderr
 
 
@@ -178,7 +173,7 @@ def test_watch_piped_as_json_is_one_object_per_line_and_a_closed_pipe_ends_it_wi
     assert proc.stdout is not None and proc.stderr is not None
     lines = [proc.stdout.readline(), proc.stdout.readline()]
     proc.stdout.close()  # the reader goes away
-    code = proc.wait(timeout=30)
+    code = proc.wait(timeout=CLI_BOUND_S)  # liveness: a closed pipe ends it at its next frame
     # THEN each line is one JSON frame, and the closed pipe ends it as every command does: 1, nothing on stderr
     frames = [json.loads(line) for line in lines]
     assert all(frame["leader"] == "leader-x" and frame["time"] for frame in frames)
@@ -199,7 +194,7 @@ def test_watch_ends_on_ctrl_c_with_one_line(moto_endpoint: str, moto_aws: AwsCon
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"--- ")  # piped text frames are headed by their time
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130  # the shell's convention for SIGINT, as every shardlease command
+    assert proc.wait(timeout=CLI_BOUND_S) == 130  # the shell's convention for SIGINT, as every shardlease command
     assert proc.stderr.read().decode().strip().splitlines() == ["shardlease status: interrupted"]
 
 

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import run_command
+from tests.support.processes import EMULATORS_START_S, PROCESS_START_S, run_command
+from tests.support.stalls import hang_bound_s
 
 REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_BOUNDS_S = 60 + 20  # the example's own waits (docs/testing.md: its wait_until and its shutdown)
+RUN_BOUND_S = EXAMPLE_BOUNDS_S + hang_bound_s(PROCESS_START_S + EMULATORS_START_S)  # so that its own fail first
 
 
 @pytest.mark.slow
@@ -23,6 +26,6 @@ def test_the_documented_example_test_passes(tmp_path: Path) -> None:
     (tmp_path / "test_example.py").write_text(example)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "test_example.py"]
-    result = run_command(command, cwd=tmp_path, env=env, timeout_s=240)
+    result = run_command(command, cwd=tmp_path, env=env, timeout_s=RUN_BOUND_S)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "1 passed" in result.stdout

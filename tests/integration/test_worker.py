@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import eventually_showing
 from tests.support.recording import Journal, RecordingProcessor, assign_unowned, recording_worker, stream_with_leases
+from tests.support.stalls import eventually, hang_bound_s, stall_note
 from tests.support.tables import create_foreign_table
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
@@ -38,6 +40,20 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 FAST_LEASES = LeaseConfig(failover_time_ms=3_000)
 FAST_READS = RetrievalConfig(idle_time_between_reads_ms=100)
+DISCOVERY_MS = 200
+METRICS = WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200)
+# The workers' timings in seconds, and the liveness bounds derived from them (tests/support/stalls.py)
+RENEWAL_S = FAST_LEASES.failover_time_ms / 3 / 1000  # renewals and heartbeats
+READ_S = FAST_READS.idle_time_between_reads_ms / 1000
+DISCOVERY_S = DISCOVERY_MS / 1000
+PARENT_POLL_S = ConsumerConfig().parent_poll_interval_ms / 1000  # a child re-checks its parents
+BACKOFF_MAX_S = FailureConfig().retry_backoff_max_ms / 1000  # a failing destination's retries, at their longest
+READ_BOUND_S = hang_bound_s(DISCOVERY_S + READ_S)  # an owned lease is found and read
+RENEWAL_BOUND_S = hang_bound_s(RENEWAL_S + READ_S)  # a renewal (or a report) sees what changed
+REPORT_BOUND_S = hang_bound_s((METRICS.first_report_delay_ms + METRICS.report_interval_ms) / 1000)
+SHUTDOWN_BOUND_S = hang_bound_s(RENEWAL_S)  # a graceful shutdown: the batch in hand, a checkpoint, the release
+ASSIGN_S = 0.2  # the stand-in leader's pace (test_split_and_merge_…)
+PROBE_TIMEOUT_S = 5.0  # the start-up probe's read timeout (test_an_endpoint_that_never_answers_…)
 
 
 def put(kinesis: Any, stream: str, start: int, count: int) -> list[bytes]:
@@ -52,7 +68,6 @@ def start_worker(
     app: str, stream: str, worker_id: str, journal: Journal, *, ddb: Any, kinesis: Any, workers: list[Worker]
 ) -> Worker:
     """An in-process worker recording into ``journal``, started (and shut down at the end of the test)."""
-    metrics = WorkerMetricsConfig(sample_interval_ms=200, report_interval_ms=1_000, first_report_delay_ms=200)
     worker = recording_worker(
         app,
         stream,
@@ -61,8 +76,8 @@ def start_worker(
         journal=journal,
         worker_id=worker_id,
         lease=FAST_LEASES,
-        discovery_interval_ms=200,
-        worker_metrics=metrics,
+        discovery_interval_ms=DISCOVERY_MS,
+        worker_metrics=METRICS,
     )
     workers.append(worker)
     worker.start()
@@ -79,18 +94,26 @@ def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpo
     # WHEN w1 runs
     w1 = start_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis, workers=workers)
     # THEN every record is processed exactly once
-    assert wait_until(lambda: len(journal.datas()) >= 300, timeout_s=30)
+    eventually(lambda: len(journal.datas()) >= 300, bound_s=READ_BOUND_S, what="300 records")
     assert sorted(journal.datas()) == sorted(produced)
     # AND per-shard order is the sequence order
     for sequence in journal.by_shard().values():
         assert sequence == sorted(sequence, key=lambda s: (int(s[0]), s[1]))
     # AND the worker reports its CPU to the leader in KCL's worker-metrics format
     metrics = WorkerMetricsStore(app_name, client=ddb)
-    assert wait_until(lambda: (m := metrics.get("w1")) is not None and bool(m.stats.get("C")), timeout_s=10)
+    eventually(
+        lambda: (m := metrics.get("w1")) is not None and bool(m.stats.get("C")),
+        bound_s=REPORT_BOUND_S,
+        what="w1 reported its CPU",
+    )
     # AND the renewals report each lease's throughput to the leader (KCL's throughputKBps)
-    assert wait_until(lambda: all((x.throughput_kbps or 0) > 0 for x in store.list_leases()), timeout_s=10)
+    eventually(
+        lambda: all((x.throughput_kbps or 0) > 0 for x in store.list_leases()),
+        bound_s=RENEWAL_BOUND_S,
+        what="every lease's throughput",
+    )
     # WHEN w1 shuts down gracefully
-    assert w1.shutdown(timeout_s=10)
+    assert w1.shutdown(timeout_s=SHUTDOWN_BOUND_S)
     # THEN its leases are free at once and hold the last sequence number of each shard
     leases = store.list_leases()
     assert all(lease.lease_owner is None for lease in leases)
@@ -101,8 +124,8 @@ def test_a_worker_processes_every_record_once_and_a_restart_resumes_from_checkpo
     assign_unowned(store, lambda lease: "w2")
     w2 = start_worker(app_name, stream, "w2", journal, ddb=ddb, kinesis=kinesis, workers=workers)
     # THEN w2 processes only the new records: nothing lost, nothing twice
-    assert wait_until(lambda: len(journal.datas()) >= 400, timeout_s=30)
-    assert w2.shutdown(timeout_s=10)  # drains in-flight batches: a duplicate would show up now
+    eventually(lambda: len(journal.datas()) >= 400, bound_s=READ_BOUND_S, what="400 records")
+    assert w2.shutdown(timeout_s=SHUTDOWN_BOUND_S)  # drains in-flight batches: a duplicate would show up now
     assert sorted(journal.datas()) == sorted(produced)
 
 
@@ -114,13 +137,13 @@ def test_a_lease_taken_away_stops_processing_and_never_checkpoints_again(
     put(kinesis, stream, 0, 10)
     journal = Journal()
     start_worker(app_name, stream, "w1", journal, ddb=ddb, kinesis=kinesis, workers=workers)
-    assert wait_until(lambda: len(journal.datas()) >= 10, timeout_s=20)
+    eventually(lambda: len(journal.datas()) >= 10, bound_s=READ_BOUND_S, what="10 records")
     # WHEN the leader reassigns the lease to w2 (as after an expiry)
     lease = store.get_lease(key)
     assert lease is not None and store.assign_lease(lease, "w2") is not None
     # THEN w1 notices at its next renewal and calls lease_lost
-    assert wait_until(lambda: ("lease_lost", key) in journal.events, timeout_s=10)
-    # AND records put afterwards are not processed by w1
+    eventually(lambda: ("lease_lost", key) in journal.events, bound_s=RENEWAL_BOUND_S, what="w1's lease_lost")
+    # AND records put afterwards are not processed by w1 (watched for a while: a fixed window, not a bound)
     put(kinesis, stream, 10, 5)
     assert wait_until(lambda: len(journal.datas()) > 10, timeout_s=1.5) is False
     stored = store.get_lease(key)
@@ -144,7 +167,7 @@ def test_split_and_merge_while_producing_keep_order_and_lose_nothing(
 
     def assigner() -> None:  # stand-in for the leader: round-robin every unowned lease
         turn = 0
-        while not stop.wait(0.2):
+        while not stop.wait(ASSIGN_S):
 
             def owner(_lease: object) -> str:
                 nonlocal turn
@@ -164,14 +187,19 @@ def test_split_and_merge_while_producing_keep_order_and_lose_nothing(
         merge_shards(kinesis, stream, shards[1]["ShardId"], shards[2]["ShardId"])
         produced += put(kinesis, stream, 300, 150)
         # THEN every record is processed exactly once
-        assert wait_until(lambda: len(journal.datas()) >= len(produced), timeout_s=90), len(journal.datas())
+        eventually_showing(
+            lambda: len(journal.datas()) >= len(produced),
+            bound_s=hang_bound_s(PARENT_POLL_S + ASSIGN_S + DISCOVERY_S + READ_S),  # children wait for their parents
+            what="every record of the parents and the children",
+            detail=lambda: len(journal.datas()),
+        )
         stop.set()
-        helper.join(timeout=5)
-        assert all(worker.shutdown(timeout_s=10) for worker in workers)  # drain: duplicates would show now
+        helper.join(timeout=hang_bound_s(ASSIGN_S))
+        assert all(worker.shutdown(timeout_s=SHUTDOWN_BOUND_S) for worker in workers)  # drain: duplicates show now
         assert sorted(journal.datas()) == sorted(produced)
     finally:
         stop.set()
-        helper.join(timeout=5)
+        helper.join(timeout=hang_bound_s(ASSIGN_S))
     # AND per-shard order holds
     for sequence in journal.by_shard().values():
         assert sequence == sorted(sequence, key=lambda s: (int(s[0]), s[1]))
@@ -199,19 +227,19 @@ def test_a_graceful_handoff_moves_a_lease_at_a_batch_boundary_without_loss_or_du
         start_worker(app_name, stream, w, journal, ddb=ddb, kinesis=kinesis, workers=workers) for w in ("w1", "w2")
     )
     produced = put(kinesis, stream, 0, 100)
-    assert wait_until(lambda: len(journal.datas()) >= 100, timeout_s=20)
+    eventually(lambda: len(journal.datas()) >= 100, bound_s=READ_BOUND_S, what="100 records")
     # WHEN the leader starts a graceful handoff from w1 to w2
     lease = store.get_lease(key)
     assert lease is not None and store.initiate_graceful_handoff(lease, "w2") is not None
     # THEN w1 finishes, checkpoints in shutdown_requested and completes the handoff; w2 takes over
-    assert wait_until(lambda: ("shutdown_requested", key) in journal.events, timeout_s=10)
-    assert wait_until(lambda: key in w2.held_leases, timeout_s=10)
+    eventually(lambda: ("shutdown_requested", key) in journal.events, bound_s=RENEWAL_BOUND_S, what="w1 asked to stop")
+    eventually(lambda: key in w2.held_leases, bound_s=RENEWAL_BOUND_S, what="w2 holds the lease")
     stored = store.get_lease(key)
     assert stored is not None and stored.lease_owner == "w2" and stored.checkpoint_owner is None
     # AND records after the handoff are processed once, by w2
     produced += put(kinesis, stream, 100, 50)
-    assert wait_until(lambda: len(journal.datas()) >= 150, timeout_s=20)
-    assert all(w.shutdown(timeout_s=10) for w in (w1, w2))
+    eventually(lambda: len(journal.datas()) >= 150, bound_s=READ_BOUND_S, what="150 records")
+    assert all(w.shutdown(timeout_s=SHUTDOWN_BOUND_S) for w in (w1, w2))
     assert sorted(journal.datas()) == sorted(produced)
 
 
@@ -235,7 +263,7 @@ def w1_worker(
         retrieval=FAST_READS,
         consumer=consumer or ConsumerConfig(),
         failures=failures or FailureConfig(),
-        discovery_interval_ms=200,
+        discovery_interval_ms=DISCOVERY_MS,
     )
     return Worker(config, factory, dynamodb=ddb, kinesis=kinesis, failure_destination=destination)
 
@@ -265,8 +293,12 @@ def test_a_processor_that_keeps_failing_gives_the_lease_up_without_losing_the_ba
     # WHEN the processor raises on every attempt
     worker.start()
     # THEN after 1 + 2 attempts the lease is given up, unowned, and its checkpoint never moved
-    assert wait_until(lambda: len(attempts) >= 3, timeout_s=20)
-    assert wait_until(lambda: (store.get_lease(key) or Lease(lease_key="?")).lease_owner is None, timeout_s=10)
+    eventually(lambda: len(attempts) >= 3, bound_s=READ_BOUND_S, what="3 attempts")
+    eventually(
+        lambda: (store.get_lease(key) or Lease(lease_key="?")).lease_owner is None,
+        bound_s=RENEWAL_BOUND_S,
+        what="the lease given up",
+    )
     stored = store.get_lease(key)
     assert stored is not None and not stored.checkpoint.is_real
     assert attempts[:3] == [20, 20, 20]
@@ -296,8 +328,12 @@ def test_a_processor_failure_ends_the_lease_at_once_without_retry(
     workers.append(worker)
     worker.start()
     # THEN the lease is given up after the one attempt (no retries), unowned, its checkpoint unmoved
-    assert wait_until(lambda: (store.get_lease(key) or Lease(lease_key="?")).lease_owner is None, timeout_s=10)
-    assert wait_until(lambda: key in worker.outcomes, timeout_s=10)
+    eventually(
+        lambda: (store.get_lease(key) or Lease(lease_key="?")).lease_owner is None,
+        bound_s=READ_BOUND_S,
+        what="the lease given up",
+    )
+    eventually(lambda: key in worker.outcomes, bound_s=READ_BOUND_S, what="the consumer's outcome")
     assert attempts == [20] and worker.outcomes[key].value == "gave_up"
     stored = store.get_lease(key)
     assert stored is not None and not stored.checkpoint.is_real
@@ -344,7 +380,7 @@ def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes
 
     workers.append(skip_and_record_worker(app_name, stream, handle, sqs, queue_arn, ddb=ddb, kinesis=kinesis))
     # THEN every other record is handled once, in order; the poison record alone reaches the queue, once
-    assert wait_until(lambda: len(handled) >= 19, timeout_s=20)
+    eventually(lambda: len(handled) >= 19, bound_s=READ_BOUND_S, what="19 records handled")
     assert handled == [d for d in produced if d != b"record-00007"]
     body = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
     (report,) = [json.loads(m["Body"]) for m in body]
@@ -356,7 +392,7 @@ def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes
         lease = store.get_lease(key)
         return lease is not None and lease.block is None and lease.checkpoint.is_real
 
-    assert wait_until(moved_past, timeout_s=10)
+    eventually(moved_past, bound_s=READ_BOUND_S, what="the checkpoint past the poison record")
 
 
 def test_a_failure_destination_that_fails_holds_the_shard_and_drops_nothing(
@@ -383,15 +419,19 @@ def test_a_failure_destination_that_fails_holds_the_shard_and_drops_nothing(
         lease = store.get_lease(key)
         return lease is not None and lease.block is not None
 
-    assert wait_until(lambda: handled == produced[:5] and blocked(), timeout_s=20)
-    time.sleep(1.5)  # the destination keeps failing meanwhile (its retries are real-time backoffs)
+    eventually(lambda: handled == produced[:5] and blocked(), bound_s=READ_BOUND_S, what="the shard blocked")
+    time.sleep(1.5)  # the destination keeps failing meanwhile (its retries are real-time backoffs; not a bound)
     assert handled == produced[:5]
     # WHEN the queue appears THEN the report is sent, the shard goes on, and the mark is removed
     queue_url = sqs.create_queue(QueueName=queue)["QueueUrl"]
-    assert wait_until(lambda: handled == [d for d in produced if d != b"record-00005"], timeout_s=40)
+    eventually(
+        lambda: handled == [d for d in produced if d != b"record-00005"],
+        bound_s=hang_bound_s(BACKOFF_MAX_S + READ_S),  # the destination's next retry, at its longest backoff
+        what="the shard went on",
+    )
     (message,) = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
     assert json.loads(message["Body"])["KinesisBatchInfo"]["batchSize"] == 1
-    assert wait_until(lambda: not blocked(), timeout_s=10)
+    eventually(lambda: not blocked(), bound_s=READ_BOUND_S, what="the block mark removed")
 
 
 def test_empty_reads_reach_the_processor_when_asked(
@@ -416,7 +456,7 @@ def test_empty_reads_reach_the_processor_when_asked(
     workers.append(worker)
     worker.start()
     # THEN process_records is called for reads that returned nothing (each read, after the idle time)
-    assert wait_until(lambda: len(batches) >= 3, timeout_s=20)
+    eventually(lambda: len(batches) >= 3, bound_s=hang_bound_s(3 * READ_S), what="3 empty batches")
     assert set(batches) == {0}
 
 
@@ -443,7 +483,7 @@ def test_an_unreachable_endpoint_at_start_is_one_error_within_the_startup_timeou
     assert "\n" not in message and "cannot reach endpoint http://127.0.0.1:9" in message
     assert "still failing after 15 s" in message
     assert 10 <= clock.monotonic() - started <= 15
-    assert time.monotonic() - started_wall < 30
+    assert time.monotonic() - started_wall < hang_bound_s(0.0), stall_note(started_wall)  # liveness: no real waits
     # AND nothing was started
     assert worker.held_leases == [] and not any(t.name == "worker-w-start" for t in threading.enumerate())
 
@@ -457,9 +497,10 @@ def test_an_endpoint_that_never_answers_fails_within_30_seconds() -> None:
         worker = _blank_worker("orders", "orders-stream", AwsConfig(endpoint_url=url), startup_timeout_ms=0)
         started = time.monotonic()
         # WHEN the worker starts THEN it fails with a typed error after one probe's read timeout (5 s), not minutes
+        # (how long is a liveness bound derived from that timeout)
         with pytest.raises(EndpointUnreachableError, match="timed out"):
             worker.preflight()
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < hang_bound_s(PROBE_TIMEOUT_S), stall_note(started)
 
 
 def test_a_missing_table_at_start_fails_at_once_naming_create_tables(moto_aws: AwsConfig, app_name: str) -> None:

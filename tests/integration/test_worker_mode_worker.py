@@ -3,18 +3,22 @@ renewing them while its heartbeat runs at the mode's interval, hands a lease ove
 item, follows a switch of the stored mode in both directions, refuses to start in the other mode, and writes a
 lease's throughput only when it changed, without moving the counter.
 
-Worker tests run on real time (the worker's threads sleep on the system clock), bounded by polling loops; the lease
-holder's throughput test runs on a manual clock.
+Worker tests run on real time (the worker's threads sleep on the system clock): their waits are liveness bounds
+derived from the timings below (tests/support/stalls.py), and what they say about a heartbeat's silences is stated
+with the sampling's own gaps counted, so that a slow machine cannot make it pass or fail; the lease holder's
+throughput test runs on a manual clock.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
 import pytest
 
 from tests.support.recording import recording_worker, stream_with_leases
+from tests.support.stalls import eventually, hang_bound_s, stall_note
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import EndpointUnreachableError
 from worker_lib.core.models import Lease
@@ -26,12 +30,18 @@ from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.testing.streams import create_stream
-from worker_lib.testing.waiting import wait_until
 from worker_lib.worker.worker import Worker
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 # Failover 6 s: the worker-mode beat is 2 s (its default), the lease-mode beat 1 s, renewals every 1.975 s.
 FAILOVER_MS = 6_000
+MODE_CHECK_MS = 1_000
+WORKER_BEAT_S, RENEWAL_S = 2.0, 1.975
+# Liveness bounds: a worker's start-up (first beat, discovery) and a few of its beats; a mode switch is seen within a
+# check interval and shown in a beat; a renewal
+BEATS_BOUND_S = hang_bound_s(2 * WORKER_BEAT_S)
+SWITCH_BOUND_S = hang_bound_s(MODE_CHECK_MS / 1000 + WORKER_BEAT_S)
+RENEWAL_BOUND_S = hang_bound_s(RENEWAL_S)
 
 
 def modes(app: str, ddb: Any) -> LivenessModeStore:
@@ -39,7 +49,7 @@ def modes(app: str, ddb: Any) -> LivenessModeStore:
 
 
 def make_worker(app: str, stream: str, ddb: Any, kinesis: Any, *, setting: str) -> Worker:
-    lease = LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=setting, mode_check_interval_ms=1_000)
+    lease = LeaseConfig(failover_time_ms=FAILOVER_MS, liveness_mode=setting, mode_check_interval_ms=MODE_CHECK_MS)
     return recording_worker(app, stream, ddb=ddb, kinesis=kinesis, lease=lease, report_worker_metrics=False)
 
 
@@ -64,16 +74,19 @@ def test_a_worker_mode_worker_holds_its_leases_without_renewing_them(
     worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="worker")
     workers.append(worker)
     worker.start()
-    assert wait_until(lambda: worker.held_leases == keys, timeout_s=15)
+    eventually(lambda: worker.held_leases == keys, bound_s=BEATS_BOUND_S, what="w1 holds both leases")
     taken = counters(app_name, ddb)
-    beats_before = beat(app_name, ddb)[0]
-    time.sleep(5)  # two and a half renewer intervals of lease mode
-    # THEN no lease counter moved, while its heartbeat beat every 2 s and says it runs in worker mode
+    beats_before, watched = beat(app_name, ddb)[0], time.monotonic()
+    time.sleep(5)  # two and a half renewer intervals of lease mode (a window watched: not a bound)
+    # THEN no lease counter moved, while its heartbeat beat at its 2 s interval (at most once per interval, and one
+    # more, whatever the machine's speed) and says it runs in worker mode
     assert counters(app_name, ddb) == taken
     beats_after, interval_ms, liveness = beat(app_name, ddb)
-    assert 2 <= beats_after - beats_before <= 4
+    assert beats_after - beats_before <= (time.monotonic() - watched) / WORKER_BEAT_S + 1
     assert (interval_ms, liveness) == (2_000, "worker")
     assert worker.held_leases == keys
+    # AND it keeps beating (liveness)
+    eventually(lambda: beat(app_name, ddb)[0] >= beats_before + 2, bound_s=BEATS_BOUND_S, what="two more beats")
 
 
 def test_a_handoff_asked_for_on_the_workers_item_is_completed(
@@ -85,7 +98,7 @@ def test_a_handoff_asked_for_on_the_workers_item_is_completed(
     worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="worker")
     workers.append(worker)
     worker.start()
-    assert wait_until(lambda: worker.held_leases == [key], timeout_s=15)
+    eventually(lambda: worker.held_leases == [key], bound_s=BEATS_BOUND_S, what="w1 holds the lease")
     # WHEN the leader hands it to w2: leaseOwner = w2, checkpointOwner = w1, and the request on w1's item
     store = DynamoDBLeaseStore(app_name, client=ddb)
     rows = WorkerMetricsStore(app_name, client=ddb)
@@ -93,7 +106,7 @@ def test_a_handoff_asked_for_on_the_workers_item_is_completed(
     assert lease is not None and store.initiate_graceful_handoff(lease, "w2") is not None
     assert rows.request_handoff("w1", [handoff_request(key, 30_000)])
     # THEN within a few beats w1 lets go: w2 owns the lease outright, w1 holds nothing
-    assert wait_until(lambda: worker.held_leases == [], timeout_s=10)
+    eventually(lambda: worker.held_leases == [], bound_s=BEATS_BOUND_S, what="w1 let go")
     after = store.get_lease(key)
     assert after is not None and (after.lease_owner, after.checkpoint_owner) == ("w2", None)
 
@@ -103,7 +116,7 @@ def test_a_handoff_asked_for_on_the_workers_item_is_completed(
         assert row is not None
         return row.handoff_requests
 
-    assert wait_until(lambda: requests_left() == (), timeout_s=6)
+    eventually(lambda: requests_left() == (), bound_s=BEATS_BOUND_S, what="the request removed")
 
 
 def test_an_auto_worker_follows_a_switch_in_both_directions(
@@ -116,24 +129,24 @@ def test_an_auto_worker_follows_a_switch_in_both_directions(
     worker = make_worker(app_name, f"{app_name}-s", ddb, kinesis, setting="auto")
     workers.append(worker)
     worker.start()
-    assert wait_until(lambda: worker.held_leases == [key], timeout_s=15)
+    eventually(lambda: worker.held_leases == [key], bound_s=BEATS_BOUND_S, what="w1 holds the lease")
     first = counters(app_name, ddb)[key]
-    assert wait_until(lambda: counters(app_name, ddb)[key] > first, timeout_s=5)
+    eventually(lambda: counters(app_name, ddb)[key] > first, bound_s=RENEWAL_BOUND_S, what="a renewal")
     # WHEN the application switches to worker mode (asked, then completed as the leader would)
     lease_mode = StoredMode(mode=LivenessMode.LEASE)
     assert store.request(LivenessMode.WORKER, expected=lease_mode, by="test")
     assert store.complete(StoredMode(mode=LivenessMode.LEASE, target=LivenessMode.WORKER), by="test")
     # THEN within its check interval (1 s) and a beat it says worker and stops renewing
-    assert wait_until(lambda: beat(app_name, ddb)[2] == "worker", timeout_s=6)
-    time.sleep(0.5)  # a renewal already in flight lands
+    eventually(lambda: beat(app_name, ddb)[2] == "worker", bound_s=SWITCH_BOUND_S, what="its beat says worker")
+    time.sleep(0.5)  # a renewal already in flight lands (a fixed sleep, not a bound)
     stopped = counters(app_name, ddb)[key]
-    time.sleep(4.5)
+    time.sleep(4.5)  # more than two renewal intervals watched (not a bound)
     assert counters(app_name, ddb)[key] == stopped
     # WHEN lease mode is asked for again
     assert store.request(LivenessMode.LEASE, expected=StoredMode(mode=LivenessMode.WORKER), by="test")
     # THEN it renews again and its beats say so (what lets the leader complete the switch), holding the lease all along
-    assert wait_until(lambda: beat(app_name, ddb)[2] == "lease", timeout_s=6)
-    assert wait_until(lambda: counters(app_name, ddb)[key] > stopped, timeout_s=5)
+    eventually(lambda: beat(app_name, ddb)[2] == "lease", bound_s=SWITCH_BOUND_S, what="its beat says lease")
+    eventually(lambda: counters(app_name, ddb)[key] > stopped, bound_s=RENEWAL_BOUND_S, what="it renews again")
     assert worker.held_leases == [key]
 
 
@@ -202,18 +215,23 @@ class LandedTimeouts:
         return row
 
 
-def counter_over(rows: WorkerMetricsStore, seconds: float, step_s: float = 0.05) -> list[tuple[float, int]]:
-    """(elapsed, heartbeat counter) every ``step_s`` for ``seconds``."""
+def counter_over(
+    rows: WorkerMetricsStore, seconds: float, step_s: float = 0.05, *, origin: float | None = None
+) -> list[tuple[float, int]]:
+    """(time since ``origin`` (default: now), heartbeat counter) every ``step_s`` for ``seconds``."""
     samples: list[tuple[float, int]] = []
     start = time.monotonic()
-    while (elapsed := time.monotonic() - start) < seconds:
+    origin = start if origin is None else origin
+    while (now := time.monotonic()) - start < seconds:
         row = rows.get("w1")
-        samples.append((elapsed, row.heartbeat.counter if row and row.heartbeat else 0))
+        samples.append((now - origin, row.heartbeat.counter if row and row.heartbeat else 0))
         time.sleep(step_s)
     return samples
 
 
 def longest_still(samples: list[tuple[float, int]]) -> float:
+    """The longest stretch the samples saw one counter for. The silence it stands for was at most two sampling gaps
+    longer (before its first sample and after its last) and at least as long."""
     longest, since, last = 0.0, 0.0, None
     for at, counter in samples:
         if counter != last:
@@ -222,19 +240,45 @@ def longest_still(samples: list[tuple[float, int]]) -> float:
     return longest
 
 
+def still_counter(samples: list[tuple[float, int]]) -> int:
+    """The counter of the longest stretch."""
+    best, longest, since, last = 0, -1.0, 0.0, None
+    for at, counter in samples:
+        if counter != last:
+            since, last = at, counter
+        if at - since > longest:
+            best, longest = counter, at - since
+    return best
+
+
+def widest_gap(samples: list[tuple[float, int]]) -> float:
+    """The longest time between two samples (a slow machine's reads of the row)."""
+    return max((b[0] - a[0] for a, b in itertools.pairwise(samples)), default=0.0)
+
+
+def current_counter(rows: WorkerMetricsStore) -> int:
+    row = rows.get("w1")
+    return row.heartbeat.counter if row and row.heartbeat else 0
+
+
+FENCE_CONFIG = LeaseConfig(failover_time_ms=1_000, heartbeat_interval_ms=100)
+FENCE_BEAT_S = FENCE_CONFIG.heartbeat_interval_ms / 1000
+
+
 @pytest.mark.parametrize("liveness", ["worker", "lease"])
 def test_a_fenced_worker_mode_worker_falls_silent_so_the_leader_moves_its_leases(
     ddb: Any, app_name: str, liveness: str
 ) -> None:
     # GIVEN a heartbeat loop (failover 1 s, beats every 100 ms) whose beats land but whose replies stop coming back
     rows = WorkerMetricsStore(app_name, client=ddb)
-    config = LeaseConfig(failover_time_ms=1_000, heartbeat_interval_ms=100)
+    config = FENCE_CONFIG
+    quiet_s = config.quiet_after_lapse_ms / 1000  # the failover time and two beats: 1.2 s
     holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=config)
     sink = LandedTimeouts(rows)
     loop = HeartbeatLoop(
         sink,
         "w1",
-        interval_ms=100,
+        interval_ms=config.heartbeat_interval_ms,
         fence=holder,
         on_notice=lambda keys: None,
         quiet_after_lapse_ms=config.quiet_after_lapse_ms,
@@ -242,43 +286,61 @@ def test_a_fenced_worker_mode_worker_falls_silent_so_the_leader_moves_its_leases
     loop.liveness = liveness
     loop.start()
     try:
-        assert wait_until(lambda: loop.beats >= 3, timeout_s=5)
+        eventually(lambda: loop.beats >= 3, bound_s=hang_bound_s(3 * FENCE_BEAT_S), what="3 beats")
         # WHEN every reply is lost for 4.5 s (four and a half failover times)
         sink.failing = True
+        watched = time.monotonic()
         samples = counter_over(rows, 4.5)
+        if liveness == "worker":
+            # (it beats again after its silence: liveness)
+            silent_at = still_counter(samples)
+            eventually(
+                lambda: current_counter(rows) > silent_at,
+                bound_s=hang_bound_s(quiet_s + FENCE_BEAT_S),
+                what="a beat after the silence",
+            )
     finally:
         loop.stop()
-    # THEN the worker is fenced, and in worker mode — once fenced for the failover time — it falls silent for longer
-    # than the failover time (the leader sees its counter stand still and judges it gone), then beats again; in
-    # lease mode it keeps beating (its leases expire by counter anyway)
+    # THEN the worker is fenced, and in worker mode — once fenced for the failover time — it falls silent for the
+    # quiet time, longer than the failover time (the leader sees its counter stand still and judges it gone), then
+    # beats again; in lease mode it never falls silent for the quiet time (its leases expire by counter anyway)
     assert holder.fenced
+    gap = widest_gap(samples)
     if liveness == "worker":
-        assert 1.1 <= longest_still(samples) <= 2.0
-        assert samples[-1][1] > samples[0][1]
+        still = longest_still(samples)
+        assert still + 2 * gap >= quiet_s > config.failover_time_ms / 1000, (still, gap)
     else:
-        assert longest_still(samples) < 0.6
+        assert longest_still(samples) + 2 * gap < quiet_s, (longest_still(samples), gap, stall_note(watched))
 
 
 def test_a_short_lapse_does_not_silence_a_worker_mode_worker(ddb: Any, app_name: str) -> None:
     # GIVEN the same loop in worker mode
     rows = WorkerMetricsStore(app_name, client=ddb)
-    config = LeaseConfig(failover_time_ms=1_000, heartbeat_interval_ms=100)
+    config = FENCE_CONFIG
+    quiet_s = 1.2
     holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=config)
     sink = LandedTimeouts(rows)
     loop = HeartbeatLoop(
-        sink, "w1", interval_ms=100, fence=holder, on_notice=lambda keys: None, quiet_after_lapse_ms=1_200
+        sink,
+        "w1",
+        interval_ms=config.heartbeat_interval_ms,
+        fence=holder,
+        on_notice=lambda keys: None,
+        quiet_after_lapse_ms=int(quiet_s * 1000),
     )
     loop.liveness = "worker"
     loop.start()
     try:
-        assert wait_until(lambda: loop.beats >= 3, timeout_s=5)
+        eventually(lambda: loop.beats >= 3, bound_s=hang_bound_s(3 * FENCE_BEAT_S), what="3 beats")
         # WHEN replies are lost for 1.5 s: the fence runs out, but for less than the failover time
         sink.failing = True
-        samples = counter_over(rows, 1.5)
+        watched = time.monotonic()
+        samples = counter_over(rows, 1.5, origin=watched)
         sink.failing = False
-        samples += counter_over(rows, 1.0)
+        samples += counter_over(rows, 1.0, origin=watched)
     finally:
         loop.stop()
-    # THEN it never falls silent, and the fence holds again
-    assert longest_still(samples) < 0.6
+    # THEN it never falls silent for the quiet time (counting the sampling's gaps), and the fence holds again
+    gap = widest_gap(samples)
+    assert longest_still(samples) + 2 * gap < quiet_s, (longest_still(samples), gap, stall_note(watched))
     assert not holder.fenced

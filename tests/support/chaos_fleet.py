@@ -130,12 +130,9 @@ class ChaosFleet(ProcessFleet):
         produced: list[str],
         *,
         parents: dict[str, list[str]] | None = None,
-        lease_bound_s: float | None = None,
     ) -> Verdict:
         """The suite's journal invariants (tests/support/chaos.py, ``check_journal``); duplicates are allowed only
-        after what this fleet killed or froze. ``lease_bound_s`` is not used any more (two owners at once are
-        judged by journal order, not by a time): it is accepted until every caller stops passing it."""
-        del lease_bound_s
+        after what this fleet killed or froze."""
         return check_journal(self.lines(), produced, abnormal_pids=self.abnormal_pids(), parents=parents)
 
     def record(self, scenario: str, verdict: Verdict, producer: Producer, **figures: Any) -> None:
