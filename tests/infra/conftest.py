@@ -24,7 +24,7 @@ from tests.support.processes import run_command
 from worker_lib.cdk import ShardleaseCoordination
 from worker_lib.tables.schema import BillingMode
 
-from .support import ACCOUNT, APP, CMK_APP, REGION, REPO, STREAM_ARN
+from .support import ACCOUNT, APP, CDK_SYNTH_BOUND_S, CMK_APP, PYTHON_BOUND_S, REGION, REPO, STREAM_ARN
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -85,7 +85,10 @@ def cdk_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.pop("CDK_DEFAULT_ACCOUNT", None)
     env.pop("CDK_DEFAULT_REGION", None)
     result = run_command(
-        [npx, "--no-install", "cdk", "synth", "-q", "--no-notices", "-o", out], cwd=REPO, env=env, timeout_s=180
+        [npx, "--no-install", "cdk", "synth", "-q", "--no-notices", "-o", out],
+        cwd=REPO,
+        env=env,
+        timeout_s=CDK_SYNTH_BOUND_S,
     )
     assert result.returncode == 0, f"cdk synth failed:\n{result.stdout}\n{result.stderr}"
     (out / "synth-output.txt").write_text(result.stdout + result.stderr)
@@ -132,6 +135,7 @@ def lambda_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
             [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             capture_output=True,
             text=True,
+            timeout=PYTHON_BOUND_S,
             check=True,
         ).stdout.strip()
     )

@@ -16,7 +16,7 @@ from tests.support.processes import run_command
 from tests.support.wheel import build_wheel, clean_env, fresh_venv
 from worker_lib.cdk.bundling import asset_files
 
-from .support import REPO, asset_dir, files_under, run_isolated
+from .support import CDK_SYNTH_BOUND_S, PYTHON_BOUND_S, REPO, asset_dir, files_under, run_isolated
 
 LEFT_OUT = ("tools", "testing", "cli", "spark", "cdk", "worker")
 
@@ -78,7 +78,7 @@ def test_given_the_wheel_with_the_cdk_extra_when_an_outside_app_synthesizes_then
     assert REPO.resolve() not in app_dir.resolve().parents
 
     # WHEN the venv's python runs the app from its own directory (node on PATH, nothing of the checkout)
-    result = run_command([bin_dir / "python", "app.py"], cwd=app_dir, env=env, timeout_s=300)
+    result = run_command([bin_dir / "python", "app.py"], cwd=app_dir, env=env, timeout_s=CDK_SYNTH_BOUND_S)
 
     # THEN it synthesizes with no cdk-nag finding
     assert result.returncode == 0, f"synth failed:\n{result.stdout}\n{result.stderr}"
@@ -114,7 +114,13 @@ def test_given_no_aws_cdk_when_importing_the_construct_then_one_line_names_the_e
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # WHEN importing worker_lib.cdk
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PYTHON_BOUND_S,
+        check=True,
     )
     # THEN the error is the one-line MissingExtraError naming the cdk extra
     assert out.stdout.strip() == (

@@ -8,7 +8,9 @@ in a process of the server, as does the ``foreachBatch`` sink; the client only s
 checks as with a local session: every record reaches the sink exactly once, the leases are held under the client's
 worker id, and a stopped query leaves as a worker does (STOPPED, its leases given up).
 
-Marked slow: about 40 s (the Connect server's JVM, then the query).
+Marked slow: about 40 s (the Connect server's JVM, then the query); heavy: a JVM server and a client process.
+Every wait is a liveness bound (tests/support/stalls.py) on what the configured timings give; what is asserted —
+every record once, who holds the leases, the STOPPED departure — is exact.
 """
 
 from __future__ import annotations
@@ -23,18 +25,45 @@ from typing import Any
 
 import pytest
 
-from tests.spark.support import Env
-from tests.support.processes import REPO
+from tests.spark.support import Env, exit_code
+from tests.support.processes import REPO, eventually_showing
 from tests.support.recording import assign_unowned
+from tests.support.stalls import hang_bound_s
 from worker_lib.core.models import WorkerState
+from worker_lib.spark.source import DEPARTURE_TIMEOUT_S
 from worker_lib.testing.processes import ProcessFleet
 from worker_lib.testing.spark_cluster import free_port, spark_home
-from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
-pytestmark = pytest.mark.slow
-
 pytest.importorskip("grpc", reason="the spark-connect extra (grpcio) is not installed")
+
+TRIGGER_S = 1.0
+"""worker_lib.testing.spark_app's processing-time trigger (``--trigger-ms``, default 1000)."""
+SERVER_STOP_TIMEOUT_S = 30.0
+"""The server's ``spark.sql.streaming.stopTimeout``: the longest a stop waits for a batch in flight."""
+SERVER_START_S = 20.0
+"""Not a setting: the Connect server's JVM starts and listens (14 s at a load average of 7, 2026-11-27)."""
+FIRST_QUERY_S = 20.0
+"""Not a setting: the client starts (PySpark's Connect client), ships the source, and the server's first query of a
+Python data source starts: a Python daemon per kind of work, each importing PySpark, and the source runner (the
+shared session's warm-up, tests/spark/conftest.py WARM_UP_S); 18 s to the 200 records at a load average of 7."""
+CLIENT_STOP_S = 2 * TRIGGER_S
+"""The client on SIGTERM: the batch in flight ends (stop_between_batches), the query stops, the client exits."""
+CLIENT_STOP_BOUND_S = SERVER_STOP_TIMEOUT_S + hang_bound_s(CLIENT_STOP_S)
+"""The client's stop waits for the server's, which a batch in flight holds up to its stop timeout."""
+
+READ_BOUND_S = hang_bound_s(FIRST_QUERY_S + 2 * TRIGGER_S)
+SERVER_START_BOUND_S = hang_bound_s(SERVER_START_S)
+LEFT_BOUND_S = SERVER_STOP_TIMEOUT_S + hang_bound_s(DEPARTURE_TIMEOUT_S)
+"""The query's stop on the server, at most its stop timeout (a cap, not a duration to scale), then the runner's
+departure, which ends the runner by its deadline whatever happens."""
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.heavy,
+    # the whole test: its liveness bounds one after another, and the fleet's own start and stop around them
+    pytest.mark.timeout(int(SERVER_START_BOUND_S + READ_BOUND_S + CLIENT_STOP_BOUND_S + LEFT_BOUND_S + 60)),
+]
 
 
 def accepts(port: int) -> bool:
@@ -73,11 +102,16 @@ def test_a_spark_connect_client_reads_every_record_once_through_the_server(env: 
                 "--master", "local[2]",
                 "--conf", f"spark.connect.grpc.binding.port={port}",
                 "--conf", "spark.ui.enabled=false",
-                "--conf", "spark.sql.streaming.stopTimeout=30s",
+                "--conf", f"spark.sql.streaming.stopTimeout={SERVER_STOP_TIMEOUT_S:.0f}s",
                 "--conf", "spark.sql.shuffle.partitions=2",
             ],
         )  # fmt: skip
-        assert wait_until(lambda: accepts(port), timeout_s=90, step_s=0.5), fleet.log("connect-server")[-3000:]
+        server_s = eventually_showing(
+            lambda: accepts(port),
+            bound_s=SERVER_START_BOUND_S,
+            what="the Connect server listening",
+            detail=lambda: fleet.log("connect-server")[-3000:],
+        )
         out = tmp_path / "out"
         client = fleet.start(
             "client",
@@ -92,9 +126,13 @@ def test_a_spark_connect_client_reads_every_record_once_through_the_server(env: 
         env.produce(200)
         # THEN every record reaches the sink exactly once (written by the server's Python processes)
         sink = out / "connect-a"
-        assert wait_until(lambda: len(rows(sink)) >= 200, timeout_s=120, step_s=0.5), client.log_path.read_text()[
-            -3000:
-        ]
+        read_s = eventually_showing(
+            lambda: len(rows(sink)) >= 200,
+            bound_s=READ_BOUND_S,
+            what="every record reaching the sink",
+            detail=lambda: f"{len(rows(sink))} rows\n{client.log_path.read_text()[-3000:]}",
+        )
+        print(f"the server listened after {server_s:.1f} s, the records were in the sink {read_s:.1f} s later")
         datas = [row["data"].encode() for row in rows(sink)]
         assert sorted(datas) == sorted(env.produced) and len(set(datas)) == len(datas)
         # AND the server's source runner holds the leases under the client's worker id, and reports as a worker does
@@ -103,7 +141,8 @@ def test_a_spark_connect_client_reads_every_record_once_through_the_server(env: 
         assert row is not None and row.heartbeat is not None
         # WHEN the client stops its query (SIGTERM: stop_between_batches, then the session)
         fleet.signal("client", signal.SIGTERM)
-        assert fleet.wait("client", timeout_s=90) == 0, client.log_path.read_text()[-3000:]
+        code = exit_code(fleet, "client", bound_s=CLIENT_STOP_BOUND_S, what="the client's stop")
+        assert code == 0, client.log_path.read_text()[-3000:]
 
         # THEN the source left as a worker leaves: STOPPED, and its leases given up
         def left() -> bool:
@@ -118,4 +157,9 @@ def test_a_spark_connect_client_reads_every_record_once_through_the_server(env: 
 
         # (the server stops the query after the client has gone, up to its 30 s stopTimeout for a batch in flight under
         # load, and only then ends the source runner, which departs within its 10 s deadline)
-        assert wait_until(left, timeout_s=60), [lease.lease_owner for lease in env.store.list_leases()]
+        eventually_showing(
+            left,
+            bound_s=LEFT_BOUND_S,
+            what="the source's departure: STOPPED, every lease given up",
+            detail=lambda: [lease.lease_owner for lease in env.store.list_leases()],
+        )

@@ -1,11 +1,15 @@
 """The shardlease source in local[2] mode against a moto server: exactly once across a restart, resume from the
 lease table with availableNow, two queries (two workers) sharing one stream, a query in worker liveness mode, and a
-query refused for the other mode."""
+query refused for the other mode.
+
+Every wait is a liveness bound (tests/support/stalls.py) on what the query's configured timings give
+(tests/spark/support.py: ``read_s``, ``commit_s``); what is asserted — every record once, the checkpoints at the
+stream's tips, who holds what — is asserted exactly.
+"""
 
 from __future__ import annotations
 
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -13,21 +17,36 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from tests.spark.support import Env, Sink, last_sequence_per_shard, lease_checkpoints, start_query
+from tests.spark.support import (
+    QUERY_START_S,
+    Env,
+    Sink,
+    commit_s,
+    last_sequence_per_shard,
+    lease_checkpoints,
+    read_s,
+    run_to_end,
+    source_runners,
+    start_query,
+)
+from tests.support.processes import eventually_showing
 from tests.support.recording import assign_unowned
+from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.models import WorkerState
 from worker_lib.leases.mode import LivenessMode
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.spark import stop_between_batches
+from worker_lib.spark.source import DEPARTURE_TIMEOUT_S
 from worker_lib.tables.schema import worker_metrics_table_name
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.telemetry.names import UNITS
-from worker_lib.testing.waiting import wait_until
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 pytestmark = pytest.mark.slow
+
+REASSIGN_S = 0.25
+"""The stand-in leader's look for unowned leases (test_exactly_once_…)."""
 
 
 def test_exactly_once_across_a_restart_and_resume_from_the_lease_table(spark: Any, env: Env, tmp_path: Path) -> None:
@@ -54,20 +73,36 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     sink = Sink()
     query = start_query(spark, env, sink, tmp_path / "ckpt", "spark-a")
     try:
-        assert wait_until(lambda: len(sink.rows()) >= 300, timeout_s=60), "the first query read too little"
+        took_s = eventually_showing(
+            lambda: len(sink.rows()) >= 300,
+            bound_s=hang_bound_s(read_s(300)),
+            what="the first query reading 300 records",
+            detail=lambda: f"{len(sink.rows())} records",
+        )
     finally:
         query.stop()  # abruptly, perhaps in the middle of a micro-batch
     first_run = len(sink.rows())
+    print(f"the first query read {first_run} records in {took_s:.1f} s (by its timings: {read_s(300):.1f} s)")
     assert first_run < 400, "the restart should happen in the middle"
     env.produce(200)
     # Same lease table, same worker id, same Spark checkpoint: Spark replays or resumes; recorded ends make a
     # replayed batch read the same records.
     query = start_query(spark, env, sink, tmp_path / "ckpt", "spark-a")
     try:
-        assert wait_until(lambda: len(sink.rows()) >= 600, timeout_s=90), f"only {len(sink.rows())} of 600"
+        eventually_showing(
+            lambda: len(sink.rows()) >= 600,
+            bound_s=hang_bound_s(read_s(600 - first_run)),
+            what="the restarted query reading the rest of the 600 records",
+            detail=lambda: f"{len(sink.rows())} records",
+        )
         # Checkpoints follow once Spark committed the last batch (the next trigger asks for the next offset).
         expected = last_sequence_per_shard(env)
-        assert wait_until(lambda: lease_checkpoints(env) == expected, timeout_s=20), lease_checkpoints(env)
+        eventually_showing(
+            lambda: lease_checkpoints(env) == expected,
+            bound_s=hang_bound_s(commit_s()),
+            what=f"the checkpoints reaching the stream's tips {expected}",
+            detail=lambda: lease_checkpoints(env),
+        )
     finally:
         stop_between_batches(query)
     datas = sink.datas()
@@ -78,30 +113,27 @@ def run_restart_scenario(spark: Any, env: Env, tmp_path: Path) -> None:
     # what is assigned to it when it starts: wait for the stand-in leader to hand the given-up leases back first
     # (under CI's load a fresh query could otherwise start between the give-up and the reassignment, hold nothing,
     # and — rightly for availableNow — end at once).
-    # The stopped query's runner leaves on a thread of its own, after the query stopped: wait until it is done — it
-    # said STOPPED, or it no longer beats (ended without a departure: what it held is still ours, and the fresh
-    # query under the same worker id takes it over) — or the leases could still be its own here, be given up just
-    # after, and the fresh query start in the gap.
+    # The stopped query's runner leaves on a thread of its own, after the query stopped: wait until it is done — its
+    # process gone, after its departure (STOPPED, leases given up) or ended by its deadline without one (what it held
+    # is still ours, and the fresh query under the same worker id takes it over) — or the leases could still be its
+    # own here, be given up just after, and the fresh query start in the gap.
     rows = WorkerMetricsStore(env.app, client=env.ddb)
-    beats: dict[str, float] = {}
-
-    def runner_done() -> bool:
-        row = rows.get("spark-a")
-        beat = row.heartbeat if row is not None else None
-        if beat is None or beat.state is WorkerState.STOPPED:
-            return True
-        now = time.monotonic()
-        if beats.get("counter") != beat.counter:
-            beats.update(counter=beat.counter, at=now)
-            return False
-        return now - beats["at"] >= 3 * beat.interval_ms / 1000
-
-    assert wait_until(runner_done, timeout_s=30), str(rows.get("spark-a"))
-    assert wait_until(lambda: all(lease.lease_owner == "spark-a" for lease in env.store.list_leases()), timeout_s=20)
+    eventually_showing(
+        lambda: source_runners() == [],
+        bound_s=hang_bound_s(DEPARTURE_TIMEOUT_S),
+        what="the stopped queries' source runners ending",
+        detail=lambda: f"runners {source_runners()}, row {rows.get('spark-a')}",
+    )
+    eventually_showing(
+        lambda: all(lease.lease_owner == "spark-a" for lease in env.store.list_leases()),
+        bound_s=hang_bound_s(REASSIGN_S),
+        what="the stand-in leader handing every lease back to spark-a",
+        detail=lambda: [lease.lease_owner for lease in env.store.list_leases()],
+    )
     env.produce(100)
     fresh = Sink()
     query = start_query(spark, env, fresh, tmp_path / "ckpt-new", "spark-a", available_now=True)
-    query.awaitTermination(120)
+    run_to_end(query, read_s(100), "the availableNow query on a new checkpoint")
     assert sorted(fresh.datas()) == sorted(env.produced[600:])
     assert lease_checkpoints(env) == last_sequence_per_shard(env)
 
@@ -115,9 +147,20 @@ def test_two_queries_share_one_stream(spark: Any, env: Env, tmp_path: Path) -> N
     query_a = start_query(spark, env, sink_a, tmp_path / "a", "spark-a")
     query_b = start_query(spark, env, sink_b, tmp_path / "b", "spark-b")
     try:
-        assert wait_until(lambda: len(sink_a.rows()) + len(sink_b.rows()) >= 400, timeout_s=90)
+        # (each query reads its two shards: about half the records each)
+        eventually_showing(
+            lambda: len(sink_a.rows()) + len(sink_b.rows()) >= 400,
+            bound_s=hang_bound_s(read_s(200, shards=2)),
+            what="the two queries reading the 400 records",
+            detail=lambda: f"{len(sink_a.rows())} + {len(sink_b.rows())} records",
+        )
         expected = last_sequence_per_shard(env)
-        assert wait_until(lambda: lease_checkpoints(env) == expected, timeout_s=20)
+        eventually_showing(
+            lambda: lease_checkpoints(env) == expected,
+            bound_s=hang_bound_s(commit_s()),
+            what=f"the checkpoints reaching the stream's tips {expected}",
+            detail=lambda: lease_checkpoints(env),
+        )
     finally:
         stop_between_batches(query_a)
         stop_between_batches(query_b)
@@ -159,7 +202,7 @@ def test_a_worker_mode_query_reads_every_record_once(spark: Any, env: Env, tmp_p
         metrics_namespace=f"Spark/{env.app}",
         metrics_flush_interval_ms="1000",
     )
-    query.awaitTermination(120)
+    run_to_end(query, read_s(200, per_shard=1000), "the availableNow query in worker mode")
     # THEN every record reached the sink once and the lease table holds the last checkpoint of every shard
     datas = sink.datas()
     assert sorted(datas) == sorted(env.produced) and len(datas) == len(set(datas))
@@ -172,8 +215,12 @@ def test_a_worker_mode_query_reads_every_record_once(spark: Any, env: Env, tmp_p
     # byte committed counted once, its lag and the leases it held (the last flush is the source's departure)
     cloudwatch = aws.client("cloudwatch", AwsConfig(endpoint_url=env.endpoint))
     wanted = {"RecordsProcessed": len(datas), "BytesProcessed": sum(len(d) for d in datas)}
-    assert wait_until(lambda: published_sums(cloudwatch, env.app, "spark-w", list(wanted)) == wanted, timeout_s=30), (
-        published_sums(cloudwatch, env.app, "spark-w", list(wanted))
+    # (the last flush comes with the runner's departure: within its deadline of the query's end)
+    eventually_showing(
+        lambda: published_sums(cloudwatch, env.app, "spark-w", list(wanted)) == wanted,
+        bound_s=hang_bound_s(DEPARTURE_TIMEOUT_S),
+        what=f"the published sums reaching {wanted}",
+        detail=lambda: published_sums(cloudwatch, env.app, "spark-w", list(wanted)),
     )
     for name in ("MillisBehindLatest", "LeasesHeld"):
         assert published_sums(cloudwatch, env.app, "spark-w", [name]), name
@@ -207,7 +254,7 @@ def test_a_query_configured_for_the_other_mode_fails_with_the_reason(spark: Any,
     query = start_query(spark, env, Sink(), tmp_path / "ckpt", "spark-l", available_now=True, liveness_mode="lease")
     # THEN it fails at once, and the error Spark reports carries the refusal naming both modes
     with pytest.raises(StreamingQueryException) as failed:
-        query.awaitTermination(60)
+        query.awaitTermination(hang_bound_s(QUERY_START_S))  # False (then "DID NOT RAISE") if it hangs
     message = str(failed.value)
     assert "LivenessModeMismatchError" in message and "'lease'" in message and "'worker'" in message
     assert all(lease.lease_owner == "spark-l" for lease in env.store.list_leases())  # nothing was taken or moved
@@ -261,7 +308,7 @@ def test_a_multi_stream_query_reads_each_lease_from_its_own_stream(
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
+    run_to_end(query, read_s(60, per_shard=100_000), "the availableNow query on two streams")
     # THEN every record of both streams arrives once, its stream column the stream it was written to
     assert sorted(data for *_, data in rows) == sorted(f"{name}/{n}".encode() for name in names for n in range(30))
     for stream, lease_key, data in rows:

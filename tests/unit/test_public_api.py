@@ -8,7 +8,11 @@ import sys
 import pytest
 
 import worker_lib
-from tests.support.processes import REPO
+from tests.support.processes import PROCESS_START_S, REPO
+from tests.support.stalls import hang_bound_s
+
+START_BOUND_S = hang_bound_s(PROCESS_START_S)
+"""A fresh interpreter importing the package."""
 
 PROMISED = {
     "Worker",
@@ -74,7 +78,7 @@ def test_importing_the_package_imports_neither_boto3_nor_the_worker() -> None:
     )
     # WHEN it imports worker_lib, then two names that need no AWS
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=START_BOUND_S, check=False
     )
     # THEN nothing heavy was imported, before or after
     assert result.returncode == 0, result.stderr

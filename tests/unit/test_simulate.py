@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import PROCESS_START_S
+from tests.support.stalls import hang_bound_s
 from worker_lib.cli.simulate import run_simulate_cli
 from worker_lib.core.errors import ConfigError
 from worker_lib.tools.simulator.measures import (
@@ -257,7 +259,9 @@ def test_plot_without_matplotlib_is_one_line_naming_the_plot_extra(tmp_path: Pat
         f"raise SystemExit(main(['simulate', '--workers', '2', '--cycles', '2', '--plot', {str(plot)!r}]))"
     )
     # WHEN `shardlease simulate --plot x.png` runs there
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(  # (a fresh interpreter and a two-cycle simulation of two workers: a process start)
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_bound_s(PROCESS_START_S), check=False
+    )
     # THEN it exits 1 (operational) with exactly one line naming the extra to install, and nothing else
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import kcl_fixture
@@ -64,6 +64,7 @@ def test_an_identifier_cannot_be_built_from_parts_kcl_could_not_read_back() -> N
         ORDERS.lease_key("shard:1")
 
 
+@settings(deadline=None)  # correctness, whatever the machine's speed: no per-example time limit
 @given(
     account=st.from_regex(r"[0-9]{1,12}", fullmatch=True),
     name=st.from_regex(r"[a-zA-Z0-9_.-]{1,128}", fullmatch=True),

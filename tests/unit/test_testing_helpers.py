@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import PROCESS_START_S
+from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core.clock import ManualClock
 from worker_lib.testing.processes import ProcessFleet
 from worker_lib.testing.producers import Producer, shard_hash_keys
@@ -58,7 +60,12 @@ class FakeKinesis:
 def produce(kinesis: FakeKinesis, count: int, **options: Any) -> Producer:
     """Run a producer until it has ``count`` records accepted, then stop it."""
     with Producer(kinesis, "s", tick_s=0.001, **options) as producer:
-        assert wait_until(lambda: len(producer.produced) >= count, timeout_s=10, step_s=0.001)
+        eventually(
+            lambda: len(producer.produced) >= count,
+            bound_s=hang_bound_s(count * 0.001),  # a record or more per 1 ms tick
+            what=f"{count} records produced",
+            step_s=0.001,
+        )
     return producer
 
 
@@ -141,7 +148,11 @@ def test_wait_until_polls_until_the_predicate_holds_or_time_runs_out(holds_after
     assert clock.monotonic() - start == (2 if expected else 5)
 
 
-SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]  # (until signalled)
+START_BOUND_S = hang_bound_s(PROCESS_START_S)
+"""A Python process starts and prints."""
+EXIT_BOUND_S = hang_bound_s(0.0)
+"""A process signalled to die (SIGTERM unhandled, SIGKILL) is gone at once: the liveness bound is the floor."""
 
 
 def test_a_fleet_starts_by_name_signals_by_pid_and_kills_what_is_left(tmp_path: Path) -> None:
@@ -149,13 +160,13 @@ def test_a_fleet_starts_by_name_signals_by_pid_and_kills_what_is_left(tmp_path: 
         # GIVEN two processes of a fleet, each in a session of its own, logging to a file
         a = fleet.start("a", SLEEPER)
         fleet.start("b", SLEEPER, role="worker")
-        assert wait_until(lambda: "up" in fleet.log("a"), timeout_s=10)
+        eventually(lambda: "up" in fleet.log("a"), bound_s=START_BOUND_S, what="the sleeper's start")
         # WHEN one is killed and the other stopped
         killed_at = fleet.signal("a", signal.SIGKILL)
-        codes = fleet.stop(["b"], timeout_s=10)
+        codes = fleet.stop(["b"], timeout_s=EXIT_BOUND_S)
         # THEN the stopped one's exit code says SIGTERM, and the killed one counts as killed at that time
         assert codes == {"b": -signal.SIGTERM}
-        assert fleet.wait("a", timeout_s=10) == -signal.SIGKILL
+        assert fleet.wait("a", timeout_s=EXIT_BOUND_S) == -signal.SIGKILL
         assert fleet.abnormal_pids() == {a.pid}
         assert fleet.cut_at() == {a.pid: [killed_at]}
         assert fleet["b"].sent("SIGTERM") is not None and fleet["b"].role == "worker"
@@ -178,13 +189,13 @@ def test_closing_with_exited_groups_kills_what_an_exited_process_left_in_its_ses
     )
     fleet = ProcessFleet(tmp_path)
     fleet.start("parent", [sys.executable, "-c", parent])
-    assert fleet.wait("parent", timeout_s=10) == 0
+    assert fleet.wait("parent", timeout_s=START_BOUND_S) == 0
     child = int(fleet.log("parent").split()[0])
     assert Path(f"/proc/{child}").exists()
     # WHEN the fleet is closed with exited_groups
     fleet.close(exited_groups=True)
     # THEN the child is gone too (killed; reaped by init, as it is not ours)
-    assert wait_until(lambda: not _running(child), timeout_s=10)
+    eventually(lambda: not _running(child), bound_s=EXIT_BOUND_S, what="the child's end")
 
 
 def _running(pid: int) -> bool:
