@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.stalls import PROBE_ENV
 from tests.support.stalls import samples as probe_samples
@@ -54,6 +55,11 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # with Ctrl-C would wait in vain. A handled SIGINT is reset to its default in a child at exec, so handle it here.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Hypothesis judges speed by default (a 200 ms deadline per example, a "too slow" health check): on a loaded 2-core
+# machine that fails tests for the machine's sake. A property test asserts its property, whatever the load.
+settings.register_profile("shardlease", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shardlease")
 
 _counter = itertools.count()
 

@@ -67,6 +67,27 @@ class BeatBeforeDeclaring:
         return self._inner.certify_declarations(worker_id)
 
 
+class CountingRows:
+    """The leader's rows, counting the declarations written."""
+
+    def __init__(self, inner: WorkerMetricsStore) -> None:
+        self._inner = inner
+        self.declarations = 0
+
+    def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]:
+        return self._inner.list_all(consistent=consistent)
+
+    def get(self, worker_id: str) -> WorkerMetricStats | None:
+        return self._inner.get(worker_id)
+
+    def declare_gone(self, worker_id: str, counter: int) -> bool:
+        self.declarations += 1
+        return self._inner.declare_gone(worker_id, counter)
+
+    def certify_declarations(self, worker_id: str) -> bool:
+        return self._inner.certify_declarations(worker_id)
+
+
 @dataclass
 class World:
     clock: ManualClock
@@ -184,6 +205,12 @@ def test_a_worker_silent_past_the_failover_time_is_declared_gone_and_drops_every
     row = world.rows.get("w1")
     assert row is not None and row.heartbeat is not None
     assert row.heartbeat.gone_counter == row.heartbeat.counter
+    # AND a later pass confirms it without writing the certificate again (it is on the item)
+    writes = CountingRows(world.rows)
+    again = LivenessWatch(writes, failover_ms=FAILOVER_MS, max_clock_skew_ms=SKEW_MS, clock=world.clock)
+    again.observe(world.rows.list_all())
+    world.clock.advance(FAILOVER_MS / 1000 + 1)
+    assert again.confirm_gone("w1") and writes.declarations == 0
     # WHEN its beats work again
     world.flaky.failing = False
     assert world.loop.beat()

@@ -86,6 +86,8 @@ class LivenessWatch:
         assert row is not None and row.heartbeat is not None
         if row.heartbeat.state is WorkerState.STOPPED:
             return True  # it fenced itself before saying so: nothing to certify
+        if row.heartbeat.gone_counter == row.heartbeat.counter:
+            return True  # declared at this very counter already (an earlier pass): no second write
         if self._rows.declare_gone(worker_id, row.heartbeat.counter):
             return True
         log.info("worker %s beat again as it was declared gone: it keeps its leases", worker_id)
