@@ -16,6 +16,7 @@ import bisect
 import fcntl
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,6 +154,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         if probe.poll() is None:
             probe.terminate()
             probe.wait(timeout=10)
+        shutil.rmtree(Path(os.environ[PROBE_ENV]).parent, ignore_errors=True)
 
 
 MACHINE_SHARES = 2
@@ -288,15 +290,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 # --- parallel runs (pytest-xdist, `-n N --dist loadgroup` in .ci/run) ---------------------------------------------
 
-XDIST_GROUPS = {"spark": "spark", "infra": "infra"}
-"""Folders whose tests run one after another on one xdist worker each group: the Spark tests share one Spark session,
-the CDK tests one synth. Everything else is spread over every worker; what may run at the same time is decided by
-each test's share of the machine (:func:`machine_shares`), not by where it runs."""
+XDIST_GROUPS = {
+    "tests/chaos/": "fleets",
+    "tests/e2e/": "fleets",
+    "tests/integration/test_autoscale_fleet.py": "fleets",
+    "tests/spark/": "spark",
+    "tests/infra/": "infra",
+}
+"""Tests that run one after another on one xdist worker, each group: the fleets and in-process chaos rigs (almost all
+heavy or busy: spread over every worker they would only wait for each other's shares while light tests queue behind
+them), the Spark tests (one Spark session), the CDK tests (one synth). Everything else is spread over every worker.
+What may run at the same time across groups is decided by each test's share of the machine (:func:`machine_shares`)."""
 
 
 def folder_group(nodeid: str) -> str | None:
-    parts = nodeid.split("/")
-    return XDIST_GROUPS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
+    return next((group for prefix, group in XDIST_GROUPS.items() if nodeid.startswith(prefix)), None)
 
 
 @pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`) does not know the hook
