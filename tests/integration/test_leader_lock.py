@@ -137,7 +137,8 @@ print("WON" if lock.try_acquire() else "LOST", flush=True)
 """
 
 
-@pytest.mark.heavy  # ten interpreters starting at once
+# Not gated by a share: ten interpreters starting load the machine for seconds, but the test judges no time (exactly
+# one wins, whatever the load), and a share's wait would hold the light tests queued behind it.
 def test_exactly_one_of_ten_processes_wins(ddb: Any, ddb_endpoint: str, app_name: str, tmp_path: Path) -> None:
     # GIVEN 10 separate OS processes, each ready to try, released together through a file barrier
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
