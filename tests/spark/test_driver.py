@@ -222,3 +222,22 @@ def test_a_driver_configured_for_the_other_mode_refuses_to_start(
     assert driver.held_leases() == []
     with pytest.raises(LivenessModeMismatchError):
         driver.start()
+
+
+def test_an_available_now_query_waits_for_a_leaving_predecessor_before_its_first_batch(
+    env: Env, drivers: list[SparkLeaseCoordinator]
+) -> None:
+    # GIVEN every lease assigned to the Spark application, and an earlier process under its worker id that beat a
+    # moment ago and never said STOPPED (a stopped query's runner ended by its deadline, on a loaded machine)
+    record_mode(env, LivenessMode.LEASE)
+    keys = assign_all(env, ME)
+    rows = WorkerMetricsStore(env.app, client=env.ddb)
+    rows.heartbeat(ME, interval_ms=int(BEAT_S * 1000), state=WorkerState.ACTIVE, events=0, session="0-predecessor")
+    # WHEN a Trigger.AvailableNow query starts on a new checkpoint: its first offset, then the batch after it
+    driver = make_driver(env, "lease", drivers)
+    start = driver.initial_offset()
+    driver.prepare_available_now()
+    first = driver.latest_offset(start)
+    # THEN the first batch reads every lease: the query waited for the predecessor to fall silent and took them,
+    # rather than ending at once with nothing (it held nothing when it started: the predecessor might still leave)
+    assert sorted(first.shards) == keys

@@ -315,7 +315,7 @@ class SparkLeaseCoordinator:
         self._retry_shard_ends()
         self._complete_handoffs()
         candidate = self._plan(start, ends)
-        if not candidate.shards and not start.shards:
+        if self._available_now_until is None and not candidate.shards and not start.shards:
             return start
         if self._available_now_until is not None:
             self._done_for_trigger |= caught_up_shards(start, ends)
@@ -324,7 +324,8 @@ class SparkLeaseCoordinator:
                 # Before declaring the trigger done, make sure no lease assigned to us is still waiting to be
                 # taken (a take can lose a race with the previous holder's last renewal and only succeed a moment
                 # later; a previous runner under our worker id may still be leaving — on a loaded machine for
-                # seconds — and nothing is taken until it has stood down).
+                # seconds — and nothing is taken until it has stood down). The first batch too: a query that holds
+                # nothing yet must not end before it could take what is assigned to it.
                 deadline = self._clock.monotonic() + AVAILABLE_NOW_TAKE_WAIT_S
                 while True:
                     self._keeper.wait_to_take()
