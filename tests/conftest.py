@@ -299,16 +299,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # --- parallel runs (pytest-xdist, `-n N --dist loadgroup` in .ci/run) ---------------------------------------------
 
 XDIST_GROUPS = {
-    "tests/chaos/": "fleets",
-    "tests/e2e/": "fleets",
-    "tests/integration/test_autoscale_fleet.py": "fleets",
+    "tests/chaos/": "chaos",
+    "tests/e2e/": "e2e",
+    "tests/integration/test_autoscale_fleet.py": "e2e",
     "tests/spark/": "spark",
     "tests/infra/": "infra",
 }
-"""Tests that run one after another on one xdist worker, each group: the fleets and in-process chaos rigs (almost all
-heavy or busy: spread over every worker they would only wait for each other's shares while light tests queue behind
-them), the Spark tests (one Spark session), the CDK tests (one synth). Everything else is spread over every worker.
-What may run at the same time across groups is decided by each test's share of the machine (:func:`machine_shares`)."""
+"""Tests that run one after another on one xdist worker, each group: the chaos fleets and rigs, the end-to-end fleets
+(almost all heavy or busy: spread over every worker they would only wait for each other's shares while light tests
+queue behind them), the Spark tests (one Spark session), the CDK tests (one synth). Everything else is spread over
+every worker. What may run at the same time across groups is decided by each test's share of the machine
+(:func:`machine_shares`): a chaos rig goes on beside an end-to-end fleet, as a Spark query beside a chaos fleet."""
 
 
 def folder_group(nodeid: str) -> str | None:
