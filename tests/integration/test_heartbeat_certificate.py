@@ -8,12 +8,13 @@ The leader side is the real :class:`LivenessWatch` reading the same table on the
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.support.heartbeat import FlakySink, SlowSink, owned_lease
+from tests.support.heartbeat import FlakySink, SlowSink, ThrottledRows, owned_lease
 from tests.support.stalls import hang_bound_s
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError
@@ -45,47 +46,29 @@ class LandedTimeoutSink:
         return row
 
 
-class BeatBeforeDeclaring:
+class BeatBeforeDeclaring(ThrottledRows):
     """The leader's rows, where the worker beats once right after the leader's confirmation read."""
 
-    def __init__(self, inner: WorkerMetricsStore, beat: Any) -> None:
-        self._inner = inner
+    def __init__(self, inner: WorkerMetricsStore, beat: Callable[[], object]) -> None:
+        super().__init__(inner)
         self._beat = beat
 
-    def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]:
-        return self._inner.list_all(consistent=consistent)
-
     def get(self, worker_id: str) -> WorkerMetricStats | None:
-        row = self._inner.get(worker_id)
+        row = super().get(worker_id)
         self._beat()
         return row
 
-    def declare_gone(self, worker_id: str, counter: int) -> bool:
-        return self._inner.declare_gone(worker_id, counter)
 
-    def certify_declarations(self, worker_id: str) -> bool:
-        return self._inner.certify_declarations(worker_id)
-
-
-class CountingRows:
+class CountingRows(ThrottledRows):
     """The leader's rows, counting the declarations written."""
 
     def __init__(self, inner: WorkerMetricsStore) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.declarations = 0
-
-    def list_all(self, *, consistent: bool = False) -> list[WorkerMetricStats]:
-        return self._inner.list_all(consistent=consistent)
-
-    def get(self, worker_id: str) -> WorkerMetricStats | None:
-        return self._inner.get(worker_id)
 
     def declare_gone(self, worker_id: str, counter: int) -> bool:
         self.declarations += 1
-        return self._inner.declare_gone(worker_id, counter)
-
-    def certify_declarations(self, worker_id: str) -> bool:
-        return self._inner.certify_declarations(worker_id)
+        return super().declare_gone(worker_id, counter)
 
 
 @dataclass
