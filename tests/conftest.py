@@ -258,8 +258,8 @@ def _probe_samples() -> list[tuple[float, float, float, float]]:
 
 def _worst(samples: list[tuple[float, float, float, float]], start: float, stop: float) -> tuple[float, float, float]:
     """The longest timer lateness, highest load average and longest small task sampled between two wall times."""
-    times = [s[0] for s in samples]
-    window = samples[bisect.bisect_left(times, start) : bisect.bisect_right(times, stop)]
+    first = bisect.bisect_left(samples, start, key=lambda s: s[0])
+    window = samples[first : bisect.bisect_right(samples, stop, lo=first, key=lambda s: s[0])]
     return (
         max((s[1] for s in window), default=0.0),
         max((s[2] for s in window), default=0.0),
