@@ -25,8 +25,8 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import TRIM_HORIZON, Lease
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import ProcessRecordsInput
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.emulators import Emulator, start_kinesalite, start_moto
 from worker_lib.testing.streams import create_stream, list_all_shards

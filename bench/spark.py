@@ -63,8 +63,8 @@ def _baseline_read(task: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """Read one shard for one micro-batch by the source's stop rules; Arrow batches and the end reached."""
     from worker_lib.core.config import AwsConfig
     from worker_lib.core.models import TRIM_HORIZON, Checkpoint
-    from worker_lib.processing.config import RetrievalConfig
-    from worker_lib.processing.retrieval import ShardRecordFetcher
+    from worker_lib.retrieval import ShardRecordFetcher
+    from worker_lib.retrieval.config import RetrievalConfig
     from worker_lib.spark.reading import cached_client, to_arrow
 
     kinesis = cached_client("kinesis", AwsConfig(endpoint_url=task["endpoint"]))
@@ -193,7 +193,7 @@ class LeaselessSource(DataSource):
 
 def plain_reader(kinesis: Any, stream: str, shard_ids: list[str]) -> int:
     from worker_lib.core.models import TRIM_HORIZON
-    from worker_lib.processing.retrieval import ShardRecordFetcher
+    from worker_lib.retrieval import ShardRecordFetcher
 
     counts = dict.fromkeys(shard_ids, 0)
 

@@ -25,8 +25,9 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig
 from worker_lib.processing.processor import RecordProcessor
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig

@@ -37,7 +37,7 @@ from tests.support.chaos import (
 from tests.support.kinesis_faults import fail_calls
 from tests.support.processes import LIVENESS_MODES
 from tests.support.stalls import eventually, hang_bound_s
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.schema import lease_table_name, worker_metrics_table_name
 from worker_lib.testing.producers import Producer
 

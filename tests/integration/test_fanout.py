@@ -16,9 +16,10 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.models import Checkpoint
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import FailureConfig, RetrievalConfig
-from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers
+from worker_lib.processing.config import FailureConfig
 from worker_lib.processing.processor import ProcessRecordsInput
+from worker_lib.retrieval.config import RetrievalConfig
+from worker_lib.retrieval.fanout import ShardSubscriber, StreamConsumers
 from worker_lib.testing.fanout_proxy import FanOutProxy
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig

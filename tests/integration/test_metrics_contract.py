@@ -30,8 +30,8 @@ from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import ProcessRecordsInput
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.names import UNITS
 from worker_lib.testing.streams import create_stream

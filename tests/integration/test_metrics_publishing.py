@@ -19,7 +19,7 @@ from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.publisher import EmfPublisher, MetricsConfig, make_publisher
 from worker_lib.worker.worker import Worker, WorkerConfig

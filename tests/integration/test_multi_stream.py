@@ -22,7 +22,6 @@ from worker_lib.core.streams import StreamIdentifier, StreamSelection, split_lea
 from worker_lib.leader.factory import build_leader
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -30,6 +29,7 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.shardsync.multistream import FORMER_STREAMS_KEY
 from worker_lib.shardsync.syncer import ShardSyncResult

@@ -27,7 +27,7 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.multilang import ChildRegistry, ChildSpec, MultiLangProcessor
 from worker_lib.multilang.child import ChildFailedError
 from worker_lib.multilang.processor import ChildBatchFailedError
-from worker_lib.processing.config import FailureConfig, RetrievalConfig
+from worker_lib.processing.config import FailureConfig
 from worker_lib.processing.destinations import SqsDestination
 from worker_lib.processing.processor import (
     InitializationInput,
@@ -36,6 +36,7 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.worker.worker import Worker, WorkerConfig
 
 SHARD = "shardId-000000000007"

@@ -19,8 +19,8 @@ from worker_lib.core.clock import SYSTEM_CLOCK, ManualClock
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, TRIM_HORIZON, Checkpoint, KinesisRecord
-from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.retrieval import RecordBatch, ShardRecordFetcher
+from worker_lib.retrieval import RecordBatch, ShardRecordFetcher
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.testing.streams import create_stream, list_all_shards, split_shard
 
 SHARD = "shardId-000000000000"

@@ -21,7 +21,7 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, StreamMissingError, TableMissingError, TableSchemaError
 from worker_lib.core.models import Lease
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig
 from worker_lib.processing.destinations import FailureDestination, SqsDestination
 from worker_lib.processing.failures import RecordFailedError
 from worker_lib.processing.processor import (
@@ -31,6 +31,7 @@ from worker_lib.processing.processor import (
     ProcessorFailedError,
     RecordProcessor,
 )
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 from worker_lib.testing.waiting import wait_until

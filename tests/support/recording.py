@@ -10,7 +10,6 @@ from typing import Any
 
 from worker_lib.core.models import TRIM_HORIZON, Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
-from worker_lib.processing.config import RetrievalConfig
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -18,6 +17,7 @@ from worker_lib.processing.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.testing.streams import create_stream
 from worker_lib.worker.worker import Worker, WorkerConfig
 

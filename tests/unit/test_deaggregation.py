@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.support.kpl import reference_encoder
 from worker_lib.core.models import KinesisRecord
-from worker_lib.processing.deaggregation import (
+from worker_lib.retrieval.deaggregation import (
     MAGIC,
     AggregateFormatError,
     deaggregate,
@@ -102,7 +102,7 @@ def test_corrupt_aggregate_is_delivered_raw_with_a_warning(
     damaged = corrupt(payload)
     record = kinesis_record(damaged)
     # WHEN it is de-aggregated
-    with caplog.at_level(logging.WARNING, logger="worker_lib.processing.deaggregation"):
+    with caplog.at_level(logging.WARNING, logger="worker_lib.retrieval.deaggregation"):
         out = deaggregate(record)
     # THEN it is delivered once, as is, and a warning names the record but never its payload
     assert out == [record], name

@@ -11,7 +11,7 @@ from botocore.stub import Stubber
 
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import CredentialsError
-from worker_lib.processing.fanout import StreamConsumers
+from worker_lib.retrieval.fanout import StreamConsumers
 
 STREAM_ARN = "arn:aws:kinesis:us-east-1:123456789012:stream/orders"
 CONSUMER_ARN = f"{STREAM_ARN}/consumer/orders-app:1700000000"

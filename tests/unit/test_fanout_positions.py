@@ -9,8 +9,8 @@ import pytest
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import Checkpoint
-from worker_lib.processing.config import RetrievalConfig, RetrievalMode
-from worker_lib.processing.fanout import after, first_position
+from worker_lib.retrieval.config import RetrievalConfig, RetrievalMode
+from worker_lib.retrieval.fanout import after, first_position
 
 WHEN = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)
 

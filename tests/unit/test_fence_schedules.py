@@ -44,6 +44,8 @@ WALL0_US = 1_700_000_000 * US
 def _stamp_ms(wall_us: int) -> int:
     """``hbt`` as the sink writes it (:func:`heartbeat_stamp_ms`: rounded up to the ms), in whole µs arithmetic."""
     return -(-wall_us // 1000)
+
+
 WORKER = "w"
 KEY = "shardId-000000000000"
 SCHEDULES = 1_000

@@ -44,7 +44,7 @@ from worker_lib.cdk.observability import AlarmSettings, ShardleaseObservability
 from worker_lib.cdk.tables import build_tables
 from worker_lib.core.config import validate_app_name
 from worker_lib.leases.mode import parse_setting
-from worker_lib.processing.config import CONSUMER_NAME_PATTERN, RetrievalMode
+from worker_lib.retrieval.config import CONSUMER_NAME_PATTERN, RetrievalMode
 from worker_lib.tables.schema import (
     LEASE_OWNER_INDEX,
     BillingMode,

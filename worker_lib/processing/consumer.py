@@ -30,7 +30,7 @@ from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.checkpointer import LeaseCheckpointer
-from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig
 from worker_lib.processing.destinations import FailureDestination, FailureReport, describe_error
 from worker_lib.processing.failures import (
     BatchDelivery,
@@ -52,7 +52,8 @@ from worker_lib.processing.processor import (
     ShutdownError,
     ShutdownRequestedInput,
 )
-from worker_lib.processing.retrieval import RecordBatch, RecordSource, ShardRecordFetcher
+from worker_lib.retrieval import RecordBatch, RecordSource, ShardRecordFetcher
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 from worker_lib.telemetry.names import WorkerMetric
 from worker_lib.telemetry.publisher import MetricsPublisher, NullPublisher

@@ -29,9 +29,9 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
-from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.fanout import StreamConsumers
-from worker_lib.processing.retrieval import ShardRecordFetcher
+from worker_lib.retrieval import ShardRecordFetcher
+from worker_lib.retrieval.config import RetrievalConfig
+from worker_lib.retrieval.fanout import StreamConsumers
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.spark import trace

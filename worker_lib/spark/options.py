@@ -11,7 +11,7 @@ from worker_lib.core.config import AwsConfig, InitialPosition, parse_timestamp, 
 from worker_lib.core.env import parse_bool
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.config import LeaseConfig
-from worker_lib.processing.config import RetrievalConfig
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.schema import TableLayout
 from worker_lib.telemetry.publisher import MetricsConfig
 

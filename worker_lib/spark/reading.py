@@ -28,9 +28,9 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.core.streams import stream_name_of
-from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.fanout import ShardSubscriber, subscription_config
-from worker_lib.processing.retrieval import ShardRecordFetcher
+from worker_lib.retrieval import ShardRecordFetcher
+from worker_lib.retrieval.config import RetrievalConfig
+from worker_lib.retrieval.fanout import ShardSubscriber, subscription_config
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
 from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask

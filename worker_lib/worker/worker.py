@@ -46,11 +46,12 @@ from worker_lib.leases.keeper import ThroughputTracker
 from worker_lib.leases.mode import LivenessMode, check_start
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.config import ConsumerConfig, FailureConfig, RetrievalConfig
+from worker_lib.processing.config import ConsumerConfig, FailureConfig
 from worker_lib.processing.consumer import ConsumerOutcome, FailureHandling
 from worker_lib.processing.destinations import FailureDestination, make_destination
-from worker_lib.processing.fanout import ShardSubscriber, StreamConsumers, subscription_config
 from worker_lib.processing.processor import ProcessorFactory
+from worker_lib.retrieval.config import RetrievalConfig
+from worker_lib.retrieval.fanout import ShardSubscriber, StreamConsumers, subscription_config
 from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.admin import check_layout, check_schema
 from worker_lib.tables.schema import (

@@ -33,11 +33,11 @@ MAX_NOTICE_KEYS = 100
 """A notice names at most this many leases (keeps the item small); a larger batch is announced without keys."""
 
 
-
 def heartbeat_stamp_ms(wall_s: float) -> int:
     """``hbt`` for a beat sent at wall time ``wall_s``: rounded *up* to the ms, because a new leader dates a beat it
     first sees by ``hbt`` + the skew bound, which must not come before the real send time (docs/failover.md)."""
     return math.ceil(wall_s * 1000)
+
 
 class WorkerMetricsStore(TableStore):
     """The worker-metrics table. Satisfies the reporter's ``WorkerMetricsSink`` and the leader's source."""

@@ -6,7 +6,7 @@ the CDK construct), else the consumer named after the application — registered
 application: Flink's FLINK-24431).
 
 :class:`ShardSubscriber` reads one shard through a subscription and hands out the same :class:`RecordBatch` values
-as the polling :class:`~worker_lib.processing.retrieval.ShardRecordFetcher`, so the consumer, the processor and the
+as the polling :class:`~worker_lib.retrieval.polling.ShardRecordFetcher`, so the consumer, the processor and the
 checkpoints work the same way (KPL de-aggregation, ``millis_behind_latest``, the floor below which records were
 delivered already):
 
@@ -45,8 +45,8 @@ from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import Checkpoint
-from worker_lib.processing.config import RetrievalConfig
-from worker_lib.processing.retrieval import RecordBatch, child_shards_from_list_shards, iterator_start, user_records
+from worker_lib.retrieval.config import RetrievalConfig
+from worker_lib.retrieval.source import RecordBatch, child_shards_from_list_shards, iterator_start, user_records
 
 log = logging.getLogger(__name__)
 

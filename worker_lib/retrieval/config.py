@@ -1,0 +1,128 @@
+"""How a shard consumer reads its records: polling GetRecords or enhanced fan-out (:class:`RetrievalConfig`)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from worker_lib.core.env import env_int, env_str, environ
+from worker_lib.core.errors import ConfigError
+
+GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
+KINESIS_MIN_CALL_INTERVAL_MS = 200  # Kinesis allows 5 GetRecords calls per second per shard
+
+
+class RetrievalMode(enum.Enum):
+    """How a shard consumer gets its records.
+
+    POLLING: GetRecords (the default): the shard's 2 MB/s and 5 calls/s are shared by every polling application.
+    FANOUT: enhanced fan-out (SubscribeToShard): records pushed over a subscription of the application's own
+      stream consumer, with 2 MB/s per shard for this application alone and ≈ 70 ms latency; billed per
+      consumer-shard-hour and per GB (docs/fanout.md).
+    """
+
+    POLLING = "polling"
+    FANOUT = "fanout"
+
+    @classmethod
+    def parse(cls, value: str | RetrievalMode, *, name: str = "retrieval") -> RetrievalMode:
+        if isinstance(value, RetrievalMode):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ConfigError(f"invalid {name} {value!r}: expected polling or fanout") from None
+
+
+CONSUMER_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+_CONSUMER_ARN = re.compile(r"^arn:aws[a-z-]*:kinesis:[a-z0-9-]+:\d{12}:stream/[^/]+/consumer/[^/:]+:\d+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalConfig:
+    """How a shard consumer reads its records: polling GetRecords, or enhanced fan-out.
+
+    max_records: GetRecords ``Limit`` (KCL maxRecords, 10 000 = the Kinesis maximum).
+    idle_time_between_reads_ms: wait after a read that returned nothing and was not behind the tip of the
+      shard (KCL idleTimeBetweenReadsInMillis; 1000).
+    min_interval_between_calls_ms: least time between two GetRecords calls on one shard (200 = the Kinesis
+      limit of 5 calls/s per shard; lower values are rejected).
+    throttle_backoff_base_ms / throttle_backoff_max_ms: after ProvisionedThroughputExceeded / LimitExceeded the
+      next call waits base × 2^(n−1) for the n-th consecutive throttle, capped at max (500 / 10 000).
+    mode: ``polling`` (default) or ``fanout`` (:class:`RetrievalMode`; ``SHARDLEASE_RETRIEVAL``).
+    consumer_name: with fan-out, the stream consumer's name (default: the application's name, as in KCL);
+      registered if missing, never deregistered (``SHARDLEASE_FANOUT_CONSUMER_NAME``).
+    consumer_arn: with fan-out, a consumer created beforehand (the CDK construct's): used as it is, nothing is
+      registered (``SHARDLEASE_FANOUT_CONSUMER_ARN``; single-stream applications).
+    fanout_buffer_events: with fan-out, how many pushed events wait per shard while the processor works on one
+      (2): beyond that the subscription is not read, and Kinesis stops pushing (backpressure, bounded memory).
+    """
+
+    max_records: int = GET_RECORDS_LIMIT
+    idle_time_between_reads_ms: int = 1_000
+    min_interval_between_calls_ms: int = KINESIS_MIN_CALL_INTERVAL_MS
+    throttle_backoff_base_ms: int = 500
+    throttle_backoff_max_ms: int = 10_000
+    mode: RetrievalMode | str = RetrievalMode.POLLING  # a name is accepted too: "polling", "fanout"
+    consumer_name: str = ""
+    consumer_arn: str = ""
+    fanout_buffer_events: int = 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", RetrievalMode.parse(self.mode))
+        if self.consumer_name and not CONSUMER_NAME_PATTERN.match(self.consumer_name):
+            raise ConfigError(
+                f"invalid fan-out consumer name {self.consumer_name!r}: use 1-128 letters, digits, '_', '.' or '-'"
+            )
+        if self.consumer_arn and not _CONSUMER_ARN.match(self.consumer_arn):
+            raise ConfigError(
+                f"invalid fan-out consumer ARN {self.consumer_arn!r}: expected arn:aws:kinesis:…:stream/S/consumer/C:…"
+            )
+        if self.fanout_buffer_events < 1:
+            raise ConfigError("fanout_buffer_events must be at least 1")
+        if not 1 <= self.max_records <= GET_RECORDS_LIMIT:
+            raise ConfigError(f"max_records={self.max_records} must be within 1..{GET_RECORDS_LIMIT}")
+        if self.min_interval_between_calls_ms < KINESIS_MIN_CALL_INTERVAL_MS:
+            raise ConfigError(
+                f"min_interval_between_calls_ms={self.min_interval_between_calls_ms} is below "
+                f"{KINESIS_MIN_CALL_INTERVAL_MS} (Kinesis allows 5 GetRecords calls per second per shard)"
+            )
+        if self.idle_time_between_reads_ms < 0:
+            raise ConfigError("idle_time_between_reads_ms must not be negative")
+        if self.throttle_backoff_base_ms <= 0:
+            raise ConfigError("throttle_backoff_base_ms must be positive")
+        if self.throttle_backoff_max_ms < self.throttle_backoff_base_ms:
+            raise ConfigError("throttle_backoff_max_ms must be at least throttle_backoff_base_ms")
+
+    def throttle_backoff_s(self, consecutive_throttles: int) -> float:
+        """Seconds to wait after the ``consecutive_throttles``-th throttled call in a row (≥ 1)."""
+        exponent = min(max(consecutive_throttles, 1) - 1, 30)
+        delay_ms: int = min(self.throttle_backoff_base_ms << exponent, self.throttle_backoff_max_ms)
+        return delay_ms / 1000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RetrievalConfig:
+        e = environ(env)
+        return cls(
+            max_records=env_int(e, "SHARDLEASE_MAX_RECORDS", GET_RECORDS_LIMIT),
+            idle_time_between_reads_ms=env_int(e, "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS", 1_000),
+            min_interval_between_calls_ms=env_int(
+                e, "SHARDLEASE_MIN_INTERVAL_BETWEEN_CALLS_MS", KINESIS_MIN_CALL_INTERVAL_MS
+            ),
+            throttle_backoff_base_ms=env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_BASE_MS", 500),
+            throttle_backoff_max_ms=env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_MAX_MS", 10_000),
+            mode=RetrievalMode.parse(env_str(e, "SHARDLEASE_RETRIEVAL", "polling"), name="SHARDLEASE_RETRIEVAL"),
+            consumer_name=env_str(e, "SHARDLEASE_FANOUT_CONSUMER_NAME"),
+            consumer_arn=env_str(e, "SHARDLEASE_FANOUT_CONSUMER_ARN"),
+        )
+
+    @property
+    def fanout(self) -> bool:
+        """Whether records come by enhanced fan-out."""
+        return self.mode is RetrievalMode.FANOUT
+
+    def consumer_name_for(self, app: str) -> str:
+        """The fan-out consumer's name: the configured one, else the application's (KCL's default)."""
+        return self.consumer_name or app
