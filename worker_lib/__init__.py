@@ -22,11 +22,25 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it. One table, read by __getattr__, __dir__ and the tests.
 _EXPORTS: dict[str, str] = {
     "Worker": "worker_lib.worker.worker",
-    "WorkerConfig": "worker_lib.worker.worker",
+    "WorkerConfig": "worker_lib.worker.config",
+    # The configuration: WorkerConfig's fields, and the leader's settings (docs/api.md).
     "AwsConfig": "worker_lib.core.config",
     "InitialPosition": "worker_lib.core.config",
-    "StreamIdentifier": "worker_lib.core.streams",
     "TableLayout": "worker_lib.tables.schema",
+    "LeaseConfig": "worker_lib.leases.config",
+    "ConsumerConfig": "worker_lib.processing.config",
+    "FailureConfig": "worker_lib.processing.config",
+    "FailureAction": "worker_lib.processing.config",
+    "RetrievalConfig": "worker_lib.retrieval.config",
+    "RetrievalMode": "worker_lib.retrieval.config",
+    "MetricsConfig": "worker_lib.telemetry.publisher",
+    "WorkerMetricsConfig": "worker_lib.workermetrics.config",
+    "ShardSyncConfig": "worker_lib.shardsync.config",
+    "LeaderConfig": "worker_lib.leader.config",
+    "LeaderLockConfig": "worker_lib.leader.config",
+    "AssignmentConfig": "worker_lib.assignment.config",
+    "ScalingConfig": "worker_lib.scaling.config",
+    "StreamIdentifier": "worker_lib.core.streams",
     "split_lease_key": "worker_lib.core.streams",
     "FunctionProcessor": "worker_lib.processing.processor",
     "RecordProcessor": "worker_lib.processing.processor",
@@ -40,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "CheckpointError": "worker_lib.processing.processor",
     "ShutdownError": "worker_lib.processing.processor",
     "InvalidCheckpointError": "worker_lib.processing.processor",
+    "RecordFailedError": "worker_lib.processing.failures",
     "ShardleaseError": "worker_lib.core.errors",
     "ConfigError": "worker_lib.core.errors",
     "DependencyError": "worker_lib.core.errors",
@@ -57,25 +72,38 @@ _EXPORTS: dict[str, str] = {
 
 # A literal list, so that type checkers and IDEs see the public names without running __getattr__.
 __all__ = [
+    "AssignmentConfig",
     "AwsConfig",
     "CheckpointError",
     "Checkpointer",
     "ConfigError",
+    "ConsumerConfig",
     "CorruptItemError",
     "CredentialsError",
     "DependencyError",
     "EndpointUnreachableError",
+    "FailureAction",
+    "FailureConfig",
     "FunctionProcessor",
     "InitialPosition",
     "InitializationInput",
     "InvalidCheckpointError",
     "InvalidStateError",
     "KinesisRecord",
+    "LeaderConfig",
+    "LeaderLockConfig",
+    "LeaseConfig",
     "LeaseLostInput",
+    "MetricsConfig",
     "MissingExtraError",
     "ProcessRecordsInput",
+    "RecordFailedError",
     "RecordProcessor",
+    "RetrievalConfig",
+    "RetrievalMode",
+    "ScalingConfig",
     "ShardEndedInput",
+    "ShardSyncConfig",
     "ShardleaseError",
     "ShutdownError",
     "ShutdownRequestedInput",
@@ -88,11 +116,13 @@ __all__ = [
     "ThrottledError",
     "Worker",
     "WorkerConfig",
+    "WorkerMetricsConfig",
     "__version__",
     "split_lease_key",
 ]
 
 if TYPE_CHECKING:
+    from worker_lib.assignment.config import AssignmentConfig
     from worker_lib.core.config import AwsConfig, InitialPosition
     from worker_lib.core.errors import (
         ConfigError,
@@ -111,6 +141,10 @@ if TYPE_CHECKING:
     )
     from worker_lib.core.models import KinesisRecord
     from worker_lib.core.streams import StreamIdentifier, split_lease_key
+    from worker_lib.leader.config import LeaderConfig, LeaderLockConfig
+    from worker_lib.leases.config import LeaseConfig
+    from worker_lib.processing.config import ConsumerConfig, FailureAction, FailureConfig
+    from worker_lib.processing.failures import RecordFailedError
     from worker_lib.processing.processor import (
         Checkpointer,
         CheckpointError,
@@ -124,8 +158,14 @@ if TYPE_CHECKING:
         ShutdownError,
         ShutdownRequestedInput,
     )
+    from worker_lib.retrieval.config import RetrievalConfig, RetrievalMode
+    from worker_lib.scaling.config import ScalingConfig
+    from worker_lib.shardsync.config import ShardSyncConfig
     from worker_lib.tables.schema import TableLayout
-    from worker_lib.worker.worker import Worker, WorkerConfig
+    from worker_lib.telemetry.publisher import MetricsConfig
+    from worker_lib.worker.config import WorkerConfig
+    from worker_lib.worker.worker import Worker
+    from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 
 def __getattr__(name: str) -> Any:

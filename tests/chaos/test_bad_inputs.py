@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.conftest import Rig, put
-from tests.support.processes import REPO, shardlease_liveness
+from tests.support.processes import REPO, run_command, shardlease_liveness
 from tests.support.recording import RecordingProcessor
 from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core import aws
@@ -169,17 +169,14 @@ def test_an_invalid_configuration_value_is_one_line_and_exit_2(name: str, value:
     assert_one_line_usage_error(args, name, value, fragment)
 
 
+def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``shardlease <args>`` from this checkout, with ``env`` on top of this process's environment."""
+    command = [sys.executable, "-m", "worker_lib.cli", *args]
+    return run_command(command, timeout_s=COMMAND_BOUND_S, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+
+
 def assert_one_line_usage_error(args: list[str], name: str, value: str, fragment: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), name: value}
-    result = subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_BOUND_S,
-        cwd=REPO,
-        check=False,
-    )
+    result = run_cli(args, **{name: value})
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
@@ -226,18 +223,6 @@ def test_a_process_configured_for_the_other_liveness_mode_refuses_to_start_with_
     assert "Traceback" not in result.stderr
     # AND the stored mode is left as it was
     assert shardlease_liveness(app_name, moto_endpoint)["mode"] == stored
-
-
-def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker_lib.cli", *args],
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_BOUND_S,
-        cwd=REPO,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
@@ -307,14 +292,8 @@ def test_status_watch_piped_into_head_exits_1_without_a_traceback(
         f"{sys.executable} -m worker_lib.cli status --app {app_name} --endpoint-url {moto_endpoint} --watch "
         f"--interval 0.2 2>{tmp_path / 'status.err'} | head -4; echo ${{PIPESTATUS[0]}}"
     )
-    result = subprocess.run(
-        ["bash", "-c", command],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_BOUND_S,
-        cwd=REPO,
-        check=False,
+    result = run_command(
+        ["bash", "-c", command], timeout_s=COMMAND_BOUND_S, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     *shown, status_code = result.stdout.strip().splitlines()
     # THEN head shows four lines (a piped frame starts with its time), and status exits 1 quietly once it notices

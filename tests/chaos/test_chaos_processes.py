@@ -219,6 +219,15 @@ def _final_checkpoints_match(store: DynamoDBLeaseStore, lines: list[Line]) -> li
     return problems
 
 
+def drained(fleet: ChaosFleet, produced: list[str]) -> None:
+    """Every produced record processed, within the liveness bound of a drain after the last fault."""
+    eventually(
+        lambda: fleet.processed_all(produced),
+        bound_s=hang_bound_s(DRAIN_EXPECTED_S),
+        what=f"seed={SEED}: records still missing",
+    )
+
+
 def judge(
     scenario: str,
     fleet: ChaosFleet,
@@ -279,11 +288,7 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_p
             producer.stop()
         produced = producer.produced
         # THEN every produced record is processed
-        eventually(
-            lambda: fleet.processed_all(produced),
-            bound_s=hang_bound_s(DRAIN_EXPECTED_S),
-            what=f"seed={SEED}: records still missing",
-        )
+        drained(fleet, produced)
         # AND a graceful stop of every live worker exits 0
         served_until = time.monotonic()
         codes = fleet.stop_workers()
@@ -342,11 +347,7 @@ def test_split_and_merge_while_producing_with_worker_processes(
             producer.stop()
         produced = producer.produced
         # THEN every record is processed, children only after their parents ended
-        eventually(
-            lambda: fleet.processed_all(produced),
-            bound_s=hang_bound_s(DRAIN_EXPECTED_S),
-            what=f"seed={SEED}: records still missing",
-        )
+        drained(fleet, produced)
         served_until = time.monotonic()
         codes = fleet.stop_workers()
     parents = {

@@ -168,6 +168,23 @@ def application(name: str, moto: str, stream: str, tmp_path: Path, env: dict[str
         yield fleet
 
 
+def applications(
+    stack: contextlib.ExitStack,
+    app_name: str,
+    moto: str,
+    stream: str,
+    tmp_path: Path,
+    *,
+    envs: dict[str, dict[str, str]],
+) -> dict[str, ChaosFleet]:
+    """One :func:`application` ``<app_name>-<label>`` per label of ``envs``, each with its environment, all reading
+    ``stream``; they end with ``stack``."""
+    return {
+        label: stack.enter_context(application(f"{app_name}-{label}", moto, stream, tmp_path, env))
+        for label, env in envs.items()
+    }
+
+
 def test_skip_and_record_sends_each_poison_record_to_its_destination_across_a_kill_mid_retry(
     moto_endpoint: str, kinesalite_endpoint: str, app_name: str, destinations: Destinations, tmp_path: Path
 ) -> None:
@@ -177,23 +194,16 @@ def test_skip_and_record_sends_each_poison_record_to_its_destination_across_a_ki
     create_stream(kinesis, stream, 4)
     kinds = ("sqs", "sns", "s3")
     base = worker_env(tmp_path / "unused", kinesalite_endpoint, POISON_SEED=str(seed), POISON_EVERY=str(POISON_EVERY))
-    with contextlib.ExitStack() as stack:
-        fleets = {
-            kind: stack.enter_context(
-                application(
-                    f"{app_name}-{kind}",
-                    moto_endpoint,
-                    stream,
-                    tmp_path,
-                    {
-                        **base,
-                        "SHARDLEASE_FAILURE_POLICY": "skip-and-record",
-                        "SHARDLEASE_FAILURE_DESTINATION": destinations.arn(kind),
-                    },
-                )
-            )
-            for kind in kinds
+    envs = {
+        kind: {
+            **base,
+            "SHARDLEASE_FAILURE_POLICY": "skip-and-record",
+            "SHARDLEASE_FAILURE_DESTINATION": destinations.arn(kind),
         }
+        for kind in kinds
+    }
+    with contextlib.ExitStack() as stack:
+        fleets = applications(stack, app_name, moto_endpoint, stream, tmp_path, envs=envs)
         # GIVEN one worker per application, each with skip-and-record at its defaults and a destination of its own
         for fleet in fleets.values():
             fleet.start_chaos_worker("w1", processor=PROCESSOR)
@@ -278,19 +288,9 @@ def test_stop_shard_stops_at_the_poison_record_and_retry_holds_there_until_the_p
     base = worker_env(tmp_path / "unused", kinesalite_endpoint, POISON_FIXED_FILE=str(fixed))
     policies = ("stop-shard", "retry")
     figures: dict[str, Any] = {}
+    envs = {policy: {**base, "SHARDLEASE_FAILURE_POLICY": policy} for policy in policies}
     with contextlib.ExitStack() as stack:
-        fleets = {
-            policy: stack.enter_context(
-                application(
-                    f"{app_name}-{policy}",
-                    moto_endpoint,
-                    stream,
-                    tmp_path,
-                    {**base, "SHARDLEASE_FAILURE_POLICY": policy},
-                )
-            )
-            for policy in policies
-        }
+        fleets = applications(stack, app_name, moto_endpoint, stream, tmp_path, envs=envs)
         for fleet in fleets.values():
             fleet.start_chaos_worker("w1", processor=PROCESSOR)
         # GIVEN a steady flow on both shards, and one poison record on the first shard after a while

@@ -39,6 +39,7 @@ import itertools
 import random
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,13 @@ def drained(fleet: ChaosFleet, produced: list[str]) -> None:
         bound_s=hang_bound_s(fleet.timings.silent_worker_s),
         what=f"seed={SEED}: records still missing",
     )
+
+
+def signal_busy(fleet: ChaosFleet, among: Sequence[str], sig: signal.Signals) -> tuple[str, int, float]:
+    """Send ``sig`` to the first of ``among`` that processes a shard; its name, its pid and when it was sent."""
+    name = fleet.busy(among)[0]
+    pid = fleet.pid(name)
+    return name, pid, fleet.signal(name, sig)
 
 
 def failed_over(fleet: ChaosFleet, pid: int, at: float, *, expected_s: float, what: str) -> float:
@@ -350,9 +358,7 @@ def test_leader_killed_between_fast_ticks_and_replaced_with_a_worker_killed(
             leads("L3")
             time.sleep(rng.uniform(0.0, t.tick_s))
             survivors = [w for w in WORKERS if w != first]
-            second = fleet.busy(survivors)[0]
-            second_pid = fleet.pid(second)
-            kill_b = fleet.signal(second, signal.SIGKILL)
+            second, second_pid, kill_b = signal_busy(fleet, survivors, signal.SIGKILL)
             # THEN L3 moves its shards: failover, a tick or two, a notice (how soon is the figure)
             failover_b = failed_over(
                 fleet,
@@ -444,9 +450,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
                 )
                 # AND a busy worker is SIGKILLed
                 time.sleep(rng.uniform(0.0, TICK_S))  # the phase within a tick
-                first = fleet.busy(WORKERS)[0]
-                first_pid = fleet.pid(first)
-                kill_at = fleet.signal(first, signal.SIGKILL)
+                first, first_pid, kill_at = signal_busy(fleet, WORKERS, signal.SIGKILL)
                 # THEN the full cycles move its shards: its heartbeat's last value is first seen at one cycle and
                 # judged silent at the next one (a throttled tick may delay a cycle by its retries' backoff)
                 failover_kill = failed_over(
@@ -458,9 +462,7 @@ def test_throttled_fast_reads_fall_back_to_full_cycles_and_never_stop_assigning(
                 )
                 # WHEN another busy worker stops gracefully (gives its leases up, announces STOPPED)
                 survivors = [w for w in WORKERS if w != first]
-                second = fleet.busy(survivors)[0]
-                second_pid = fleet.pid(second)
-                term_at = fleet.signal(second, signal.SIGTERM)
+                second, second_pid, term_at = signal_busy(fleet, survivors, signal.SIGTERM)
                 # THEN the next full cycle assigns the leases it gave up (once its batch in flight is done)
                 failover_term = failed_over(
                     fleet,

@@ -112,6 +112,12 @@ def renewed(store: DynamoDBLeaseStore, key: str, times: int, *, bound_s: float, 
     return eventually(enough, bound_s=bound_s, what=what)
 
 
+def renewed_s(store: DynamoDBLeaseStore, key: str, *, what: str) -> float:
+    """:func:`renewed` ``RENEWALS`` times, within the liveness bound of that many renewals; how long it took, to
+    0.1 s (a figure)."""
+    return round(renewed(store, key, RENEWALS, bound_s=hang_bound_s(RENEWALS * RENEW_S), what=what), 1)
+
+
 def steady_window(store: DynamoDBLeaseStore, key: str, seconds: float, *, tries: int = 3) -> Window:
     """A window in which the lease kept its owner (a rebalancing move in the middle proves nothing), bounded."""
     window = watch(store, key, seconds)
@@ -164,15 +170,8 @@ def test_switching_a_running_fleet_to_worker_mode_and_back_loses_nothing(app: Ap
             assert modes.read() == LEASE
             eventually(lambda: _all_say(rows, "lease"), bound_s=hang_bound_s(t.heartbeat_s), what="all say lease")
             # (in lease mode the idle shard's owner renews it)
-            figures["renewed_lease_before_s"] = round(
-                renewed(
-                    store,
-                    idle,
-                    RENEWALS,
-                    bound_s=hang_bound_s(RENEWALS * RENEW_S),
-                    what=f"lease mode: the idle {idle} not renewed {RENEWALS} times by one owner",
-                ),
-                1,
+            figures["renewed_lease_before_s"] = renewed_s(
+                store, idle, what=f"lease mode: the idle {idle} not renewed {RENEWALS} times by one owner"
             )
 
             # WHEN the operator switches the application to worker mode while records flow
@@ -213,15 +212,8 @@ def test_switching_a_running_fleet_to_worker_mode_and_back_loses_nothing(app: Ap
             eventually(lambda: _all_say(rows, "lease", all_workers), bound_s=switch_bound_s, what="all say lease")
             figures["to_lease_s"] = round(time.monotonic() - asked, 1)
             window_start = time.monotonic()
-            figures["renewed_lease_after_s"] = round(
-                renewed(
-                    store,
-                    idle,
-                    RENEWALS,
-                    bound_s=hang_bound_s(RENEWALS * RENEW_S),
-                    what=f"lease mode again: the idle {idle} not renewed {RENEWALS} times by one owner",
-                ),
-                1,
+            figures["renewed_lease_after_s"] = renewed_s(
+                store, idle, what=f"lease mode again: the idle {idle} not renewed {RENEWALS} times by one owner"
             )
             eventually(
                 lambda: records_between(app.journal, window_start, time.monotonic()) > 0,

@@ -3,12 +3,14 @@ stops everything it started and leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,28 @@ def communicate(process: subprocess.Popen[str], *, bound_s: float) -> tuple[str,
         raise AssertionError(f"the demo still runs {bound_s:.0f} s after the signal; {stall_note(asked)}") from None
 
 
+@contextlib.contextmanager
+def running_demo() -> Iterator[subprocess.Popen[str]]:
+    """``shardlease demo`` of 2 workers and 4 shards, long enough to outlive the test, in a session of its own;
+    whatever of it still runs at the end is killed."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        for pid in descendants(process.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_the_demo_runs_the_fleet_and_loses_nothing() -> None:
@@ -118,15 +142,7 @@ def test_the_demo_runs_the_fleet_and_loses_nothing() -> None:
 def test_ctrl_c_stops_everything_the_demo_started() -> None:
     # GIVEN a running demo
     before = temp_dirs()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with running_demo() as process:
         eventually(
             lambda: len(descendants(process.pid)) >= 4, bound_s=START_BOUND_S, what="emulators + workers started"
         )
@@ -141,10 +157,6 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
         assert "interrupted" in err and "Traceback" not in err
         assert {pid for pid in started if is_running(pid)} == set()
         assert temp_dirs() <= before
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
 
 
 @pytest.mark.slow
@@ -153,15 +165,7 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
 def test_sigterm_and_sighup_stop_everything_the_demo_started(signum: signal.Signals) -> None:
     # GIVEN a running demo whose workers are up (as `timeout`, CI cancellation or `docker stop` find it)
     before = temp_dirs()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "worker_lib.cli", "demo", "--duration", "120", "--workers", "2", "--shards", "4"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with running_demo() as process:
         eventually(
             lambda: len(descendants(process.pid)) >= 4, bound_s=START_BOUND_S, what="moto, kinesalite, 2 workers"
         )
@@ -177,9 +181,3 @@ def test_sigterm_and_sighup_stop_everything_the_demo_started(signum: signal.Sign
         assert len(lines) == 1 and f"stopped by {signum.name}" in lines[0], err
         assert {pid for pid in started if is_running(pid)} == set()
         assert temp_dirs() <= before
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-        for pid in descendants(process.pid):
-            os.kill(pid, signal.SIGKILL)

@@ -113,15 +113,8 @@ def test_given_no_aws_cdk_when_importing_the_construct_then_one_line_names_the_e
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # WHEN importing worker_lib.cdk
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PYTHON_BOUND_S,
-        check=True,
-    )
+    out = run_command([sys.executable, "-c", code], timeout_s=PYTHON_BOUND_S, cwd=REPO, env=env)
+    out.check_returncode()
     # THEN the error is the one-line MissingExtraError naming the cdk extra
     assert out.stdout.strip() == (
         "MissingExtraError the CDK construct needs the 'cdk' extra: pip install 'shardlease[cdk]'"

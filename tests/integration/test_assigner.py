@@ -118,14 +118,19 @@ def test_a_lease_renewed_between_scan_and_write_is_not_taken(store: DynamoDBLeas
     assert owners(store)["l"] == "slow" and report.write_conflicts == 1
 
 
-def test_rebalancing_starts_a_graceful_handoff_and_an_overdue_one_is_forced(store: DynamoDBLeaseStore) -> None:
-    # GIVEN (scenario 15) a hot worker holding leases and an idle one
-    clock = ManualClock()
+def hot_and_idle(store: DynamoDBLeaseStore, clock: ManualClock) -> MemoryMetrics:
+    """Leases l0–l3 held by a hot worker, ``yield`` (90 % CPU), and an idle one, ``take`` (10 %): their metrics."""
     for n in range(4):
         assert store.create_lease_if_absent(
             Lease(lease_key=f"l{n}", lease_owner="yield", lease_counter=1, throughput_kbps=10.0)
         )
-    metrics = MemoryMetrics([cpu_worker("yield", 90, clock), cpu_worker("take", 10, clock)])
+    return MemoryMetrics([cpu_worker("yield", 90, clock), cpu_worker("take", 10, clock)])
+
+
+def test_rebalancing_starts_a_graceful_handoff_and_an_overdue_one_is_forced(store: DynamoDBLeaseStore) -> None:
+    # GIVEN (scenario 15) a hot worker holding leases and an idle one
+    clock = ManualClock()
+    metrics = hot_and_idle(store, clock)
     config = AssignmentConfig(balancing_frequency=1)
     lease_config = LeaseConfig(graceful_handoff_timeout_ms=30_000, failover_time_ms=10_000)
     assigner = LeaseAssigner(store, metrics, config=config, lease_config=lease_config, clock=clock, seed=3)
@@ -195,11 +200,7 @@ def test_every_decision_is_one_structured_log_line(store: DynamoDBLeaseStore, ca
 
 def test_lease_config_graceful_handoff_can_be_disabled(store: DynamoDBLeaseStore) -> None:
     clock = ManualClock()
-    for n in range(4):
-        assert store.create_lease_if_absent(
-            Lease(lease_key=f"l{n}", lease_owner="yield", lease_counter=1, throughput_kbps=10.0)
-        )
-    metrics = MemoryMetrics([cpu_worker("yield", 90, clock), cpu_worker("take", 10, clock)])
+    metrics = hot_and_idle(store, clock)
     assigner = LeaseAssigner(
         store,
         metrics,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease
+from tests.support.heartbeat import FlakySink, HeartbeatBlackout, HeartbeatWrites, SlowSink, owned_lease, w1_holder
 from tests.support.recording import recording_worker, stream_with_leases
 from tests.support.stalls import eventually, hang_bound_s, stall_note
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, ManualClock
@@ -28,7 +28,8 @@ from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import handoff_request
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.tables.schema import worker_metrics_table_name
-from worker_lib.worker.worker import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS, Worker, WorkerConfig
+from worker_lib.worker.config import DISCOVERY_SAFETY_NET_MS, KCL_DISCOVERY_INTERVAL_MS
+from worker_lib.worker.worker import Worker, WorkerConfig
 from worker_lib.workermetrics.stats_serializer import from_item
 from worker_lib.workermetrics.stats_store import MAX_NOTICE_KEYS, WorkerMetricsStore
 
@@ -176,18 +177,19 @@ class Rig:
     def take(self, key: str) -> None:
         assert self.holder.take(owned_lease(self.leases, key, "w1"))
 
+    def take_and_beat(self, *keys: str) -> float:
+        """Take ``keys``, then beat (the beat lands); when it was sent."""
+        for key in keys:
+            self.take(key)
+        sent = self.clock.monotonic()
+        assert self.loop.beat()
+        return sent
+
 
 @pytest.fixture
 def rig(rows: WorkerMetricsStore, leases: DynamoDBLeaseStore, clock: ManualClock) -> Rig:
-    lost: list[tuple[str, str]] = []
     notices: list[tuple[str, ...] | None] = []
-    holder = LeaseHolder(
-        leases,
-        "w1",
-        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
-        clock=clock,
-        on_lost=lambda key, reason: lost.append((key, reason)),
-    )
+    holder, lost = w1_holder(leases, clock, failover_ms=FAILOVER_MS)
     slow = SlowSink(rows, clock)
     flaky = FlakySink(slow)
     loop = HeartbeatLoop(flaky, "w1", interval_ms=1_000, fence=holder, on_notice=notices.append, clock=clock)
@@ -229,9 +231,7 @@ def test_a_notice_with_the_next_version_passes_its_keys_and_a_jump_asks_for_the_
 
 def test_a_lease_is_valid_only_until_the_last_heartbeat_plus_the_validity(rig: Rig) -> None:
     # GIVEN a lease taken and a beat sent at t
-    rig.take("shard-a")
-    start = rig.clock.monotonic()
-    assert rig.loop.beat()
+    start = rig.take_and_beat("shard-a")
     # WHEN the lease is renewed at t + 5 (its own validity now runs to t + 14.975) and no beat follows
     rig.clock.advance(5)
     assert rig.holder.renew_all().renewed == ("shard-a",)
@@ -256,9 +256,7 @@ def test_without_any_heartbeat_only_the_lease_validity_applies(rig: Rig) -> None
 
 def test_a_beat_after_the_fence_ran_out_drops_every_lease_for_good(rig: Rig) -> None:
     # GIVEN two leases and a beat at t; renewals keep the leases themselves valid
-    rig.take("shard-a")
-    rig.take("shard-b")
-    assert rig.loop.beat()
+    rig.take_and_beat("shard-a", "shard-b")
     rig.clock.advance(5)
     assert len(rig.holder.renew_all().renewed) == 2
     # WHEN the next beat only succeeds after t + validity (the beats in between failed)
@@ -283,9 +281,7 @@ def test_a_beat_after_the_fence_ran_out_drops_every_lease_for_good(rig: Rig) -> 
 
 def test_a_beat_whose_reply_comes_after_the_fence_end_drops_every_lease(rig: Rig) -> None:
     # GIVEN two leases, a beat at t and renewals at t + 5
-    rig.take("shard-a")
-    rig.take("shard-b")
-    assert rig.loop.beat()
+    rig.take_and_beat("shard-a", "shard-b")
     rig.clock.advance(5)
     assert len(rig.holder.renew_all().renewed) == 2
     # WHEN a beat is sent at t + 5 but its reply arrives at t + 10.5 (past the fence end t + 9.975)
@@ -299,9 +295,7 @@ def test_a_beat_whose_reply_comes_after_the_fence_end_drops_every_lease(rig: Rig
 
 def test_a_slow_reply_before_the_fence_end_keeps_the_leases_and_extends_the_fence(rig: Rig) -> None:
     # GIVEN the same, but the reply arrives at t + 9.9 (before the fence end)
-    rig.take("shard-a")
-    start = rig.clock.monotonic()
-    assert rig.loop.beat()
+    start = rig.take_and_beat("shard-a")
     rig.clock.advance(5)
     assert rig.holder.renew_all().renewed == ("shard-a",)
     rig.slow.delay_s = 4.9
@@ -314,9 +308,7 @@ def test_a_slow_reply_before_the_fence_end_keeps_the_leases_and_extends_the_fenc
 
 def test_fence_all_drops_everything_and_nothing_is_valid_until_the_next_beat(rig: Rig) -> None:
     # GIVEN two valid leases
-    rig.take("shard-a")
-    rig.take("shard-b")
-    assert rig.loop.beat()
+    rig.take_and_beat("shard-a", "shard-b")
     assert rig.holder.is_valid("shard-a") and rig.holder.is_valid("shard-b")
     # WHEN the worker fences itself (it is leaving)
     rig.holder.fence_all("worker stopped")
@@ -397,9 +389,11 @@ def test_a_process_after_a_stopped_or_silent_one_takes_leases_at_its_first_beat(
 # ------------------------------------------- orphaned hand-offs (issue 26: after a freeze, then a kill)
 
 
-def handed_over_from_w1(rig: Rig, key: str, to: str) -> None:
-    """The leader's rebalancing move of ``key`` from w1 to ``to`` in worker mode: leaseOwner = ``to``,
-    checkpointOwner = w1, and the request on w1's item."""
+def held_then_handed_over(rig: Rig, key: str, to: str) -> None:
+    """w1 takes ``key`` and beats; then the leader's rebalancing move of ``key`` from w1 to ``to`` in worker mode:
+    leaseOwner = ``to``, checkpointOwner = w1, and the request on w1's item."""
+    rig.take(key)
+    assert rig.loop.beat()
     lease = rig.leases.get_lease(key)
     assert lease is not None and rig.leases.initiate_graceful_handoff(lease, to) is not None
     assert rig.rows.request_handoff("w1", [handoff_request(key, 30_000)])
@@ -430,9 +424,7 @@ def test_a_handoff_from_a_killed_process_is_completed_by_the_next_process_under_
     rig: Rig,
 ) -> None:
     # GIVEN w1 processing shard-a, and the leader moving shard-a to w3 (a worker that just came back from a freeze)
-    rig.take("shard-a")
-    assert rig.loop.beat()
-    handed_over_from_w1(rig, "shard-a", "w3")
+    held_then_handed_over(rig, "shard-a", "w3")
     # AND w1 is killed before it saw the request, and restarted under the same id 4 s later: the id beats again,
     # so the leader never judges w1 gone and would force the hand-off only after its 30 s timeout
     rig.clock.advance(4.0)
@@ -454,9 +446,7 @@ def test_an_orphaned_handoff_waits_for_our_consumer_to_wind_down_and_for_a_prede
     rig: Rig,
 ) -> None:
     # GIVEN w1 beating and holding shard-a, which the leader hands over to w2
-    rig.take("shard-a")
-    assert rig.loop.beat()
-    handed_over_from_w1(rig, "shard-a", "w2")
+    held_then_handed_over(rig, "shard-a", "w2")
     # WHEN a newer process under w1 beats while the older one beat lately
     rig.clock.advance(0.5)
     busy = {"shard-a"}
@@ -502,9 +492,7 @@ def test_a_keeper_completing_an_orphaned_handoff_in_a_beat_notifies_the_new_owne
     rig: Rig,
 ) -> None:
     # GIVEN a hand-off of shard-a from w1 to w3 asked of w1, which w1's current process does not hold, and w3's row
-    rig.take("shard-a")
-    assert rig.loop.beat()
-    handed_over_from_w1(rig, "shard-a", "w3")
+    held_then_handed_over(rig, "shard-a", "w3")
     rig.rows.put(WorkerMetricStats(worker_id="w3", last_update_epoch_s=int(WALL)))
     rig.clock.advance(4.0)
     keeper = w1_keeper(rig.leases, rig.rows, failover_ms=FAILOVER_MS, clock=rig.clock)
@@ -549,9 +537,7 @@ def test_a_keeper_waits_to_take_until_a_predecessor_that_beat_lately_must_have_s
 
 def test_a_request_for_a_lease_no_longer_in_handoff_from_us_is_only_removed(rig: Rig) -> None:
     # GIVEN a hand-off of shard-a from w1 to w2 that the leader forced meanwhile (w2 owns it outright)
-    rig.take("shard-a")
-    assert rig.loop.beat()
-    handed_over_from_w1(rig, "shard-a", "w2")
+    held_then_handed_over(rig, "shard-a", "w2")
     forced = rig.leases.get_lease("shard-a")
     assert forced is not None and rig.leases.complete_handoff(forced, "w1") is not None
     counter = rig.leases.get_lease("shard-a")

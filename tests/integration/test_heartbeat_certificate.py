@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.heartbeat import FlakySink, SlowSink, ThrottledRows, owned_lease
+from tests.support.heartbeat import FlakySink, SlowSink, ThrottledRows, owned_lease, w1_holder
 from tests.support.stalls import hang_bound_s
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import DependencyError
@@ -94,14 +94,7 @@ def world(ddb: Any, app_name: str) -> World:
     clock = ManualClock(wall=WALL)
     rows = WorkerMetricsStore(app_name, client=ddb, clock=clock)
     leases = DynamoDBLeaseStore(app_name, client=ddb)
-    lost: list[tuple[str, str]] = []
-    holder = LeaseHolder(
-        leases,
-        "w1",
-        config=LeaseConfig(failover_time_ms=FAILOVER_MS),
-        clock=clock,
-        on_lost=lambda key, reason: lost.append((key, reason)),
-    )
+    holder, lost = w1_holder(leases, clock, failover_ms=FAILOVER_MS)
     holder.set_renewing(False)  # worker liveness mode: the heartbeat alone vouches for the leases
     landed = LandedTimeoutSink(rows)
     flaky = FlakySink(landed)

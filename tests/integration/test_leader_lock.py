@@ -53,6 +53,14 @@ def lock(ddb: Any, app: str, owner: str, clock: ManualClock | None = None) -> Dy
     return DynamoDBLeaderLock(app, owner, config=CONFIG, client=ddb, clock=clock or ManualClock())
 
 
+def two_locks(
+    ddb: Any, app: str, first: str, second: str
+) -> tuple[ManualClock, DynamoDBLeaderLock, DynamoDBLeaderLock]:
+    """Two contenders for the application's lock, ``first`` and ``second``, on one manual clock."""
+    clock = ManualClock()
+    return clock, lock(ddb, app, first, clock), lock(ddb, app, second, clock)
+
+
 def raw_item(ddb: Any, app: str) -> dict[str, Any]:
     item = ddb.get_item(TableName=coordinator_state_table_name(app), Key={"key": {"S": LOCK_KEY}}, ConsistentRead=True)
     return dict(item["Item"])
@@ -181,8 +189,8 @@ def test_exactly_one_of_ten_processes_wins(ddb: Any, ddb_endpoint: str, app_name
 
 
 def test_heartbeats_keep_the_lock_and_release_hands_it_over_at_once(ddb: Any, app_name: str) -> None:
-    clock = ManualClock()
-    holder, other = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "other", clock)
+    # GIVEN a holder and a contender
+    clock, holder, other = two_locks(ddb, app_name, "holder", "other")
     assert holder.try_acquire()
     # WHEN the holder heartbeats every 10 s for two minutes (four lease durations)
     for _ in range(12):
@@ -202,8 +210,7 @@ def test_heartbeats_keep_the_lock_and_release_hands_it_over_at_once(ddb: Any, ap
 
 def test_try_acquire_by_the_holder_extends_the_lock(ddb: Any, app_name: str) -> None:
     # GIVEN a holder WHEN it calls try_acquire again (as the leader loop may) THEN it stays holder with a new expiry
-    clock = ManualClock()
-    holder, other = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "other", clock)
+    clock, holder, other = two_locks(ddb, app_name, "holder", "other")
     assert holder.try_acquire()
     for _ in range(5):
         clock.advance(20)
@@ -213,8 +220,7 @@ def test_try_acquire_by_the_holder_extends_the_lock(ddb: Any, app_name: str) -> 
 
 def test_a_dead_holder_is_replaced_within_lease_duration_plus_skew_plus_one_poll(ddb: Any, app_name: str) -> None:
     # GIVEN a holder that dies without releasing (it simply stops heartbeating)
-    clock = ManualClock()
-    dead, contender = lock(ddb, app_name, "dead", clock), lock(ddb, app_name, "contender", clock)
+    clock, dead, contender = two_locks(ddb, app_name, "dead", "contender")
     assert dead.try_acquire()
     died_at = clock.monotonic()
     # WHEN a contender waits for it with acquire(), which polls by sleeping on the (manual) clock
@@ -229,8 +235,7 @@ def test_a_dead_holder_is_replaced_within_lease_duration_plus_skew_plus_one_poll
 
 def test_acquire_gives_up_at_its_timeout_while_the_lock_is_held(ddb: Any, app_name: str) -> None:
     # GIVEN a live holder
-    clock = ManualClock()
-    holder, contender = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "contender", clock)
+    clock, holder, contender = two_locks(ddb, app_name, "holder", "contender")
     assert holder.try_acquire()
     # WHEN a contender waits 5.5 s THEN it gives up after exactly that long (polling every second)
     start = clock.monotonic()
@@ -244,8 +249,7 @@ def test_a_paused_holder_cannot_heartbeat_release_or_clobber_after_replacement(
     ddb: Any, app_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a holder paused (GC, SIGSTOP, a frozen Lambda) past its lease, and a new holder
-    clock = ManualClock()
-    paused, new = lock(ddb, app_name, "paused", clock), lock(ddb, app_name, "new", clock)
+    clock, paused, new = two_locks(ddb, app_name, "paused", "new")
     assert paused.try_acquire()
     clock.advance(DURATION_S + SKEW_S + 0.5)
     assert not paused.is_leader()
@@ -266,8 +270,7 @@ def test_a_holder_that_learns_of_its_replacement_on_acquire_logs_the_loss(
     ddb: Any, app_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a paused holder that was replaced WHEN it next calls try_acquire (not heartbeat)
-    clock = ManualClock()
-    paused, new = lock(ddb, app_name, "paused", clock), lock(ddb, app_name, "new", clock)
+    clock, paused, new = two_locks(ddb, app_name, "paused", "new")
     assert paused.try_acquire()
     clock.advance(DURATION_S + SKEW_S + 0.5)
     assert new.try_acquire()
@@ -298,8 +301,7 @@ def test_transitions_are_logged_one_line_each(ddb: Any, app_name: str, caplog: p
 
 def test_is_leader_ends_before_anyone_else_can_take_the_lock(ddb: Any, app_name: str) -> None:
     # GIVEN a holder whose clock runs with the others
-    clock = ManualClock()
-    holder, other = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "other", clock)
+    clock, holder, other = two_locks(ddb, app_name, "holder", "other")
     assert holder.try_acquire()
     # WHEN time advances second by second
     first_not_leader = first_taken = None
@@ -476,8 +478,7 @@ def test_a_malformed_lock_item_without_version_is_replaced_after_a_lease_duratio
         TableName=coordinator_state_table_name(app_name),
         Item={"key": {"S": LOCK_KEY}, "ownerName": {"S": "someone"}},
     )
-    clock = ManualClock()
-    a, b = lock(ddb, app_name, "a", clock), lock(ddb, app_name, "b", clock)
+    clock, a, b = two_locks(ddb, app_name, "a", "b")
     assert not a.try_acquire() and not b.try_acquire()
     # WHEN both have watched it for a lease duration THEN exactly one replaces it (never a stuck lock)
     clock.advance(DURATION_S)
@@ -486,8 +487,7 @@ def test_a_malformed_lock_item_without_version_is_replaced_after_a_lease_duratio
 
 def test_a_deleted_lock_item_ends_the_holders_leadership(ddb: Any, app_name: str) -> None:
     # GIVEN a holder WHEN an operator deletes the Leader item
-    clock = ManualClock()
-    holder, other = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "other", clock)
+    _, holder, other = two_locks(ddb, app_name, "holder", "other")
     assert holder.try_acquire()
     ddb.delete_item(TableName=coordinator_state_table_name(app_name), Key={"key": {"S": LOCK_KEY}})
     # THEN the holder's heartbeat fails and anyone may create the lock again
@@ -521,8 +521,7 @@ def test_a_lost_acquire_reply_is_recognised(ddb: Any, app_name: str) -> None:
 
 def test_a_lost_takeover_reply_is_recognised(ddb: Any, app_name: str) -> None:
     # GIVEN a released lock WHEN a contender's takeover write (conditional on the observed version) loses its reply
-    clock = ManualClock()
-    first, second = lock(ddb, app_name, "first", clock), lock(ddb, app_name, "second", clock)
+    _, first, second = two_locks(ddb, app_name, "first", "second")
     assert first.try_acquire() and first.release()
     with lose_replies(ddb, "PutItem", times=1) as lost:
         assert second.try_acquire()
@@ -530,8 +529,7 @@ def test_a_lost_takeover_reply_is_recognised(ddb: Any, app_name: str) -> None:
 
 
 def test_a_lost_release_reply_is_recognised(ddb: Any, app_name: str) -> None:
-    clock = ManualClock()
-    holder, other = lock(ddb, app_name, "holder", clock), lock(ddb, app_name, "other", clock)
+    _, holder, other = two_locks(ddb, app_name, "holder", "other")
     assert holder.try_acquire()
     # WHEN the release's reply is lost and re-sent THEN release still reports success and the lock is free
     with lose_replies(ddb, "UpdateItem", times=1) as lost:

@@ -8,11 +8,12 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from tests.support.leases import assigned_lease
 from tests.support.stalls import hang_bound_s
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease
+from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseDiscoverer, LeaseHolder
@@ -28,20 +29,11 @@ def store(moto_aws: AwsConfig, app_name: str) -> DynamoDBLeaseStore:
     return DynamoDBLeaseStore(app_name, client=ddb)
 
 
-def assigned(store: DynamoDBLeaseStore, key: str, owner: str) -> Lease:
-    assert store.create_lease_if_absent(Lease(lease_key=key))
-    lease = store.get_lease(key)
-    assert lease is not None
-    result = store.assign_lease(lease, owner)
-    assert result is not None
-    return result
-
-
 def test_discovery_finds_only_leases_assigned_to_us_without_a_handoff(store: DynamoDBLeaseStore) -> None:
     # GIVEN leases owned by us, by another worker, and one being handed off to us
-    assigned(store, "shard-a", "w1")
-    assigned(store, "shard-b", "w2")
-    moving = assigned(store, "shard-c", "w2")
+    assigned_lease(store, "shard-a", "w1")
+    assigned_lease(store, "shard-b", "w2")
+    moving = assigned_lease(store, "shard-c", "w2")
     assert store.initiate_graceful_handoff(moving, "w1") is not None
     # WHEN w1 discovers
     found = LeaseDiscoverer(store, "w1").discover(set())
@@ -54,7 +46,7 @@ def test_renewal_keeps_leases_valid_and_writes_throughput(store: DynamoDBLeaseSt
     # GIVEN a worker holding a lease
     clock = ManualClock()
     holder = LeaseHolder(store, "w1", clock=clock, throughput=lambda key: 12.5)
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     # WHEN time passes with renewals every 3.3 s
     for _ in range(5):
         clock.advance(3.3)
@@ -71,7 +63,7 @@ def test_a_worker_that_cannot_renew_stops_before_anyone_can_take_over(store: Dyn
     clock = ManualClock()
     config = LeaseConfig(failover_time_ms=10_000)
     holder = LeaseHolder(store, "w1", config=config, clock=clock)
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     # WHEN 9.9 s pass the lease is still valid; at the failover time minus epsilon it is not
     clock.advance(9.9)
     assert holder.is_valid("shard-a")
@@ -87,7 +79,7 @@ def test_a_lease_taken_by_another_worker_is_reported_lost(store: DynamoDBLeaseSt
     clock = ManualClock()
     lost: list[tuple[str, str]] = []
     holder = LeaseHolder(store, "w1", clock=clock, on_lost=lambda key, why: lost.append((key, why)))
-    lease = assigned(store, "shard-a", "w1")
+    lease = assigned_lease(store, "shard-a", "w1")
     assert holder.take(lease)
     current = store.get_lease("shard-a")
     assert current is not None and store.assign_lease(current, "w2") is not None
@@ -105,7 +97,7 @@ def test_a_lease_taken_by_another_worker_is_reported_lost(store: DynamoDBLeaseSt
 def test_checkpoints_and_renewals_on_one_lease_never_race_into_a_false_loss(store: DynamoDBLeaseStore) -> None:
     # GIVEN a held lease, a thread checkpointing and a thread renewing at the same time
     holder = LeaseHolder(store, "w1")
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     errors: list[str] = []
 
     def checkpointer() -> None:
@@ -134,7 +126,7 @@ def test_checkpoints_and_renewals_on_one_lease_never_race_into_a_false_loss(stor
 def test_graceful_handoff_is_followed_then_completed(store: DynamoDBLeaseStore) -> None:
     # GIVEN w1 holds a lease and the leader starts a handoff to w2
     holder = LeaseHolder(store, "w1")
-    lease = assigned(store, "shard-a", "w1")
+    lease = assigned_lease(store, "shard-a", "w1")
     assert holder.take(lease)
     current = store.get_lease("shard-a")
     assert current is not None and store.initiate_graceful_handoff(current, "w2") is not None
@@ -156,7 +148,7 @@ def test_eviction_frees_the_lease_at_once(store: DynamoDBLeaseStore) -> None:
     # GIVEN w1 holds two leases
     holder = LeaseHolder(store, "w1")
     for key in ("shard-a", "shard-b"):
-        assert holder.take(assigned(store, key, "w1"))
+        assert holder.take(assigned_lease(store, key, "w1"))
     # WHEN it shuts down and gives them up
     assert all(holder.evict(key) for key in holder.held_keys())
     # THEN both are unowned in the table and no longer held
@@ -170,7 +162,7 @@ def test_many_leases_renew_in_parallel(store: DynamoDBLeaseStore) -> None:
     # GIVEN a worker with 40 leases
     holder = LeaseHolder(store, "w1", max_parallel_renewals=8)
     for n in range(40):
-        assert holder.take(assigned(store, f"shard-{n:03d}", "w1"))
+        assert holder.take(assigned_lease(store, f"shard-{n:03d}", "w1"))
     # WHEN it renews them all
     report = holder.renew_all()
     holder.close()
@@ -183,7 +175,7 @@ def test_a_checkpoint_after_a_handoff_started_between_renewals_is_written_as_che
 ) -> None:
     # GIVEN w1 holds a lease and the leader starts a graceful handoff to w2 before w1's next renewal
     holder = LeaseHolder(store, "w1")
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     current = store.get_lease("shard-a")
     assert current is not None and store.initiate_graceful_handoff(current, "w2") is not None
     # WHEN w1 checkpoints (its view still says it is the plain owner)
@@ -200,7 +192,7 @@ def test_a_checkpoint_after_a_handoff_started_between_renewals_is_written_as_che
 def test_a_checkpoint_that_fails_transiently_is_retried_not_redelivered(store: DynamoDBLeaseStore) -> None:
     # GIVEN a held lease and a checkpointer whose first two UpdateItem calls fail with a 5xx after retries
     holder = LeaseHolder(store, "w1")
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     client = store._client  # the store's own botocore client
     failures = {"left": 2}
 
@@ -231,7 +223,7 @@ def test_at_shard_end_a_checkpoint_at_the_last_record_is_shard_end(
 ) -> None:
     # GIVEN a held lease whose shard ended after record 9 was delivered
     holder = LeaseHolder(store, "w1")
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     checkpointer = LeaseCheckpointer(holder, "shard-a", initial=Checkpoint(sequence="1"))
     checkpointer.largest_permitted = Checkpoint(sequence="9")
     checkpointer.end_shard()
@@ -244,7 +236,7 @@ def test_at_shard_end_a_checkpoint_at_the_last_record_is_shard_end(
 
 def test_at_shard_end_a_checkpoint_beyond_the_last_record_is_refused(store: DynamoDBLeaseStore) -> None:
     holder = LeaseHolder(store, "w1")
-    assert holder.take(assigned(store, "shard-a", "w1"))
+    assert holder.take(assigned_lease(store, "shard-a", "w1"))
     checkpointer = LeaseCheckpointer(holder, "shard-a", initial=Checkpoint(sequence="1"))
     checkpointer.largest_permitted = Checkpoint(sequence="9")
     checkpointer.end_shard()

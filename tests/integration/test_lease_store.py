@@ -8,6 +8,7 @@ import pytest
 
 from tests.support import kcl_fixture
 from tests.support.faults import lose_replies
+from tests.support.leases import assigned_lease
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import EndpointUnreachableError, InvalidStateError, TableMissingError
@@ -27,16 +28,6 @@ def ddb(ddb_aws: AwsConfig) -> Any:
 def store(ddb: Any, app_name: str) -> DynamoDBLeaseStore:
     ensure_tables(app_name, ddb)
     return DynamoDBLeaseStore(app_name, client=ddb)
-
-
-def owned(store: DynamoDBLeaseStore, key: str, owner: str) -> Lease:
-    """A lease created unowned and assigned to ``owner`` (counter 1)."""
-    assert store.create_lease_if_absent(Lease(lease_key=key))
-    lease = store.get_lease(key)
-    assert lease is not None
-    assigned = store.assign_lease(lease, owner)
-    assert assigned is not None
-    return assigned
 
 
 # --- creation and reading ------------------------------------------------------------------------------------
@@ -97,8 +88,8 @@ def test_paginated_and_parallel_scans_return_every_lease(store: DynamoDBLeaseSto
 def test_query_by_owner_uses_the_gsi(store: DynamoDBLeaseStore) -> None:
     # GIVEN leases owned by two workers and one unowned
     for i in range(3):
-        owned(store, f"shardId-a{i}", "worker-a")
-    owned(store, "shardId-b0", "worker-b")
+        assigned_lease(store, f"shardId-a{i}", "worker-a")
+    assigned_lease(store, "shardId-b0", "worker-b")
     store.create_lease_if_absent(Lease(lease_key="shardId-free"))
     # THEN each owner's keys come back through LeaseOwnerToLeaseKeyIndex
     assert store.list_lease_keys_for_owner("worker-a") == ["shardId-a0", "shardId-a1", "shardId-a2"]
@@ -110,7 +101,7 @@ def test_query_by_owner_uses_the_gsi(store: DynamoDBLeaseStore) -> None:
 
 
 def test_renew_increments_the_counter_and_writes_throughput(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     renewed = store.renew_lease(lease, "w1", throughput_kbps=12.5)
     assert renewed is not None
     assert renewed.lease_counter == lease.lease_counter + 1
@@ -119,7 +110,7 @@ def test_renew_increments_the_counter_and_writes_throughput(store: DynamoDBLease
 
 def test_renew_with_a_stale_counter_loses(store: DynamoDBLeaseStore) -> None:
     # GIVEN a worker's view of its lease, and the leader reassigning it meanwhile
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     assert store.assign_lease(lease, "w2") is not None
     # WHEN the old owner renews from its stale view
     # THEN the lease is lost (None), and the new owner is untouched
@@ -129,13 +120,13 @@ def test_renew_with_a_stale_counter_loses(store: DynamoDBLeaseStore) -> None:
 
 
 def test_renew_by_a_non_owner_loses(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     assert store.renew_lease(lease, "w2") is None
 
 
 def test_renew_whose_reply_is_lost_is_recognised(store: DynamoDBLeaseStore, ddb: Any) -> None:
     # GIVEN a lease owned by w1
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     # WHEN the renewal is applied but its reply is lost (botocore re-sends it, the retry fails its condition)
     with lose_replies(ddb, "UpdateItem") as lost:
         renewed = store.renew_lease(lease, "w1", throughput_kbps=2.0)
@@ -149,7 +140,7 @@ def test_renew_whose_reply_is_lost_is_recognised(store: DynamoDBLeaseStore, ddb:
 
 def test_checkpoint_is_fenced_by_counter_and_owner(store: DynamoDBLeaseStore) -> None:
     # GIVEN w1 owns a lease with a pending checkpoint and owner switches
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     prepared = store.prepare_checkpoint(lease, "w1", Checkpoint(sequence="100", sub_sequence=2))
     assert prepared is not None and prepared.pending_checkpoint == Checkpoint(sequence="100", sub_sequence=2)
     # WHEN w1 checkpoints from its current view
@@ -168,7 +159,7 @@ def test_checkpoint_is_fenced_by_counter_and_owner(store: DynamoDBLeaseStore) ->
 
 
 def test_checkpoint_whose_reply_is_lost_is_recognised(store: DynamoDBLeaseStore, ddb: Any) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     with lose_replies(ddb, "UpdateItem") as lost:
         done = store.checkpoint(lease, "w1", Checkpoint(sequence="7"))
     assert lost == [1]
@@ -176,7 +167,7 @@ def test_checkpoint_whose_reply_is_lost_is_recognised(store: DynamoDBLeaseStore,
 
 
 def test_checkpoint_after_reassignment_is_rejected(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     assert store.assign_lease(lease, "w2") is not None
     assert store.checkpoint(lease, "w1", Checkpoint(sequence="5")) is None
 
@@ -203,7 +194,7 @@ def test_assign_counts_owner_switches_and_respects_the_observed_owner(store: Dyn
 
 def test_assign_with_expected_counter_never_takes_a_lease_renewed_since_the_scan(store: DynamoDBLeaseStore) -> None:
     # GIVEN the leader saw counter c and judged the lease expired, but its owner renewed since
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     assert store.renew_lease(lease, "w1") is not None
     # WHEN the leader reassigns with the counter it observed
     # THEN it loses, and the live owner keeps the lease
@@ -213,7 +204,7 @@ def test_assign_with_expected_counter_never_takes_a_lease_renewed_since_the_scan
 
 
 def test_assign_whose_reply_is_lost_is_recognised(store: DynamoDBLeaseStore, ddb: Any) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     with lose_replies(ddb, "UpdateItem") as lost:
         moved = store.assign_lease(lease, "w2", expected_counter=lease.lease_counter)
     assert lost == [1]
@@ -227,7 +218,7 @@ def test_graceful_handoff_lets_the_old_owner_renew_and_checkpoint_until_it_compl
     store: DynamoDBLeaseStore,
 ) -> None:
     # GIVEN w1 processes a lease
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     # WHEN the leader starts a handoff to w2
     handing = store.initiate_graceful_handoff(lease, "w2")
     # THEN the new owner is recorded, the old one stays as checkpoint owner, the counter does not move
@@ -253,7 +244,7 @@ def test_graceful_handoff_lets_the_old_owner_renew_and_checkpoint_until_it_compl
 
 
 def test_a_second_handoff_cannot_start_while_one_is_in_progress(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     assert store.initiate_graceful_handoff(lease, "w2") is not None
     # A leader acting on the pre-handoff observation loses the condition
     assert store.initiate_graceful_handoff(lease, "w3") is None
@@ -265,7 +256,7 @@ def test_a_second_handoff_cannot_start_while_one_is_in_progress(store: DynamoDBL
 
 
 def test_leader_forces_an_overdue_handoff_to_complete(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     handing = store.initiate_graceful_handoff(lease, "w2")
     assert handing is not None
     forced = store.assign_lease(handing, "w2")
@@ -276,7 +267,7 @@ def test_leader_forces_an_overdue_handoff_to_complete(store: DynamoDBLeaseStore)
 
 
 def test_evict_releases_at_once_and_only_for_the_owner(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     assert store.evict_lease(lease, "w2") is None
     freed = store.evict_lease(lease, "w1")
     assert freed is not None and freed.lease_owner is None and freed.lease_counter == lease.lease_counter + 1
@@ -284,7 +275,7 @@ def test_evict_releases_at_once_and_only_for_the_owner(store: DynamoDBLeaseStore
 
 
 def test_evict_during_a_handoff_completes_it(store: DynamoDBLeaseStore) -> None:
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     handing = store.initiate_graceful_handoff(lease, "w2")
     assert handing is not None
     done = store.evict_lease(handing, "w1")
@@ -293,7 +284,7 @@ def test_evict_during_a_handoff_completes_it(store: DynamoDBLeaseStore) -> None:
 
 def test_child_shard_ids_and_guarded_deletion(store: DynamoDBLeaseStore) -> None:
     # GIVEN a lease that is still being processed
-    lease = owned(store, "shardId-1", "w1")
+    lease = assigned_lease(store, "shardId-1", "w1")
     # THEN it cannot be deleted as finished
     assert store.delete_lease(lease) is False
     assert store.get_lease("shardId-1") is not None
@@ -477,10 +468,10 @@ def test_a_worker_discovers_many_handed_over_leases_in_one_request(store: Dynamo
     # GIVEN eight leases the leader assigned to w, one of them finished and one in a hand-off to w
     keys = [f"shardId-{n:012d}" for n in range(8)]
     for key in keys:
-        owned(store, key, "w")
+        assigned_lease(store, key, "w")
     finished = store.get_lease(keys[0])
     assert finished is not None and store.checkpoint(finished, "w", SHARD_END) is not None
-    moving = owned(store, "shardId-handoff", "old")
+    moving = assigned_lease(store, "shardId-handoff", "old")
     assert store.initiate_graceful_handoff(moving, "w") is not None
     calls: list[str] = []
     ddb.meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.append(model.name))

@@ -107,6 +107,17 @@ def two_workers(world: World, *, renewing: bool, liveness: str | None = None) ->
     return a, b
 
 
+def with_a_kcl_owner(ddb: Any, app: str) -> World:
+    """Worker mode, worker B beating in worker mode and owning b0, and k0 owned by a KCL worker (kcl-java-1) that
+    has no heartbeat row."""
+    world = make_world(ddb, app, setting="worker")
+    world.worker("B", renewing=False, liveness="worker")
+    owned_lease(world.leases, "k0", "kcl-java-1")
+    owned_lease(world.leases, "b0", "B")
+    world.fleet.step()
+    return world
+
+
 BEFORE = {"a0": "A", "a1": "A", "b0": "B", "b1": "B"}
 
 
@@ -156,11 +167,7 @@ def test_in_worker_mode_a_silent_workers_leases_move_after_the_failover_time(ddb
 
 def test_a_foreign_owner_is_reported_and_judged_by_its_lease_counter(ddb: Any, app_name: str) -> None:
     # GIVEN worker mode, worker B beating, and a lease owned by a KCL worker that has no heartbeat row
-    world = make_world(ddb, app_name, setting="worker")
-    world.worker("B", renewing=False, liveness="worker")
-    owned_lease(world.leases, "k0", "kcl-java-1")
-    owned_lease(world.leases, "b0", "B")
-    world.fleet.step()
+    world = with_a_kcl_owner(ddb, app_name)
     # WHEN the leader runs while the KCL worker renews its lease every 3 s
     report = world.full_run(run_number=1)
     kcl = StandInWorker("kcl-java-1", world.rows, world.leases, beating=False)
@@ -359,11 +366,7 @@ def test_the_cli_shows_and_requests_the_mode(ddb: Any, moto_aws: AwsConfig, app_
 
 def test_status_shows_the_mode_each_workers_mode_and_foreign_owners(ddb: Any, app_name: str) -> None:
     # GIVEN worker mode, worker B beating in worker mode, and a lease owned by a KCL worker without a heartbeat
-    world = make_world(ddb, app_name, setting="worker")
-    world.worker("B", renewing=False, liveness="worker")
-    owned_lease(world.leases, "k0", "kcl-java-1")
-    owned_lease(world.leases, "b0", "B")
-    world.fleet.step()
+    world = with_a_kcl_owner(ddb, app_name)
     world.full_run(run_number=1)
     # WHEN an operator looks at the fleet, watching long enough for counters to stand still
     tracker = ExpiryTracker(FAILOVER_MS / 1000)

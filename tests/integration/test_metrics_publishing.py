@@ -67,11 +67,11 @@ def test_a_worker_publishes_put_metric_data_to_cloudwatch(moto_aws: AwsConfig, a
     config = WorkerConfig(
         app=app_name,
         stream=stream,
+        metrics=MetricsConfig(mode="cloudwatch", namespace=namespace, flush_interval_ms=FLUSH_MS),
         worker_id="w1",
         lease=LeaseConfig(failover_time_ms=3_000),
         retrieval=RetrievalConfig(idle_time_between_reads_ms=READ_MS),
         discovery_interval_ms=DISCOVERY_MS,
-        metrics=MetricsConfig(mode="cloudwatch", namespace=namespace, flush_interval_ms=FLUSH_MS),
     )
     journal = Journal()
     worker = Worker(config, lambda: RecordingProcessor(journal), aws_config=moto_aws, dynamodb=ddb, kinesis=kinesis)

@@ -65,6 +65,14 @@ def identifier(kinesis: Any, stream: str) -> StreamIdentifier:
     )
 
 
+def two_streams(kinesis: Any, app_name: str, shards: int) -> tuple[str, str]:
+    """Streams ``<app>-a`` and ``<app>-b`` created, of ``shards`` shards each; their names."""
+    names = (f"{app_name}-a", f"{app_name}-b")
+    for name in names:
+        create_stream(kinesis, name, shards)
+    return names
+
+
 def sync(
     app: str, clients: tuple[Any, Any], streams: StreamSelection, clock: ManualClock | None = None
 ) -> ShardSyncResult:
@@ -121,9 +129,7 @@ def test_a_stream_deleted_in_kinesis_loses_its_leases_and_does_not_hold_the_othe
 ) -> None:
     ddb, kinesis = clients
     store = DynamoDBLeaseStore(app_name, client=ddb)
-    names = (f"{app_name}-a", f"{app_name}-b")
-    for name in names:
-        create_stream(kinesis, name, 2)
+    names = two_streams(kinesis, app_name, 2)
     sync(app_name, clients, StreamSelection(names=names))
     doomed = identifier(kinesis, names[1])
     # GIVEN stream b is deleted in Kinesis while still tracked, and a new stream c is tracked
@@ -157,9 +163,7 @@ def tracked_application(
 ) -> tuple[DynamoDBLeaseStore, list[str], Tracker, StreamSelection, ManualClock]:
     """Two one-shard streams a tracker answers, synced once on an injected clock."""
     ddb, kinesis = clients
-    names = [f"{app_name}-a", f"{app_name}-b"]
-    for name in names:
-        create_stream(kinesis, name, 1)
+    names = list(two_streams(kinesis, app_name, 1))
     tracker = Tracker(names)
     streams = StreamSelection(tracker=tracker)
     clock = ManualClock()
@@ -226,10 +230,14 @@ def test_a_tracker_that_raises_makes_the_sync_write_nothing(clients: tuple[Any, 
     assert result.listing_complete is False and result.created == ()
 
 
+Seen = list[tuple[str, str | None, str, bytes]]
+"""(stream name, stream identifier, shard, data) of every record a :class:`StreamRecorder` got, in order."""
+
+
 class StreamRecorder:
     """Records (stream name, stream identifier, shard, data) of every record; checkpoints every batch."""
 
-    def __init__(self, seen: list[tuple[str, str | None, str, bytes]], lock: threading.Lock) -> None:
+    def __init__(self, seen: Seen, lock: threading.Lock) -> None:
         self.seen, self.lock = seen, lock
         self.stream, self.shard = "", ""
         self.identifier: str | None = None
@@ -252,9 +260,12 @@ class StreamRecorder:
         input.checkpointer.checkpoint()
 
 
-def embedded_worker(
-    clients: tuple[Any, Any], seen: list[tuple[str, str | None, str, bytes]], lock: threading.Lock, **settings: Any
-) -> Worker:
+def recording() -> tuple[Seen, threading.Lock]:
+    """An empty record of what a :class:`StreamRecorder` gets, and the lock it takes to add to it."""
+    return [], threading.Lock()
+
+
+def embedded_worker(clients: tuple[Any, Any], seen: Seen, lock: threading.Lock, **settings: Any) -> Worker:
     """A worker ``w1`` leading too (embedded leader, unless ``settings`` say otherwise), with short timings,
     recording into ``seen``."""
     ddb, kinesis = clients
@@ -276,17 +287,15 @@ def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_proce
     clients: tuple[Any, Any], app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ddb, kinesis = clients
-    names = (f"{app_name}-a", f"{app_name}-b")
+    names = two_streams(kinesis, app_name, 2)
     for name in names:
-        create_stream(kinesis, name, 2)
         kinesis.put_records(
             StreamName=name,
             Records=[{"Data": f"{name}/{n}".encode(), "PartitionKey": str(n)} for n in range(40)],
         )
     monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
     monkeypatch.setenv("SHARDLEASE_LEADER_FAST_TICK_MS", str(FAST_TICK_MS))
-    seen: list[tuple[str, str | None, str, bytes]] = []
-    lock = threading.Lock()
+    seen, lock = recording()
     # GIVEN one worker of a two-stream application, leading too
     worker = embedded_worker(clients, seen, lock, app=app_name, streams=names)
     workers.append(worker)
@@ -339,14 +348,11 @@ def test_a_stream_deleted_while_workers_read_it_stops_its_consumers_and_not_the_
     from worker_lib.processing.consumer import ConsumerOutcome
 
     ddb, kinesis = clients
-    names = (f"{app_name}-a", f"{app_name}-b")
-    for name in names:
-        create_stream(kinesis, name, 1)
+    names = two_streams(kinesis, app_name, 1)
     monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
     monkeypatch.setenv("SHARDLEASE_SHARD_SYNC_INTERVAL_MS", str(SHARD_SYNC_MS))
     monkeypatch.setenv("SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", str(CYCLE_MS))
-    seen: list[tuple[str, str | None, str, bytes]] = []
-    lock = threading.Lock()
+    seen, lock = recording()
     worker = embedded_worker(clients, seen, lock, app=app_name, streams=names)
     workers.append(worker)
     worker.start()
@@ -380,9 +386,7 @@ def test_a_bare_shard_key_in_an_application_of_several_streams_is_not_taken(
     from worker_lib.core.models import Lease
 
     ddb, kinesis = clients
-    names = (f"{app_name}-a", f"{app_name}-b")
-    for name in names:
-        create_stream(kinesis, name, 1)
+    names = two_streams(kinesis, app_name, 1)
     store = DynamoDBLeaseStore(app_name, client=ddb)
     good = identifier(kinesis, names[0]).lease_key("shardId-000000000000")
     # GIVEN w1 is assigned a multi-stream lease and a bare shard-id lease (which names no stream)

@@ -11,6 +11,7 @@ import botocore.exceptions
 import pytest
 
 from tests.support.processes import CLI_BOUND_S, run_command
+from tests.support.shard_graph_a import AT, CASES, TH, L
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig, InitialPosition
@@ -24,21 +25,6 @@ from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.streams import create_stream, list_all_shards, merge_shards, split_shard
 
 pytestmark = pytest.mark.kinesalite
-
-L, TH, AT = InitialPosition.LATEST, InitialPosition.TRIM_HORIZON, InitialPosition.AT_TIMESTAMP
-TABLE = [
-    ((4, 5, 7), (6,), (0, 1), (0, 1)),
-    ((3, 4, 5), (2, 6), (0, 1, 2), (0, 1, 2)),
-    ((2, 6), (3, 4, 9, 10), (3, 4, 5), (3, 4, 5)),
-    ((4, 9, 10), (8,), (0, 1, 2, 3), (0, 1, 2, 3)),
-    ((), (4, 8, 9, 10), (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5)),
-    ((4, 5, 6, 7), (), (), ()),
-]
-CASES = [
-    pytest.param(existing, position, expected, id=f"{','.join(map(str, existing)) or 'none'}-{position.value}")
-    for existing, latest, trim, at in TABLE
-    for position, expected in ((L, latest), (TH, trim), (AT, at))
-]
 
 
 def sync_config(position: InitialPosition) -> ShardSyncConfig:

@@ -265,26 +265,35 @@ FENCE_CONFIG = LeaseConfig(failover_time_ms=1_000, heartbeat_interval_ms=100)
 FENCE_BEAT_S = FENCE_CONFIG.heartbeat_interval_ms / 1000
 
 
+def fence_rig(
+    ddb: Any, app_name: str, liveness: str, *, quiet_after_lapse_ms: int
+) -> tuple[WorkerMetricsStore, LeaseHolder, LandedTimeouts, HeartbeatLoop]:
+    """w1's heartbeat loop in ``liveness`` mode (:data:`FENCE_CONFIG`), started, fencing its lease holder, beating
+    into a :class:`LandedTimeouts` sink on the worker rows: (rows, holder, sink, loop). The test stops the loop."""
+    rows = WorkerMetricsStore(app_name, client=ddb)
+    holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=FENCE_CONFIG)
+    sink = LandedTimeouts(rows)
+    loop = HeartbeatLoop(
+        sink,
+        "w1",
+        interval_ms=FENCE_CONFIG.heartbeat_interval_ms,
+        fence=holder,
+        on_notice=lambda keys: None,
+        quiet_after_lapse_ms=quiet_after_lapse_ms,
+    )
+    loop.liveness = liveness
+    loop.start()
+    return rows, holder, sink, loop
+
+
 @pytest.mark.parametrize("liveness", ["worker", "lease"])
 def test_a_fenced_worker_mode_worker_falls_silent_so_the_leader_moves_its_leases(
     ddb: Any, app_name: str, liveness: str
 ) -> None:
     # GIVEN a heartbeat loop (failover 1 s, beats every 100 ms) whose beats land but whose replies stop coming back
-    rows = WorkerMetricsStore(app_name, client=ddb)
     config = FENCE_CONFIG
     quiet_s = config.quiet_after_lapse_ms / 1000  # the failover time and two beats: 1.2 s
-    holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=config)
-    sink = LandedTimeouts(rows)
-    loop = HeartbeatLoop(
-        sink,
-        "w1",
-        interval_ms=config.heartbeat_interval_ms,
-        fence=holder,
-        on_notice=lambda keys: None,
-        quiet_after_lapse_ms=config.quiet_after_lapse_ms,
-    )
-    loop.liveness = liveness
-    loop.start()
+    rows, holder, sink, loop = fence_rig(ddb, app_name, liveness, quiet_after_lapse_ms=config.quiet_after_lapse_ms)
     try:
         eventually(lambda: loop.beats >= 3, bound_s=hang_bound_s(3 * FENCE_BEAT_S), what="3 beats")
         # WHEN every reply is lost for 4.5 s (four and a half failover times)
@@ -315,21 +324,8 @@ def test_a_fenced_worker_mode_worker_falls_silent_so_the_leader_moves_its_leases
 
 def test_a_short_lapse_does_not_silence_a_worker_mode_worker(ddb: Any, app_name: str) -> None:
     # GIVEN the same loop in worker mode
-    rows = WorkerMetricsStore(app_name, client=ddb)
-    config = FENCE_CONFIG
     quiet_s = 1.2
-    holder = LeaseHolder(DynamoDBLeaseStore(app_name, client=ddb), "w1", config=config)
-    sink = LandedTimeouts(rows)
-    loop = HeartbeatLoop(
-        sink,
-        "w1",
-        interval_ms=config.heartbeat_interval_ms,
-        fence=holder,
-        on_notice=lambda keys: None,
-        quiet_after_lapse_ms=int(quiet_s * 1000),
-    )
-    loop.liveness = "worker"
-    loop.start()
+    rows, holder, sink, loop = fence_rig(ddb, app_name, "worker", quiet_after_lapse_ms=int(quiet_s * 1000))
     try:
         eventually(lambda: loop.beats >= 3, bound_s=hang_bound_s(3 * FENCE_BEAT_S), what="3 beats")
         # WHEN replies are lost for 1.5 s: the fence runs out, but for less than the failover time

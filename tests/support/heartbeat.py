@@ -14,8 +14,10 @@ from botocore.awsrequest import AWSResponse, HTTPHeaders
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import ThrottledError
 from worker_lib.core.models import Lease, WorkerMetricStats, WorkerState
+from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.heartbeat import HeartbeatSink
+from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 
@@ -204,6 +206,17 @@ def owned_lease(store: DynamoDBLeaseStore, key: str, owner: str | None, *, count
     lease = store.get_lease(key)
     assert lease is not None
     return lease
+
+
+def w1_holder(
+    leases: DynamoDBLeaseStore, clock: ManualClock, *, failover_ms: int
+) -> tuple[LeaseHolder, list[tuple[str, str]]]:
+    """Worker w1's lease holder (what its heartbeat fences), and the (lease key, reason) of each lease it reports
+    lost, in order."""
+    lost: list[tuple[str, str]] = []
+    config = LeaseConfig(failover_time_ms=failover_ms)
+    holder = LeaseHolder(leases, "w1", config=config, clock=clock, on_lost=lambda key, why: lost.append((key, why)))
+    return holder, lost
 
 
 class HeartbeatBlackout:

@@ -188,15 +188,8 @@ def shardlease_liveness(app: str, endpoint: str, *, target: str | None = None) -
     args = ["liveness", "--app", app, "--endpoint-url", endpoint, "--json"]
     if target is not None:
         args += ["--set", target]
-    done = subprocess.run(
-        shardlease_command(*args, log_level="WARNING"),
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=CLI_BOUND_S,
-        check=False,
-    )
+    command = shardlease_command(*args, log_level="WARNING")
+    done = run_command(command, timeout_s=CLI_BOUND_S, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     if done.returncode != 0:
         raise RuntimeError(f"shardlease {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
     summary: dict[str, Any] = json.loads(done.stdout)

@@ -263,3 +263,38 @@ def test_the_cli_leader_takes_shard_sync_settings_from_the_environment_and_flags
         False,
     )
     assert flagged.initial_timestamp is not None
+
+
+def test_a_worker_config_carries_its_embedded_leaders_settings_from_the_one_environment_it_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a process environment, and another mapping with the leader's settings
+    from worker_lib.core.config import InitialPosition
+    from worker_lib.worker import WorkerConfig
+    from worker_lib.workermetrics.config import WorkerMetricsConfig
+
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", "9000")
+    env = {
+        "SHARDLEASE_STREAM": "orders-stream",
+        "AWS_REGION": "ap-south-1",
+        "SHARDLEASE_INITIAL_POSITION": "TRIM_HORIZON",
+        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS": "500",
+        "SHARDLEASE_LEADER_LOCK_DURATION_MS": "3000",
+        "SHARDLEASE_LEADER_HEARTBEAT_MS": "1000",
+        "SHARDLEASE_MAX_CLOCK_SKEW_MS": "500",
+        "SHARDLEASE_ASSIGNMENT_STRATEGY": "count",
+        "SHARDLEASE_SCALING_MIN_WORKERS": "2",
+    }
+    # WHEN a worker's configuration is read from that mapping, with its own report interval
+    config = WorkerConfig.from_env(env, app="orders", worker_metrics=WorkerMetricsConfig(report_interval_ms=1_000))
+    # THEN every setting comes from the mapping alone, the embedded leader's included
+    assert (config.stream, config.aws.region, config.leader.cycle_interval_ms) == ("orders-stream", "ap-south-1", 500)
+    assert (config.leader_lock.lease_duration_ms, config.leader_lock.heartbeat_interval_ms) == (3000, 1000)
+    assert (config.assignment.strategy, config.scaling.min_workers) == ("count", 2)
+    assert config.shard_sync.initial_position is config.initial_position is InitialPosition.TRIM_HORIZON
+    # AND the leader judges the workers' reports by the interval this worker reports at
+    assert config.assignment.worker_report_interval_s == 1.0
+    # AND a position given to the worker is its embedded leader's too
+    given = WorkerConfig(app="orders", initial_position=InitialPosition.LATEST, environment=env)
+    assert given.shard_sync.initial_position is InitialPosition.LATEST and given.shard_sync.interval_ms == 60_000

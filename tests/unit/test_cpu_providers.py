@@ -110,6 +110,18 @@ def _cgroup_v2(root: Path, cpu_max: str) -> None:
     _install("cgroup_v2/cpu.stat.1", root / "cpu.stat")
 
 
+def _cgroup_v2_used_over(root: Path, elapsed_s: float) -> CgroupV2Cpu:
+    """The 2-CPU cgroup's metric after its first sample, with 0.5 CPU-seconds more used ``elapsed_s`` later
+    (usage_usec 1 000 000, then 1 500 000): its next sample measures that interval."""
+    _cgroup_v2(root, "quota")
+    clock = ManualClock()
+    metric = CgroupV2Cpu(root, clock=clock)
+    metric.sample()
+    clock.advance(elapsed_s)
+    _install("cgroup_v2/cpu.stat.2", root / "cpu.stat")
+    return metric
+
+
 @pytest.mark.parametrize(("cpu_max", "expected"), [("quota", 25.0), ("unlimited", 6.25)])
 def test_cgroup_v2_reference_examples(tmp_path: Path, cpu_max: str, expected: float) -> None:
     # GIVEN cpu.max "20000 10000" (2 CPUs) or "max 10000" with cpuset "0-7" (8 CPUs), usage_usec 1 000 000
@@ -126,12 +138,7 @@ def test_cgroup_v2_reference_examples(tmp_path: Path, cpu_max: str, expected: fl
 
 def test_cgroup_v2_uses_actual_elapsed_wall_time(tmp_path: Path) -> None:
     # GIVEN the 2-CPU cgroup WHEN the same 0.5 CPU-seconds are used over 2 s THEN 12.5 %
-    _cgroup_v2(tmp_path, "quota")
-    clock = ManualClock()
-    metric = CgroupV2Cpu(tmp_path, clock=clock)
-    metric.sample()
-    clock.advance(2.0)
-    _install("cgroup_v2/cpu.stat.2", tmp_path / "cpu.stat")
+    metric = _cgroup_v2_used_over(tmp_path, 2.0)
     assert metric.sample() == pytest.approx(12.5)
 
 
@@ -147,12 +154,7 @@ def test_cgroup_v2_bad_cpu_max_returns_none(tmp_path: Path, caplog: pytest.LogCa
 
 def test_cgroup_v2_caps_at_100(tmp_path: Path) -> None:
     # GIVEN 2 CPUs WHEN 0.5 CPU-seconds are used in 0.1 s (5 cores' worth, impossible but seen with skew)
-    _cgroup_v2(tmp_path, "quota")
-    clock = ManualClock()
-    metric = CgroupV2Cpu(tmp_path, clock=clock)
-    metric.sample()
-    clock.advance(0.1)
-    _install("cgroup_v2/cpu.stat.2", tmp_path / "cpu.stat")
+    metric = _cgroup_v2_used_over(tmp_path, 0.1)
     # THEN min(100, …)
     assert metric.sample() == 100.0
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 import sys
+import typing
 
 import pytest
 
@@ -56,6 +59,48 @@ def test_every_error_type_in_core_errors_is_public() -> None:
     defined = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
     # WHEN compared with the public names THEN none is left out
     assert defined <= set(worker_lib.__all__)
+
+
+def _worker_lib_types(cls: type) -> set[type]:
+    """The worker_lib classes in the annotations of ``cls``'s fields (inside ``X | None``, tuples, ...), and in
+    theirs, for each one that is itself a dataclass."""
+    found: set[type] = set()
+    pending = [cls]
+    while pending:
+        hints = list(typing.get_type_hints(pending.pop()).values())
+        while hints:
+            hint = hints.pop()
+            hints.extend(typing.get_args(hint))
+            if isinstance(hint, type) and hint.__module__.startswith("worker_lib.") and hint not in found:
+                found.add(hint)
+                if dataclasses.is_dataclass(hint):
+                    pending.append(hint)
+    return found
+
+
+def test_the_type_of_every_worker_config_field_is_public() -> None:
+    # GIVEN WorkerConfig's fields, and the fields of the configuration classes among them
+    types = _worker_lib_types(worker_lib.WorkerConfig)
+    # WHEN their worker_lib types are looked up on the package THEN each is exported, as the same object
+    assert {"LeaseConfig", "FailureConfig", "FailureAction", "RetrievalConfig", "RetrievalMode"} <= {
+        t.__name__ for t in types
+    }
+    for cls in types:
+        assert cls.__name__ in worker_lib.__all__, f"{cls.__module__}.{cls.__name__} is not exported"
+        assert getattr(worker_lib, cls.__name__) is cls
+
+
+def test_what_docs_api_tells_users_to_import_is_exported() -> None:
+    # GIVEN docs/api.md: its imports, the configuration classes and the errors it names
+    text = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    imported = {n.strip() for line in re.findall(r"^from worker_lib import (.+)$", text, re.M) for n in line.split(",")}
+    configs = set(re.findall(r"`([A-Z]\w*Config)\b", text))
+    errors = set(re.findall(r"^\| `(\w+)", text.split("## Errors", 1)[1], re.M))
+    # WHEN compared with the package's exports THEN each is there, and the page imports from no internal module
+    assert {"Worker", "LeaseConfig", "RecordFailedError", "ConfigError"} <= imported | configs | errors
+    assert imported | configs | errors <= set(worker_lib.__all__)
+    internal = re.findall(r"^from (worker_lib\.\w+)", text, re.M)
+    assert set(internal) <= {"worker_lib.cdk", "worker_lib.spark", "worker_lib.testing"}
 
 
 def test_an_unknown_attribute_is_an_attribute_error() -> None:

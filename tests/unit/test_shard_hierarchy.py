@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.shard_graph_a import AT, CASES, TH, L
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.models import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, ShardInfo
 from worker_lib.shardsync.hierarchy import LISTING, hash_range_holes, plan_creation, plan_sync
 
-L, TH, AT = InitialPosition.LATEST, InitialPosition.TRIM_HORIZON, InitialPosition.AT_TIMESTAMP
 MAX_KEY = 2**128 - 1
 INITIAL = {L: LATEST, TH: TRIM_HORIZON, AT: AT_TIMESTAMP}
 
@@ -89,22 +89,6 @@ def build_graph_a() -> list[ShardInfo]:
 
 
 GRAPH_A = build_graph_a()
-
-# docs/kcl-compatibility.md "Shard sync and lease lifecycle": existing leases → created
-# (LATEST, TRIM_HORIZON, AT_TIMESTAMP)
-TABLE = [
-    ((4, 5, 7), (6,), (0, 1), (0, 1)),
-    ((3, 4, 5), (2, 6), (0, 1, 2), (0, 1, 2)),
-    ((2, 6), (3, 4, 9, 10), (3, 4, 5), (3, 4, 5)),
-    ((4, 9, 10), (8,), (0, 1, 2, 3), (0, 1, 2, 3)),
-    ((), (4, 8, 9, 10), (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5)),
-    ((4, 5, 6, 7), (), (), ()),
-]
-CASES = [
-    pytest.param(existing, position, expected, id=f"{','.join(map(str, existing)) or 'none'}-{position.value}")
-    for existing, latest, trim, at in TABLE
-    for position, expected in ((L, latest), (TH, trim), (AT, at))
-]
 
 
 def leases_for(ids: tuple[int, ...]) -> list[Lease]:
@@ -332,8 +316,12 @@ def test_leases_of_unknown_shards_are_reported_only_with_a_complete_listing() ->
 CHECKPOINTS = [Checkpoint(sequence="42"), SHARD_END, TRIM_HORIZON, LATEST, AT_TIMESTAMP]
 
 
+History = tuple[list[ShardInfo], list[Lease]]
+"""A stream's shard listing after random resharding, and the leases a sync could meet for it."""
+
+
 @st.composite
-def histories(draw: st.DrawFn) -> tuple[list[ShardInfo], list[Lease]]:
+def histories(draw: st.DrawFn) -> History:
     """A random resharding history (splits, merges of adjacent open shards) and a random set of leases."""
     stream = Resharder(draw(st.integers(1, 4)))
     for _ in range(draw(st.integers(0, 9))):
@@ -365,9 +353,7 @@ def ancestors(shard_id: str, by_id: dict[str, ShardInfo]) -> set[str]:
 
 @settings(max_examples=400, deadline=None)
 @given(histories(), st.sampled_from([L, TH, AT]), st.randoms(use_true_random=False))
-def test_properties_of_creation(
-    history: tuple[list[ShardInfo], list[Lease]], position: InitialPosition, rnd: random.Random
-) -> None:
+def test_properties_of_creation(history: History, position: InitialPosition, rnd: random.Random) -> None:
     shards, leases = history
     by_id = {s.shard_id: s for s in shards}
     existing = {lease.lease_key for lease in leases}
@@ -407,9 +393,7 @@ def test_properties_of_creation(
 
 @settings(max_examples=400, deadline=None)
 @given(histories(), st.sampled_from([L, TH, AT]), st.randoms(use_true_random=False))
-def test_properties_of_repair_and_cleanup(
-    history: tuple[list[ShardInfo], list[Lease]], position: InitialPosition, rnd: random.Random
-) -> None:
+def test_properties_of_repair_and_cleanup(history: History, position: InitialPosition, rnd: random.Random) -> None:
     shards, leases = history
     by_id = {s.shard_id: s for s in shards}
     by_key = {lease.lease_key: lease for lease in leases}

@@ -52,24 +52,28 @@ def test_a_query_that_already_ended_is_left_alone() -> None:
     assert query.polls == 0 and query.stopped_while_busy is None
 
 
-class BackToBackQuery:
-    """A StreamingQuery whose batches run back to back: its trigger is always active, and its status message cycles
-    through ``phases`` (one per look)."""
+class BackToBackQuery(ScriptedQuery):
+    """A :class:`ScriptedQuery` whose batches run back to back: its trigger is always active, and its status message
+    cycles through ``phases`` (one per look)."""
 
     def __init__(self, phases: list[str]) -> None:
+        super().__init__(busy_polls=10**9)
         self.phases = phases
-        self.isActive = True
-        self.polls = 0
         self.stopped_in: str | None = None
 
     @property
+    def phase(self) -> str:
+        """The status message of the latest look."""
+        return self.phases[(self.polls - 1) % len(self.phases)]
+
+    @property
     def status(self) -> dict[str, object]:
-        self.polls += 1
-        return {"message": self.phases[(self.polls - 1) % len(self.phases)], "isTriggerActive": True}
+        looked = super().status  # counts the look
+        return {**looked, "message": self.phase}
 
     def stop(self) -> None:
-        self.stopped_in = self.phases[(self.polls - 1) % len(self.phases)]
-        self.isActive = False
+        self.stopped_in = self.phase
+        super().stop()
 
 
 def test_back_to_back_batches_are_stopped_while_the_next_one_is_planned() -> None:

@@ -7,12 +7,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from worker_lib.core.env import env_bool, env_float, env_int, env_optional_float, env_optional_int, environ
+from worker_lib.core.env import env_lower, env_optional_float, env_optional_int, read_settings, setting
 from worker_lib.core.errors import ConfigError
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 
 Strategy = Literal["variance", "count"]
 STRATEGIES: tuple[str, ...] = ("variance", "count")
+
+
+def _strategy(env: Mapping[str, str], name: str, default: str) -> str:
+    strategy = env_lower(env, name, default)
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"invalid {name} {strategy!r}: expected variance or count")
+    return strategy
+
+
+def _report_interval_s(env: Mapping[str, str], name: str, default: float) -> float:
+    """The workers' report interval, from their own setting (``name``), so that leader and workers agree."""
+    return WorkerMetricsConfig.from_env(env).report_interval_ms / 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,18 +61,21 @@ class AssignmentConfig:
       "Where we differ"); True reproduces KCL 3.x decisions, quirks included; ``SHARDLEASE_KCL_COMPATIBLE``.
     """
 
-    strategy: Strategy = "variance"
-    rebalance_threshold_pct: float = 10.0
-    rebalance_min_gap_pct: float = 2.0
-    dampening_pct: float = 60.0
-    balancing_frequency: int = 3
-    ema_alpha: float = 0.5
-    max_leases_for_worker: int | None = None
-    max_throughput_per_host_kbps: float | None = None
-    allow_throughput_overshoot: bool = True
-    dynamic_cap: int | None = None
-    worker_report_interval_s: float = 30.0
-    kcl_compatible: bool = False
+    strategy: Strategy = setting("variance", "SHARDLEASE_ASSIGNMENT_STRATEGY", _strategy)  # noqa: RUF009 (a field specifier)
+    rebalance_threshold_pct: float = setting(10.0, "SHARDLEASE_REBALANCE_THRESHOLD_PCT")
+    rebalance_min_gap_pct: float = setting(2.0, "SHARDLEASE_REBALANCE_MIN_GAP_PCT")
+    dampening_pct: float = setting(60.0, "SHARDLEASE_DAMPENING_PCT")
+    balancing_frequency: int = setting(3, "SHARDLEASE_BALANCING_FREQUENCY")
+    ema_alpha: float = setting(0.5, "SHARDLEASE_WORKER_METRICS_EMA_ALPHA")
+    max_leases_for_worker: int | None = setting(None, "SHARDLEASE_MAX_LEASES_FOR_WORKER", env_optional_int)
+    max_throughput_per_host_kbps: float | None = setting(
+        None, "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS", env_optional_float
+    )
+    allow_throughput_overshoot: bool = setting(True, "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT")
+    dynamic_cap: int | None = setting(None, "SHARDLEASE_DYNAMIC_MAX_LEASES", env_optional_int)
+    # The workers' own setting: leader and workers agree.
+    worker_report_interval_s: float = setting(30.0, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS", _report_interval_s)
+    kcl_compatible: bool = setting(False, "SHARDLEASE_KCL_COMPATIBLE")
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -92,26 +107,8 @@ class AssignmentConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> AssignmentConfig:
-        e = environ(env)
-        strategy = (e.get("SHARDLEASE_ASSIGNMENT_STRATEGY") or "variance").strip().lower()
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"invalid SHARDLEASE_ASSIGNMENT_STRATEGY {strategy!r}: expected variance or count")
-        values: dict[str, object] = {
-            "strategy": strategy,
-            "rebalance_threshold_pct": env_float(e, "SHARDLEASE_REBALANCE_THRESHOLD_PCT", 10.0),
-            "rebalance_min_gap_pct": env_float(e, "SHARDLEASE_REBALANCE_MIN_GAP_PCT", 2.0),
-            "dampening_pct": env_float(e, "SHARDLEASE_DAMPENING_PCT", 60.0),
-            "balancing_frequency": env_int(e, "SHARDLEASE_BALANCING_FREQUENCY", 3),
-            "ema_alpha": env_float(e, "SHARDLEASE_WORKER_METRICS_EMA_ALPHA", 0.5),
-            "max_leases_for_worker": env_optional_int(e, "SHARDLEASE_MAX_LEASES_FOR_WORKER"),
-            "max_throughput_per_host_kbps": env_optional_float(e, "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS"),
-            "allow_throughput_overshoot": env_bool(e, "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT", True),
-            "dynamic_cap": env_optional_int(e, "SHARDLEASE_DYNAMIC_MAX_LEASES"),
-            "worker_report_interval_s": WorkerMetricsConfig.from_env(e).report_interval_ms / 1000,
-            "kcl_compatible": env_bool(e, "SHARDLEASE_KCL_COMPATIBLE", False),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        """The environment's settings; ``overrides`` that are not ``None`` win (a worker's own report interval)."""
+        return read_settings(cls, env, **overrides)
 
 
 def effective_cap(config: AssignmentConfig, *, shard_count: int, worker_count: int) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from worker_lib.assignment.plan import Decision, DecisionKind
 from worker_lib.assignment.snapshot import NEVER, AssignmentSnapshot
@@ -76,16 +77,12 @@ class Recorder:
             if decision.to_worker == previous.from_worker and previous.kind == "rebalance":
                 del self._by_key[decision.lease_key]
                 return
-            decision = Decision(
-                lease_key=decision.lease_key,
+            decision = replace(  # the first origin, kind and loads before; the last destination
+                decision,
                 from_worker=previous.from_worker,
-                to_worker=decision.to_worker,
                 kind=previous.kind,
                 reason=f"{previous.reason}; then {decision.reason}",
-                metric=decision.metric,
-                throughput_kbps=decision.throughput_kbps,
                 load_before=previous.load_before,
-                load_after=decision.load_after,
             )
             del self._by_key[decision.lease_key]
         self._by_key[decision.lease_key] = decision

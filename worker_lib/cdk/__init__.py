@@ -13,7 +13,8 @@ from worker_lib.core.extras import require
 require("aws_cdk", extra="cdk", what="the CDK construct")
 
 from worker_lib.cdk.bundling import LEADER_HANDLER  # noqa: E402 - after the extra is checked
-from worker_lib.cdk.coordination import ShardleaseCoordination, powertools_layer_arn  # noqa: E402
+from worker_lib.cdk.coordination import ShardleaseCoordination  # noqa: E402
+from worker_lib.cdk.leader import powertools_layer_arn  # noqa: E402
 from worker_lib.cdk.observability import AlarmSettings  # noqa: E402
 from worker_lib.tables.schema import BillingMode  # noqa: E402
 from worker_lib.telemetry.names import DEFAULT_NAMESPACE, LeaderMetric, WorkerMetric  # noqa: E402

@@ -6,9 +6,11 @@ It creates
   table, encryption at rest with the AWS managed key or the customer managed key given);
 * the leader Lambda (Python 3.13, arm64; handler ``worker_lib.leader.lambda_handler.handler``; code = that
   module's import closure, copied from the installed ``worker_lib`` without Docker by :mod:`.bundling`; Powertools
-  from the public Powertools layer), its log group with a retention, and its own least-privilege role;
+  from the public Powertools layer: :mod:`.leader`), its log group with a retention, and its own least-privilege
+  role;
 * an EventBridge rule invoking the leader on a schedule (``rate(1 minute)``);
-* a ``ManagedPolicy`` for worker roles and :meth:`grant_worker` for any ``IGrantable``;
+* a ``ManagedPolicy`` for worker roles and :meth:`grant_worker` for any ``IGrantable`` (with what sending to a
+  failure destination needs: :mod:`.destinations`);
 * a CloudWatch dashboard and three alarms (:mod:`.observability`).
 
 Usage in any CDK app::
@@ -40,6 +42,19 @@ from constructs import Construct
 
 from worker_lib.cdk import permissions as p
 from worker_lib.cdk.bundling import LEADER_HANDLER, leader_code
+from worker_lib.cdk.destinations import (
+    acknowledge_bucket_prefix,
+    destination_permissions,
+    destination_setting,
+    object_prefix,
+)
+from worker_lib.cdk.leader import (
+    LEADER_ARCHITECTURE,
+    LEADER_DEADLINE_MARGIN_S,
+    LEADER_RUNTIME,
+    powertools_layer_arn,
+)
+from worker_lib.cdk.nag import NAG_ACKNOWLEDGEMENTS, acknowledge_findings
 from worker_lib.cdk.observability import AlarmSettings, ShardleaseObservability
 from worker_lib.cdk.tables import build_tables
 from worker_lib.core.config import validate_app_name
@@ -56,66 +71,7 @@ from worker_lib.tables.schema import (
 )
 from worker_lib.telemetry.names import DEFAULT_NAMESPACE
 
-LEADER_RUNTIME = lambda_.Runtime.PYTHON_3_13
-LEADER_ARCHITECTURE = lambda_.Architecture.ARM_64
-LEADER_DEADLINE_MARGIN_S = 10
-"""LeaderConfig.deadline_margin_ms: the leader stops this long before its deadline to release the lock cleanly."""
-POWERTOOLS_LAYER_ACCOUNT = "017000801446"
-POWERTOOLS_LAYER_VERSION = 27
-"""Layer version 27 of ``AWSLambdaPowertoolsPythonV3-python313-arm64`` is Powertools 3.23.0 (any 3.x has the
-Logger, Metrics and Tracer APIs the handler uses). Pass ``powertools_layer`` to pin another."""
-
-
-def powertools_layer_arn(version: int = POWERTOOLS_LAYER_VERSION) -> str:
-    """The public Powertools for AWS Lambda (Python) v3 layer for the leader's runtime and architecture."""
-    runtime = LEADER_RUNTIME.name.replace(".", "")  # python3.13 -> python313
-    return (
-        f"arn:{cdk.Aws.PARTITION}:lambda:{cdk.Aws.REGION}:{POWERTOOLS_LAYER_ACCOUNT}:layer:"
-        f"AWSLambdaPowertoolsPythonV3-{runtime}-arm64:{version}"
-    )
-
-
-NAG_ACKNOWLEDGEMENTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    (
-        "AwsSolutions-IAM5[Resource::*]",
-        ("LeaderRole",),
-        "Only xray:PutTraceSegments and xray:PutTelemetryRecords (added by active tracing) use Resource '*': X-Ray has "
-        "no resource-level permissions. Every DynamoDB, Kinesis and Logs action is scoped to its table, index, "
-        "stream or log group.",
-    ),
-    (
-        "AwsSolutions-IAM5[Resource::*]",
-        ("WorkerPolicy",),
-        "Only cloudwatch:PutMetricData uses Resource '*' (it has no resource-level permissions); it is restricted "
-        "to the application's namespace by a cloudwatch:namespace condition.",
-    ),
-    (
-        "AwsSolutions-IAM5[Resource::*]",
-        ("SparkWorkerPolicy",),
-        "Only cloudwatch:PutMetricData uses Resource '*' (it has no resource-level permissions); it is restricted "
-        "to the application's namespace by a cloudwatch:namespace condition.",
-    ),
-    (
-        "AwsSolutions-L1",
-        ("Leader",),
-        "Python 3.13 is a current, supported Lambda runtime, pinned together with the public Powertools layer "
-        "published and verified for it (AWSLambdaPowertoolsPythonV3-python313-arm64); move both together.",
-    ),
-    (
-        "AwsSolutions-DDB3",
-        ("WorkerMetricStatsTable",),
-        "Worker metrics are rewritten by every worker every 30 s and swept by the leader; restoring old entries "
-        "would feed stale load into assignment. Point-in-time recovery is on the lease table, which holds the "
-        "checkpoints.",
-    ),
-    (
-        "AwsSolutions-DDB3",
-        ("CoordinatorStateTable",),
-        "Holds the leader lock (valid for 30 s) and derived leader state, rebuilt by the next leader cycle; "
-        "restoring an old lock item would be harmful. Point-in-time recovery is on the lease table.",
-    ),
-)
-"""(rule, construct path below this construct, reason): the only cdk-nag findings accepted, with their reasons."""
+__all__ = ["NAG_ACKNOWLEDGEMENTS", "ShardleaseCoordination", "powertools_layer_arn"]
 
 
 class ShardleaseCoordination(Construct):
@@ -328,19 +284,11 @@ class ShardleaseCoordination(Construct):
 
         # --- workers --------------------------------------------------------------------------------------
         self.failure_destination = failure_destination
-        self.failure_destination_prefix = (
-            failure_destination_prefix.strip("/") + "/" if failure_destination_prefix.strip("/") else ""
+        self.failure_destination_prefix = object_prefix(failure_destination_prefix)
+        self.failure_destination_setting: str | None = destination_setting(
+            failure_destination, self.failure_destination_prefix
         )
-        self.failure_destination_setting: str | None = None
         """The workers' ``SHARDLEASE_FAILURE_DESTINATION`` for ``failure_destination``."""
-        kind = _destination_kind(failure_destination)
-        if kind == "sqs":
-            self.failure_destination_setting = failure_destination.queue_arn  # type: ignore[union-attr]
-        elif kind == "sns":
-            self.failure_destination_setting = failure_destination.topic_arn  # type: ignore[union-attr]
-        elif kind == "s3":
-            bucket_name = failure_destination.bucket_name  # type: ignore[union-attr]
-            self.failure_destination_setting = f"s3://{bucket_name}/{self.failure_destination_prefix}"
         self.worker_policy = iam.ManagedPolicy(
             self,
             "WorkerPolicy",
@@ -375,7 +323,10 @@ class ShardleaseCoordination(Construct):
         )
         self.dashboard = self.observability.dashboard
 
-        self._acknowledge_nag_findings()
+        acknowledge_findings(self)
+        acknowledge_bucket_prefix(
+            self.failure_destination, self.failure_destination_prefix, (self.worker_policy, self.spark_worker_policy)
+        )
 
         cdk.CfnOutput(self, "LeaseTableName", value=self.lease_table.table_name)
         cdk.CfnOutput(self, "WorkerPolicyArn", value=self.worker_policy.managed_policy_arn)
@@ -385,32 +336,6 @@ class ShardleaseCoordination(Construct):
             cdk.CfnOutput(self, "FanoutConsumerArn", value=self.stream_consumers[0].attr_consumer_arn)
         if self.failure_destination_setting is not None:
             cdk.CfnOutput(self, "FailureDestination", value=self.failure_destination_setting)
-
-    # --- cdk-nag --------------------------------------------------------------------------------------------
-
-    def _acknowledge_nag_findings(self) -> None:
-        """The AwsSolutions findings this design accepts, each scoped to the one construct it concerns."""
-        for id_, scope, reason in NAG_ACKNOWLEDGEMENTS:
-            found = self.node.try_find_child(scope[0])
-            if found is None:  # single-table mode has no worker-metrics or coordinator table
-                continue
-            target = found
-            for part in scope[1:]:
-                target = target.node.find_child(part)
-            cdk.Validations.of(target).acknowledge(cdk.Acknowledgment(id=f"AwsSolutions::{id_}", reason=reason))
-        if _destination_kind(self.failure_destination) == "s3":
-            # Objects are named per shard and sequence range (worker_lib.processing.destinations): the grant can
-            # only be a prefix. cdk-nag names the finding after the resource as written in the template.
-            objects = self._failure_destination_permissions()[0].resources[0]
-            finding = f"AwsSolutions-IAM5[Resource::{_nag_rendering(cdk.Stack.of(self).resolve(objects))}]"
-            for policy in (self.worker_policy, self.spark_worker_policy):
-                cdk.Validations.of(policy).acknowledge(
-                    cdk.Acknowledgment(
-                        id=f"AwsSolutions::{finding}",
-                        reason="s3:PutObject on the failure destination's prefix only: each report is an object named "
-                        "after its shard and sequence range, which cannot be listed in advance.",
-                    )
-                )
 
     # --- permissions ---------------------------------------------------------------------------------------
 
@@ -470,7 +395,7 @@ class ShardleaseCoordination(Construct):
             ),
             p.put_metric_data(self.metrics_namespace),
             *self._key_permissions(),
-            *self._failure_destination_permissions(),
+            *destination_permissions(self.failure_destination, self.failure_destination_prefix),
         ]
         if self.stream_encryption_keys:
             perms.append(
@@ -488,26 +413,6 @@ class ShardleaseCoordination(Construct):
             )
         if embedded_leader:
             perms += [perm for perm in self.leader_permissions() if perm not in perms]
-        return perms
-
-    def _failure_destination_permissions(self) -> list[p.Permission]:
-        """What sending to the failure destination needs, on it alone (see ``failure_destination``)."""
-        target = getattr(self, "failure_destination", None)
-        if target is None:
-            return []
-        kind = _destination_kind(target)
-        if kind == "sqs":
-            perms = [p.Permission(actions=p.FAILURE_QUEUE_ACTIONS, resources=(target.queue_arn,))]
-            key = target.encryption_master_key
-        elif kind == "sns":
-            perms = [p.Permission(actions=p.FAILURE_TOPIC_ACTIONS, resources=(target.topic_arn,))]
-            key = target.master_key
-        else:
-            objects = target.arn_for_objects(f"{self.failure_destination_prefix}*")
-            perms = [p.Permission(actions=p.FAILURE_BUCKET_ACTIONS, resources=(objects,))]
-            key = target.encryption_key
-        if key is not None:
-            perms.append(p.Permission(actions=p.FAILURE_KEY_ACTIONS, resources=(key.key_arn,)))
         return perms
 
     def scale_ecs_service(self, service: ecs.BaseService, *, min_workers: int, max_workers: int) -> Any:
@@ -532,29 +437,3 @@ class ShardleaseCoordination(Construct):
         """Grant a worker role (EC2 instance profile, ECS task, EKS IRSA/Pod Identity, EMR job role) what it needs;
         ``spark=True`` for a PySpark application (driver and executors) using ``worker_lib.spark``."""
         return p.grant_all(grantee, self.worker_permissions(embedded_leader=embedded_leader, spark=spark))
-
-
-def _destination_kind(target: object) -> str | None:
-    """``sqs``, ``sns`` or ``s3`` for a queue, topic or bucket (jsii interfaces cannot be checked with isinstance)."""
-    if target is None:
-        return None
-    for attribute, kind in (("queue_arn", "sqs"), ("topic_arn", "sns"), ("bucket_arn", "s3")):
-        if hasattr(target, attribute):
-            return kind
-    raise TypeError(
-        f"failure_destination must be an SQS queue, an SNS topic or an S3 bucket, not {type(target).__name__}"
-    )
-
-
-def _nag_rendering(value: Any) -> str:
-    """A resolved template value as cdk-nag writes it in a finding's id (``<Logical.Arn>``, ``<AWS::Partition>``)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and "Fn::Join" in value:
-        separator, parts = value["Fn::Join"]
-        return str(separator).join(_nag_rendering(part) for part in parts)
-    if isinstance(value, dict) and "Ref" in value:
-        return f"<{value['Ref']}>"
-    if isinstance(value, dict) and "Fn::GetAtt" in value:
-        return f"<{'.'.join(value['Fn::GetAtt'])}>"
-    return str(value)

@@ -101,19 +101,12 @@ class ShardleaseObservability(Construct):
             },
             period=ONE_MINUTE,
         )
-        self.unassigned_alarm = cw.Alarm(
-            self,
+        self.unassigned_alarm = self._sustained(
             "LeasesUnassignedAlarm",
-            alarm_description=(
-                f"shardlease {app}: leases stayed unassigned or expired for {alarms.unassigned_minutes} minute(s) "
-                "(no worker with capacity, or workers not renewing)"
-            ),
-            metric=stuck,
-            threshold=1,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=alarms.unassigned_minutes,
-            datapoints_to_alarm=alarms.unassigned_minutes,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,  # no leader at all is the other alarm's job
+            f"shardlease {app}: leases stayed unassigned or expired for {alarms.unassigned_minutes} minute(s) "
+            "(no worker with capacity, or workers not renewing)",
+            stuck,
+            minutes=alarms.unassigned_minutes,
         )
         self.leader_errors_alarm = cw.Alarm(
             self,

@@ -13,6 +13,7 @@ import sys
 import threading
 
 from worker_lib.core.config import AwsConfig
+from worker_lib.core.env import environ
 from worker_lib.core.streams import StreamSelection
 from worker_lib.leader.factory import build_leader_from_env, preflight
 from worker_lib.leader.leader import CycleReport
@@ -53,11 +54,14 @@ def run_leader_cli(
     owner: str | None,
     as_json: bool,
 ) -> int:
-    parts = build_leader_from_env(app=app, stream=stream, aws_config=aws_config, shard_sync=shard_sync, owner=owner)
+    env = environ()  # the command's one read of the environment (the flags' settings are given)
+    parts = build_leader_from_env(
+        env, app=app, stream=stream, aws_config=aws_config, shard_sync=shard_sync, owner=owner
+    )
     preflight(parts, app=app, stream=stream)
 
     # The leader's metrics as the Lambda publishes them, where SHARDLEASE_METRICS says (cloudwatch, emf, off).
-    metrics = LeaderMetricsPublisher(MetricsConfig.from_env(), app=app, aws_config=aws_config)
+    metrics = LeaderMetricsPublisher(MetricsConfig.from_env(env), app=app, aws_config=aws_config)
 
     def emit(report: CycleReport) -> None:
         metrics.cycle(report)

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+_Command = Callable[[argparse.Namespace], int]  # what a subcommand runs: its exit code
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (plus a pointer to --help), not a usage block."""
@@ -37,7 +39,7 @@ def _add_aws(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", metavar="R", help="AWS region (default: AWS_REGION or us-east-1)")
 
 
-_FAILURE_FLAGS = {  # flag dest -> the variable it sets for FailureConfig.from_env (a flag wins over the variable)
+_FAILURE_FLAGS = {  # flag dest -> the variable it stands for in FailureConfig.from_env (a flag wins over it)
     "failure_policy": "SHARDLEASE_FAILURE_POLICY",
     "max_attempts": "SHARDLEASE_MAX_ATTEMPTS",
     "bisect": "SHARDLEASE_BISECT",
@@ -65,13 +67,25 @@ def _add_failures(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _apply_failure_flags(args: argparse.Namespace) -> None:
-    import os
-
+def _environment(args: argparse.Namespace) -> dict[str, str]:
+    """This process's environment with the failure-policy flags given laid over their variables: the mapping the
+    command's configuration is built from (``os.environ`` itself is never written)."""
+    env = dict(os.environ)
     for dest, variable in _FAILURE_FLAGS.items():
         value = getattr(args, dest, None)
         if value is not None:
-            os.environ[variable] = str(value).lower() if isinstance(value, bool) else str(value)
+            env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def _app_command(sub: Any, name: str, func: _Command, *, help: str, stream: bool = False) -> argparse.ArgumentParser:
+    """A command on one application's tables: ``--app`` (``--stream`` too if ``stream``), the AWS flags, and
+    ``func`` that runs it; the caller adds the command's own flags."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    _add_app(parser, stream=stream)
+    _add_aws(parser)
+    parser.set_defaults(func=func)
+    return parser
 
 
 def _add_app(parser: argparse.ArgumentParser, *, stream: bool) -> None:
@@ -172,9 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_cmd_demo)
 
-    create = sub.add_parser("create-tables", help="create the lease, worker-metrics and coordinator tables")
-    _add_app(create, stream=False)
-    _add_aws(create)
+    create = _app_command(
+        sub, "create-tables", _cmd_create_tables, help="create the lease, worker-metrics and coordinator tables"
+    )
     create.add_argument("--billing-mode", default="PAY_PER_REQUEST", choices=["PAY_PER_REQUEST", "PROVISIONED"])
     create.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="wait for ACTIVE")
     create.add_argument(
@@ -184,19 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="three tables (KCL 3.0-3.4, the default) or the lease table alone (KCL 3.5 single-table mode); "
         "default: SHARDLEASE_TABLE_LAYOUT",
     )
-    create.set_defaults(func=_cmd_create_tables)
 
-    leader = sub.add_parser("leader", help="run the leader (shard sync and lease assignment)")
-    _add_app(leader, stream=True)
+    leader = _app_command(
+        sub, "leader", _cmd_leader, help="run the leader (shard sync and lease assignment)", stream=True
+    )
     _add_position(leader)
-    _add_aws(leader)
     leader.add_argument("--once", action="store_true", help="run one full cycle and exit")
     leader.add_argument("--worker-id", metavar="ID", help="name this leader uses for the lock (default host:pid)")
     leader.add_argument("--json", action="store_true", help="print the cycle summary as JSON")
-    leader.set_defaults(func=_cmd_leader)
 
-    worker = sub.add_parser("worker", help="run a worker: hold leases, process records, checkpoint")
-    _add_app(worker, stream=True)
+    worker = _app_command(
+        sub, "worker", _cmd_worker, help="run a worker: hold leases, process records, checkpoint", stream=True
+    )
     worker.add_argument(
         "--processor", required=True, metavar="MODULE:ATTR", help="record processor class, factory or function"
     )
@@ -209,8 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_position(worker)
     _add_failures(worker)
-    _add_aws(worker)
-    worker.set_defaults(func=_cmd_worker)
 
     multilang = sub.add_parser(
         "multilang", help="run a KCL MultiLang application (kclpy, aws-kcl, ...) from its properties file"
@@ -226,32 +237,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_aws(multilang)
     multilang.set_defaults(func=_cmd_multilang)
 
-    resume = sub.add_parser(
-        "resume-shard", help="let a shard stopped by the stop-shard failure policy be processed again"
+    resume = _app_command(
+        sub,
+        "resume-shard",
+        _cmd_resume_shard,
+        help="let a shard stopped by the stop-shard failure policy be processed again",
     )
-    _add_app(resume, stream=False)
     resume.add_argument("--shard", required=True, metavar="LEASE_KEY", help="the shard's lease key (shardlease status)")
-    _add_aws(resume)
-    resume.set_defaults(func=_cmd_resume_shard)
 
-    status = sub.add_parser("status", help="leases per worker and cluster, CPU, throughput, leader, problems")
-    _add_app(status, stream=False)
+    status = _app_command(
+        sub, "status", _cmd_status, help="leases per worker and cluster, CPU, throughput, leader, problems"
+    )
     status.add_argument("--watch", action="store_true", help="refresh every few seconds (and detect expiry)")
     status.add_argument("--interval", type=_positive_float, default=5.0, metavar="S", help="refresh period")
     status.add_argument("--json", action="store_true", help="print JSON")
-    _add_aws(status)
-    status.set_defaults(func=_cmd_status)
 
-    liveness = sub.add_parser(
-        "liveness", help="show the liveness mode (lease or worker), or ask the leader to switch it"
+    liveness = _app_command(
+        sub, "liveness", _cmd_liveness, help="show the liveness mode (lease or worker), or ask the leader to switch it"
     )
-    _add_app(liveness, stream=False)
     liveness.add_argument(
         "--set", dest="target", choices=["lease", "worker"], help="ask for this mode (the leader completes the switch)"
     )
     liveness.add_argument("--json", action="store_true", help="print JSON")
-    _add_aws(liveness)
-    liveness.set_defaults(func=_cmd_liveness)
 
     sim = sub.add_parser("simulate", help="offline fleet running the real deciders cycle by cycle")
     # Bounds keep a run within minutes on a laptop (the 10 000-lease fleet of docs/benchmarks.md: ~0.3 s a cycle).
@@ -352,9 +359,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from worker_lib.worker.worker import Worker, WorkerConfig
 
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
-    _apply_failure_flags(args)
     factory = load_processor(args.processor)
     config = WorkerConfig.from_env(
+        _environment(args),
         app=args.app,
         streams=_streams(args).names,
         multi_stream=args.multi_stream or None,
@@ -371,21 +378,14 @@ def _cmd_multilang(args: argparse.Namespace) -> int:
     from worker_lib.worker.signals import hold_shutdown_signals
 
     hold_shutdown_signals()  # as for `shardlease worker`
-    _apply_failure_flags(args)
+    from dataclasses import fields
     from pathlib import Path
 
     from worker_lib.multilang.daemon import MultiLangOverrides, run_multilang
 
-    overrides = MultiLangOverrides(
-        app=args.app,
-        stream=args.stream,
-        worker_id=args.worker_id,
-        endpoint_url=args.endpoint_url,
-        region=args.region,
-        initial_position=args.initial_position,
-        timestamp=args.timestamp,
-    )
-    run_multilang(Path(args.properties), overrides)
+    # Each field of MultiLangOverrides is the flag of the same name.
+    overrides = MultiLangOverrides(**{flag.name: getattr(args, flag.name) for flag in fields(MultiLangOverrides)})
+    run_multilang(Path(args.properties), overrides, environment=_environment(args))
     return EXIT_OK
 
 
@@ -465,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
-    func: Callable[[argparse.Namespace], int] = args.func
+    func: _Command = args.func
     try:
         code = func(args)
         sys.stdout.flush()  # a reader that went away (`| head`) shows up here, not at interpreter exit

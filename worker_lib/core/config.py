@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from worker_lib.core.env import env_int, environ
+from worker_lib.core.env import env_str, environ, read_settings, setting
 from worker_lib.core.errors import ConfigError
 
 _APP_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,200}$")
@@ -63,6 +63,13 @@ def parse_timestamp(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+_SERVICES = ("kinesis", "dynamodb", "cloudwatch")  # each has its SHARDLEASE_<SERVICE>_ENDPOINT_URL
+
+
+def _region(env: Mapping[str, str], name: str, default: str) -> str:
+    return env_str(env, name) or env_str(env, "AWS_DEFAULT_REGION", default)  # as boto3
+
+
 @dataclass(frozen=True, kw_only=True)
 class AwsConfig:
     """How to reach AWS (or an emulator).
@@ -77,12 +84,12 @@ class AwsConfig:
     max_attempts: botocore attempts including the first (standard retry mode, 5).
     """
 
-    region: str = "us-east-1"
-    endpoint_url: str | None = None
+    region: str = setting("us-east-1", "AWS_REGION", _region)
+    endpoint_url: str | None = setting(None, "SHARDLEASE_ENDPOINT_URL", env_str)
     service_endpoints: Mapping[str, str] = field(default_factory=dict)
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
-    max_attempts: int = 5
+    max_attempts: int = setting(5, "SHARDLEASE_AWS_MAX_ATTEMPTS")
     retry_mode: str = "standard"
     max_pool_connections: int = 32
 
@@ -107,16 +114,11 @@ class AwsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> AwsConfig:
+        """The environment's settings; ``overrides`` that are not ``None`` win (the CLI's flags)."""
         e = environ(env)
-        values: dict[str, object] = {
-            "region": e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1",
-            "endpoint_url": e.get("SHARDLEASE_ENDPOINT_URL") or None,
-            "max_attempts": env_int(e, "SHARDLEASE_AWS_MAX_ATTEMPTS", 5),
-            "service_endpoints": {
-                service: url
-                for service in ("kinesis", "dynamodb", "cloudwatch")
-                if (url := e.get(f"SHARDLEASE_{service.upper()}_ENDPOINT_URL"))
-            },
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        given = {name: value for name, value in overrides.items() if value is not None}
+        given.setdefault(
+            "service_endpoints",
+            {s: url for s in _SERVICES if (url := e.get(f"SHARDLEASE_{s.upper()}_ENDPOINT_URL"))},
+        )
+        return read_settings(cls, e, **given)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_int, environ
+from worker_lib.core.env import read_settings, setting
 from worker_lib.core.errors import ConfigError
 
 
@@ -23,9 +23,9 @@ class LeaderLockConfig:
     poll_interval_ms: how often a contender re-reads the lock while waiting (1 s).
     """
 
-    lease_duration_ms: int = 10_000
-    heartbeat_interval_ms: int = 3_000
-    max_clock_skew_ms: int = 1_000
+    lease_duration_ms: int = setting(10_000, "SHARDLEASE_LEADER_LOCK_DURATION_MS")
+    heartbeat_interval_ms: int = setting(3_000, "SHARDLEASE_LEADER_HEARTBEAT_MS")
+    max_clock_skew_ms: int = setting(1_000, "SHARDLEASE_MAX_CLOCK_SKEW_MS")
     poll_interval_ms: int = 1_000
 
     def __post_init__(self) -> None:
@@ -40,12 +40,7 @@ class LeaderLockConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderLockConfig:
-        e = environ(env)
-        return cls(
-            lease_duration_ms=env_int(e, "SHARDLEASE_LEADER_LOCK_DURATION_MS", 10_000),
-            heartbeat_interval_ms=env_int(e, "SHARDLEASE_LEADER_HEARTBEAT_MS", 3_000),
-            max_clock_skew_ms=env_int(e, "SHARDLEASE_MAX_CLOCK_SKEW_MS", 1_000),
-        )
+        return read_settings(cls, env)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,12 +61,12 @@ class LeaderConfig:
       (20 000); ``SHARDLEASE_LEADER_TAKEOVER_WAIT_MS``; 0 = always exit at once.
     """
 
-    cycle_interval_ms: int = 20_000
-    max_consecutive_failures: int = 3
-    deadline_margin_ms: int = 10_000
-    fast_tick_ms: int = -1  # -1: the default, min(1000, cycle_interval_ms)
-    term_ms: int = 65_000
-    takeover_wait_ms: int = 20_000
+    cycle_interval_ms: int = setting(20_000, "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS")
+    max_consecutive_failures: int = setting(3, "SHARDLEASE_LEADER_MAX_FAILURES")
+    deadline_margin_ms: int = setting(10_000, "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS")
+    fast_tick_ms: int = setting(-1, "SHARDLEASE_LEADER_FAST_TICK_MS")  # -1: min(1000, cycle_interval_ms)
+    term_ms: int = setting(65_000, "SHARDLEASE_LEADER_TERM_MS")
+    takeover_wait_ms: int = setting(20_000, "SHARDLEASE_LEADER_TAKEOVER_WAIT_MS")
 
     def __post_init__(self) -> None:
         if self.cycle_interval_ms < 100:
@@ -94,12 +89,4 @@ class LeaderConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderConfig:
-        e = environ(env)
-        return cls(
-            cycle_interval_ms=env_int(e, "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", 20_000),
-            max_consecutive_failures=env_int(e, "SHARDLEASE_LEADER_MAX_FAILURES", 3),
-            deadline_margin_ms=env_int(e, "SHARDLEASE_LEADER_DEADLINE_MARGIN_MS", 10_000),
-            fast_tick_ms=env_int(e, "SHARDLEASE_LEADER_FAST_TICK_MS", -1),
-            term_ms=env_int(e, "SHARDLEASE_LEADER_TERM_MS", 65_000),
-            takeover_wait_ms=env_int(e, "SHARDLEASE_LEADER_TAKEOVER_WAIT_MS", 20_000),
-        )
+        return read_settings(cls, env)

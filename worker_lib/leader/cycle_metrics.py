@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from worker_lib.leader.leader import CycleReport
@@ -101,8 +101,8 @@ def report_fields(report: CycleReport) -> dict[str, Any]:
 class RunOutcome:
     """What a run of the leader loop (one Lambda invocation) did, in a few numbers."""
 
-    owner: str
     leader: bool
+    owner: str
     current_leader: str | None
     cycles_run: int
     leader_cycles: int
@@ -113,16 +113,7 @@ class RunOutcome:
 
     def headline(self) -> dict[str, Any]:
         """The numbers without the cycles: the one log line an invocation ends with."""
-        return {
-            "leader": self.leader,
-            "owner": self.owner,
-            "current_leader": self.current_leader,
-            "cycles_run": self.cycles_run,
-            "leader_cycles": self.leader_cycles,
-            "failed_cycles": self.failed_cycles,
-            "leases_created": self.leases_created,
-            "leases_deleted": self.leases_deleted,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "cycles"}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (a Lambda's return value); ``cycles`` holds each cycle's :meth:`CycleReport.to_dict`."""

@@ -3,8 +3,9 @@
 Every host runs the :class:`~worker_lib.leader.leader.Leader` this module wires — the Lambda handler
 (:mod:`worker_lib.leader.lambda_handler`), the embedded thread of a worker with ``leader_mode="embedded"`` and
 ``shardlease leader`` (:mod:`worker_lib.cli.leader`) — so a fix to the wiring reaches all three at once.
-AWS settings default to :meth:`AwsConfig.from_env`; :func:`build_leader_from_env` reads every other setting from
-``SHARDLEASE_*`` too (docs/api.md lists the variables).
+:func:`build_leader` takes the settings as objects (the embedded leader gives its worker's configuration);
+:func:`build_leader_from_env` reads them from ``SHARDLEASE_*`` at the edge of the Lambda and of the CLI (docs/api.md
+lists the variables).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from worker_lib.assignment.config import AssignmentConfig
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, default_owner, validate_app_name
-from worker_lib.core.env import environ
+from worker_lib.core.env import env_str, environ
 from worker_lib.core.errors import ConfigError, StreamMissingError
 from worker_lib.core.streams import StreamSelection, parse_stream_entry
 from worker_lib.leader.assigner import LeaseAssigner
@@ -131,28 +132,33 @@ def build_leader(
 ) -> LeaderParts:
     """Wire the leader. ``stream``: one stream name, several (a multi-stream application; a comma-separated string
     too), or a :class:`StreamSelection` with a tracker. ``dynamodb`` / ``kinesis`` clients may be passed (tests,
-    the demo's two emulators, a warm Lambda container); otherwise they are made from ``aws_config`` (default: the
-    environment)."""
+    the demo's two emulators, a warm Lambda container, a worker's embedded leader); otherwise they are made from
+    ``aws_config``.
+
+    Settings left out: the loop, lock, assignment and lease settings take their defaults; the AWS settings (when a
+    client is to be made), the table layout, shard sync and scaling come from the process environment, read once.
+    A host that gives every setting (:func:`build_leader_from_env`, the embedded leader) reads nothing here."""
     validate_app_name(app)
     try:
         streams = StreamSelection.of(stream)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    layout = layout or TableLayout.from_env()
+    e = environ()  # for the settings left out
     if dynamodb is None or kinesis is None:
-        aws_config = aws_config or AwsConfig.from_env()
+        aws_config = aws_config or AwsConfig.from_env(e)
         dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
         kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
-    shard_sync = shard_sync or ShardSyncConfig.from_env()
+    layout = layout or TableLayout.from_env(e)
+    shard_sync = shard_sync or ShardSyncConfig.from_env(e)
     lock_config = lock_config or LeaderLockConfig()
     leader_config = leader_config or LeaderConfig()
     store = DynamoDBLeaseStore(app, client=dynamodb, clock=clock)
     owner = owner or default_owner()
     lock = DynamoDBLeaderLock(app, owner, config=lock_config, client=dynamodb, clock=clock, layout=layout)
+    state_store = CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout)  # stateless: shared
     syncer: ShardSyncer | MultiStreamShardSyncer
     if streams.multi_stream:
-        state = CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout)
-        syncer = MultiStreamShardSyncer(store, kinesis, streams, state=state, config=shard_sync, clock=clock)
+        syncer = MultiStreamShardSyncer(store, kinesis, streams, state=state_store, config=shard_sync, clock=clock)
     else:
         detector = KinesisShardDetector(
             streams.single, client=kinesis, clock=clock, page_size=shard_sync.list_shards_page_size
@@ -161,7 +167,7 @@ def build_leader(
     assigner = None
     fast_path = None
     lease_config = lease_config or LeaseConfig()
-    modes = LivenessModeStore(CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout), clock=clock)
+    modes = LivenessModeStore(state_store, clock=clock)
     if with_assignment:
         assignment = assignment or AssignmentConfig()
         worker_rows = WorkerMetricsStore(app, client=dynamodb, clock=clock, layout=layout)
@@ -171,7 +177,6 @@ def build_leader(
             max_clock_skew_ms=lock_config.max_clock_skew_ms,
             clock=clock,
         )
-        state_store = CoordinatorStateStore(app, client=dynamodb, clock=clock, layout=layout)
         assigner = LeaseAssigner(
             store,
             worker_rows,
@@ -185,7 +190,7 @@ def build_leader(
             modes=LeaderModeKeeper(modes, setting=lease_config.liveness_mode, owner=owner),
             sizer=FleetSizer(
                 state_store,
-                scaling or ScalingConfig.from_env(),
+                scaling or ScalingConfig.from_env(e),
                 max_throughput_per_host_kbps=assignment.max_throughput_per_host_kbps,
             ),
             clock=clock,
@@ -237,9 +242,10 @@ def build_leader_from_env(
     kinesis: Any = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> LeaderParts:
-    """The leader as every host builds it: everything from ``SHARDLEASE_*`` except what the host gives
-    (``shardlease leader`` gives app, stream, AWS and shard-sync settings from its flags; ``SHARDLEASE_LEADER_ID``
-    names the lock owner unless ``owner`` is given)."""
+    """The leader as the Lambda and ``shardlease leader`` build it: everything from ``env`` (default: the process
+    environment, read once) except what the host gives (``shardlease leader`` gives app, stream, AWS and shard-sync
+    settings from its flags; ``SHARDLEASE_LEADER_ID`` names the lock owner unless ``owner`` is given). A worker's
+    embedded leader is built by :func:`build_leader` from the worker's configuration instead."""
     e = environ(env)
     if app is None or stream is None:
         env_app, env_stream = app_and_stream(e)
@@ -249,11 +255,12 @@ def build_leader_from_env(
         stream=stream,
         aws_config=aws_config or AwsConfig.from_env(e),
         shard_sync=shard_sync or ShardSyncConfig.from_env(e),
-        owner=owner or e.get("SHARDLEASE_LEADER_ID") or None,
+        owner=owner or env_str(e, "SHARDLEASE_LEADER_ID") or None,
         leader_config=LeaderConfig.from_env(e),
         lock_config=LeaderLockConfig.from_env(e),
         assignment=AssignmentConfig.from_env(e),
         lease_config=LeaseConfig.from_env(e),
+        scaling=ScalingConfig.from_env(e),
         layout=layout or TableLayout.from_env(e),
         boto3_session=boto3_session,
         dynamodb=dynamodb,

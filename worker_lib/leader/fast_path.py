@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from worker_lib.assignment.heartbeats import HeartbeatTracker, LivenessView
+from worker_lib.core.backoff import Backoff
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import WorkerMetricStats, WorkerState
@@ -119,9 +120,10 @@ class FastPath:
         self._inflight: threading.Event | None = None
         self._assignment = assignment
         self._clock = clock
-        self._max_backoff_s = max_backoff_s
+        # 1 s, doubling up to the full-cycle interval, exact: one leader, one reader.
+        self._backoff = Backoff(base_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
+        self._failures = 0
         self._handled: tuple[frozenset[str], tuple[tuple[str, int], ...]] | None = None
-        self._backoff_s = 0.0
         self._resume_at = 0.0
         self.ticks = 0
         self.passes = 0
@@ -149,21 +151,22 @@ class FastPath:
             if not self._needs_pass(signature):
                 # Forget what is no longer so (a gone worker that came back can be noticed going again).
                 self._handled = signature
-                self._backoff_s = 0.0
+                self._failures = 0
                 return None
             report = self._assignment.run(run_number=run_number, fast=True)
         except DependencyError as exc:
             self._back_off(now, f"fast path failed: {exc}")
             return None
         self._handled = signature
-        self._backoff_s = 0.0
+        self._failures = 0
         self.passes += 1
         return report
 
     def _back_off(self, now: float, why: str) -> None:
-        self._backoff_s = min(self._max_backoff_s, max(1.0, self._backoff_s * 2))
-        self._resume_at = now + self._backoff_s
-        log.warning("%s (fast path backs off %.0f s; full cycles go on)", why, self._backoff_s)
+        self._failures += 1
+        delay = self._backoff.delay_s(self._failures)
+        self._resume_at = now + delay  # from the tick's start, as the failed tick would have been
+        log.warning("%s (fast path backs off %.0f s; full cycles go on)", why, delay)
 
     def _bounded_read(self) -> list[WorkerMetricStats] | None:
         """The worker-metrics scan on a daemon thread, waited for at most ``read_timeout_s`` (real time: the wait

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from worker_lib.core.clock import SYSTEM_CLOCK
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.env import environ
+from worker_lib.core.env import env_str, environ
 from worker_lib.leader.cycle_metrics import run_outcome
 from worker_lib.leader.factory import ClientCache, app_and_stream, build_leader_from_env
 from worker_lib.leader.leader import CycleReport
@@ -52,9 +52,9 @@ def invoke(
     context: LambdaContext, *, clients: ClientCache = warm_clients, stop: threading.Event | None = None
 ) -> dict[str, Any]:
     """One invocation; ``clients`` and ``stop`` are seams for benchmarks (the handler uses the container's)."""
-    env = environ()
+    env = environ()  # the invocation's one read of the environment: every setting below comes from this mapping
     app, stream = app_and_stream(env)
-    owner = env.get("SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
+    owner = env_str(env, "SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
     report = observer.begin(env, app=app, stream=stream.describe(), owner=owner)
     # The deadline is taken first, so that building the leader counts against the invocation's time.
     started = SYSTEM_CLOCK.monotonic()

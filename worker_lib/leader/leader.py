@@ -81,19 +81,8 @@ class CycleReport:
     fast: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "cycle": self.cycle,
-            "owner": self.owner,
-            "leader": self.leader,
-            "current_leader": self.current_leader,
-            "foreign_leader": self.foreign_leader,
-            "shard_sync": None if self.shard_sync is None else asdict(self.shard_sync),
-            "assignment": None if self.assignment is None else asdict(self.assignment),
-            "error": self.error,
-            "released": self.released,
-            "duration_ms": self.duration_ms,
-            "fast": self.fast,
-        }
+        """Every field, the shard sync's and the assignment's results as dicts too."""
+        return asdict(self)
 
 
 @dataclass(kw_only=True)

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Unpack, runtime_checkable
 
 import botocore.exceptions
 
 from worker_lib.core import aws
-from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
-from worker_lib.core.config import AwsConfig
+from worker_lib.core.clock import wall_millis
 from worker_lib.leader.config import LeaderLockConfig
 from worker_lib.tables.coordinator_items import (
     KEY,
@@ -43,10 +42,10 @@ from worker_lib.tables.coordinator_items import (
     parse_lock,
 )
 from worker_lib.tables.schema import ItemPlace, TableLayout
-from worker_lib.tables.store import TableStore
+from worker_lib.tables.store import StoreOptions, TableStore
 
 if TYPE_CHECKING:
-    import boto3
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +100,11 @@ class DynamoDBLeaderLock(TableStore):
         owner: str,
         *,
         config: LeaderLockConfig | None = None,
-        aws_config: AwsConfig | None = None,
-        boto3_session: boto3.Session | None = None,
-        client: Any = None,
-        clock: Clock = SYSTEM_CLOCK,
-        layout: TableLayout | None = None,
+        **store: Unpack[StoreOptions],
     ) -> None:
         if not owner:
             raise ValueError("a lock owner name is required")
-        super().__init__(
-            app, aws_config=aws_config, boto3_session=boto3_session, client=client, clock=clock, layout=layout
-        )
+        super().__init__(app, **store)
         self.owner = owner
         self._config = config or LeaderLockConfig()
         self._version: str | None = None  # the recordVersionNumber of our last successful write
@@ -284,6 +277,7 @@ class DynamoDBLeaderLock(TableStore):
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 return False
+            # A fixed poll, not a backoff: losing to a holder is no failure, and a free lock must be seen promptly.
             self._clock.sleep(min(self._config.poll_interval_ms / 1000, remaining))
 
     def _update_own(self, *, release: bool) -> bool:

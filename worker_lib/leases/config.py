@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_bool, env_int, environ
+from worker_lib.core.env import read_settings, setting
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.mode import AUTO, LivenessMode, parse_setting
 
@@ -39,14 +39,14 @@ class LeaseConfig:
       true; KCL's isGracefulLeaseHandoffEnabled).
     """
 
-    failover_time_ms: int = 10_000
+    failover_time_ms: int = setting(10_000, "SHARDLEASE_FAILOVER_TIME_MS")
     epsilon_ms: int = 25
-    graceful_handoff_timeout_ms: int = 30_000
-    graceful_handoff_enabled: bool = True
-    heartbeat_interval_ms: int = -1  # -1: by mode, min(1000 | 2000, failover / 3)
-    liveness_mode: str = LivenessMode.LEASE.value
-    mode_check_interval_ms: int = 60_000
-    throughput_update_interval_ms: int = 60_000
+    graceful_handoff_timeout_ms: int = setting(30_000, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS")
+    graceful_handoff_enabled: bool = setting(True, "SHARDLEASE_GRACEFUL_HANDOFF")
+    heartbeat_interval_ms: int = setting(-1, "SHARDLEASE_HEARTBEAT_INTERVAL_MS")  # -1: by mode, see below
+    liveness_mode: str = setting(LivenessMode.LEASE.value, "SHARDLEASE_LIVENESS_MODE")
+    mode_check_interval_ms: int = setting(60_000, "SHARDLEASE_LIVENESS_MODE_CHECK_MS")
+    throughput_update_interval_ms: int = setting(60_000, "SHARDLEASE_THROUGHPUT_UPDATE_INTERVAL_MS")
 
     def __post_init__(self) -> None:
         if self.failover_time_ms < 1_000:
@@ -111,16 +111,7 @@ class LeaseConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseConfig:
-        e = environ(env)
-        return cls(
-            failover_time_ms=env_int(e, "SHARDLEASE_FAILOVER_TIME_MS", 10_000),
-            graceful_handoff_timeout_ms=env_int(e, "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", 30_000),
-            graceful_handoff_enabled=env_bool(e, "SHARDLEASE_GRACEFUL_HANDOFF", True),
-            heartbeat_interval_ms=env_int(e, "SHARDLEASE_HEARTBEAT_INTERVAL_MS", -1),
-            liveness_mode=e.get("SHARDLEASE_LIVENESS_MODE") or LivenessMode.LEASE.value,
-            mode_check_interval_ms=env_int(e, "SHARDLEASE_LIVENESS_MODE_CHECK_MS", 60_000),
-            throughput_update_interval_ms=env_int(e, "SHARDLEASE_THROUGHPUT_UPDATE_INTERVAL_MS", 60_000),
-        )
+        return read_settings(cls, env)
 
     @property
     def heartbeat_enabled(self) -> bool:

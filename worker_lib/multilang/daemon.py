@@ -3,9 +3,9 @@
 What it does at start, in order:
 
 1. reads the properties file (:mod:`worker_lib.multilang.properties`) and logs one warning per key it does not use;
-2. puts the file's settings into this process's environment, over what the environment had (each override named),
-   then the command line's flags over both — so every ``from_env()`` of the worker and of its embedded leader sees
-   one configuration;
+2. lays the file's settings over the environment (each value it replaces named in a warning), then the command
+   line's flags over both, and builds every configuration of the worker, of its embedded leader and of the children's
+   environment from that one mapping — this process's environment itself is never written;
 3. creates the tables if they are missing, as KCL's daemon does on its first start;
 4. runs a :class:`~worker_lib.worker.worker.Worker` with the leader embedded (KCL 3.x workers elect a leader among
    themselves; ``SHARDLEASE_LEADER_MODE=none`` leaves leading to the Lambda), whose record processors are
@@ -20,11 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker_lib.core.config import AwsConfig
 from worker_lib.core.env import env_int
 from worker_lib.core.errors import ConfigError
 from worker_lib.multilang.messages import GENERATIONS, Generation
@@ -65,9 +64,9 @@ def load_properties(path: Path) -> MultiLangProperties:
 def effective_settings(
     props: MultiLangProperties, overrides: MultiLangOverrides, environment: Mapping[str, str]
 ) -> tuple[dict[str, str], list[str]]:
-    """The variables to set in this process's environment, and a line for each value of the environment they
-    replace. A multilang daemon leads by default (``SHARDLEASE_LEADER_MODE=embedded``) unless the environment
-    says otherwise."""
+    """The variables the file and the flags set, to be laid over ``environment``, and a line for each value of
+    the environment they replace. A multilang daemon leads by default (``SHARDLEASE_LEADER_MODE=embedded``) unless
+    the environment says otherwise."""
     source = dict.fromkeys(props.settings, props.path.name)
     settings = dict(props.settings)
     flags = {
@@ -93,7 +92,8 @@ def effective_settings(
 
 def child_spec(props: MultiLangProperties, environment: Mapping[str, str]) -> ChildSpec:
     """How each child starts: ``executableName`` run in the properties file's directory (a program found there is
-    taken from there, else from ``PATH`` as KCL's daemon does), with this process's environment."""
+    taken from there, else from ``PATH`` as KCL's daemon does), with ``environment`` as its environment (the
+    daemon's, the file's settings and the flags over it: what a child of KCL's daemon would see)."""
     program, *arguments = props.executable
     local = props.directory / program
     if "/" not in program and local.is_file() and os.access(local, os.X_OK):
@@ -111,6 +111,7 @@ def child_spec(props: MultiLangProperties, environment: Mapping[str, str]) -> Ch
     return ChildSpec(
         command=(program, *arguments),
         cwd=props.directory,
+        env=dict(environment),
         response_timeout_s=props.response_timeout_s,
         generation=_generation(generation),
     )
@@ -121,33 +122,31 @@ def _generation(value: int) -> Generation:
 
 
 def run_multilang(
-    properties_path: Path, overrides: MultiLangOverrides, *, environment: MutableMapping[str, str] | None = None
+    properties_path: Path, overrides: MultiLangOverrides, *, environment: Mapping[str, str] | None = None
 ) -> None:
-    """Run the daemon until SIGTERM/SIGINT (see the module's docstring)."""
+    """Run the daemon until SIGTERM/SIGINT (see the module's docstring). ``environment`` (default: this process's)
+    is read, never written."""
     from worker_lib.core import aws
     from worker_lib.tables.admin import ensure_tables
-    from worker_lib.tables.schema import TableLayout
-    from worker_lib.worker.worker import Worker, WorkerConfig
+    from worker_lib.worker.config import WorkerConfig
+    from worker_lib.worker.worker import Worker
 
-    env = os.environ if environment is None else environment
     props = load_properties(properties_path)
     for line in props.warnings:
         log.warning("%s", line)
-    settings, replaced = effective_settings(props, overrides, env)
+    base = dict(os.environ if environment is None else environment)
+    settings, replaced = effective_settings(props, overrides, base)
     for line in replaced:
         log.warning("%s", line)
-    env.update(settings)  # the worker, its leader and every from_env() now read one configuration
+    env = {**base, **settings}  # the one configuration of the worker, its embedded leader and the children
     spec = child_spec(props, env)
-    app = overrides.app or props.app
-    aws_config = AwsConfig.from_env(env)
     config = WorkerConfig.from_env(
         env,
-        app=app,
+        app=overrides.app or props.app,
         streams=(overrides.stream or props.stream,),
         worker_id=overrides.worker_id or props.worker_id,
-        aws=aws_config,
     )
-    created = ensure_tables(app, aws.client("dynamodb", aws_config), layout=TableLayout.from_env(env))
+    created = ensure_tables(config.app, aws.client("dynamodb", config.aws), layout=config.table_layout)
     for table in (name for name, new in created.items() if new):
         log.info("created table %s (KCL's daemon creates its tables too)", table)
     registry = ChildRegistry()
@@ -159,6 +158,6 @@ def run_multilang(
         " ".join(spec.command),
     )
     try:
-        Worker(config, lambda: MultiLangProcessor(spec, registry=registry), aws_config=aws_config).run()
+        Worker(config, lambda: MultiLangProcessor(spec, registry=registry)).run()
     finally:
         registry.close_all(spec.close_grace_s)

@@ -94,8 +94,12 @@ def _unescape(text: str) -> str:
 # --- the keys ----------------------------------------------------------------------------------------------------
 
 
-def _whole(key: str, *, minimum: int = 0) -> Callable[[str], str]:
-    def convert(raw: str) -> str:
+Convert = Callable[[str, str], str]
+"""``convert(key, raw)``: the variable's value for the key's raw value; a :class:`ConfigError` naming the key."""
+
+
+def _whole(minimum: int) -> Convert:
+    def convert(key: str, raw: str) -> str:
         try:
             value = int(raw)
         except ValueError:
@@ -107,14 +111,21 @@ def _whole(key: str, *, minimum: int = 0) -> Callable[[str], str]:
     return convert
 
 
-def _boolean(key: str) -> Callable[[str], str]:
-    return lambda raw: "true" if parse_bool(raw, name=key, default=False) else "false"
+_COUNT, _POSITIVE = _whole(0), _whole(1)
 
 
-def _retrieval_mode(raw: str) -> str:
+def _boolean(key: str, raw: str) -> str:
+    return "true" if parse_bool(raw, name=key, default=False) else "false"
+
+
+def _text(key: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _retrieval_mode(key: str, raw: str) -> str:
     value = raw.strip().upper()
     if value not in ("FANOUT", "POLLING", "DEFAULT"):
-        raise ConfigError(f"retrievalMode={raw!r}: expected FANOUT, POLLING or DEFAULT")
+        raise ConfigError(f"{key}={raw!r}: expected FANOUT, POLLING or DEFAULT")
     # KCL's DEFAULT is fan-out unless a polling key is set; shardlease polls unless fan-out is asked for, because
     # fan-out is billed per consumer-shard-hour (docs/fanout.md).
     return "fanout" if value == "FANOUT" else "polling"
@@ -125,97 +136,61 @@ class Honoured:
     """A key that becomes ``variable`` (after ``convert`` checks and normalises the value)."""
 
     variable: str
-    convert: Callable[[str], str]
+    convert: Convert
     meaning: str
 
 
 HONOURED: dict[str, Honoured] = {
-    "regionName": Honoured("AWS_REGION", str.strip, "the AWS region"),
-    "failoverTimeMillis": Honoured(
-        "SHARDLEASE_FAILOVER_TIME_MS", _whole("failoverTimeMillis", minimum=1), "the lease duration"
-    ),
-    "maxRecords": Honoured("SHARDLEASE_MAX_RECORDS", _whole("maxRecords", minimum=1), "GetRecords Limit"),
+    "regionName": Honoured("AWS_REGION", _text, "the AWS region"),
+    "failoverTimeMillis": Honoured("SHARDLEASE_FAILOVER_TIME_MS", _POSITIVE, "the lease duration"),
+    "maxRecords": Honoured("SHARDLEASE_MAX_RECORDS", _POSITIVE, "GetRecords Limit"),
     "idleTimeBetweenReadsInMillis": Honoured(
-        "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS",
-        _whole("idleTimeBetweenReadsInMillis"),
-        "the wait after a read at the tip of the shard",
+        "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS", _COUNT, "the wait after a read at the tip of the shard"
     ),
     "callProcessRecordsEvenForEmptyRecordList": Honoured(
-        "SHARDLEASE_DELIVER_EMPTY_BATCHES",
-        _boolean("callProcessRecordsEvenForEmptyRecordList"),
-        "processRecords also for a read that returned nothing",
+        "SHARDLEASE_DELIVER_EMPTY_BATCHES", _boolean, "processRecords also for a read that returned nothing"
     ),
     "parentShardPollIntervalMillis": Honoured(
-        "SHARDLEASE_PARENT_POLL_INTERVAL_MS",
-        _whole("parentShardPollIntervalMillis", minimum=1),
-        "how often a child shard checks whether its parents ended",
+        "SHARDLEASE_PARENT_POLL_INTERVAL_MS", _POSITIVE, "how often a child shard checks whether its parents ended"
     ),
     "shardSyncIntervalMillis": Honoured(
-        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS",
-        _whole("shardSyncIntervalMillis", minimum=1),
-        "the leader's shard sync interval",
+        "SHARDLEASE_SHARD_SYNC_INTERVAL_MS", _POSITIVE, "the leader's shard sync interval"
     ),
     "cleanupLeasesUponShardCompletion": Honoured(
-        "SHARDLEASE_LEASE_CLEANUP",
-        _boolean("cleanupLeasesUponShardCompletion"),
-        "delete the leases of finished shards",
+        "SHARDLEASE_LEASE_CLEANUP", _boolean, "delete the leases of finished shards"
     ),
     "gracefulLeaseHandoffTimeoutMillis": Honoured(
-        "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS",
-        _whole("gracefulLeaseHandoffTimeoutMillis"),
-        "how long a graceful hand-off may take before it is forced",
+        "SHARDLEASE_GRACEFUL_HANDOFF_TIMEOUT_MS", _COUNT, "how long a graceful hand-off may take before it is forced"
     ),
-    "maxLeasesForWorker": Honoured(
-        "SHARDLEASE_MAX_LEASES_FOR_WORKER", _whole("maxLeasesForWorker", minimum=1), "the lease cap of one worker"
-    ),
+    "maxLeasesForWorker": Honoured("SHARDLEASE_MAX_LEASES_FOR_WORKER", _POSITIVE, "the lease cap of one worker"),
     "maxThroughputPerHostKBps": Honoured(
-        "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS",
-        _whole("maxThroughputPerHostKBps", minimum=1),
-        "the throughput cap of one worker",
+        "SHARDLEASE_MAX_THROUGHPUT_PER_HOST_KBPS", _POSITIVE, "the throughput cap of one worker"
     ),
-    "dampeningPercentage": Honoured(
-        "SHARDLEASE_DAMPENING_PCT", _whole("dampeningPercentage", minimum=1), "how much load one rebalance moves"
-    ),
+    "dampeningPercentage": Honoured("SHARDLEASE_DAMPENING_PCT", _POSITIVE, "how much load one rebalance moves"),
     "reBalanceThresholdPercentage": Honoured(
-        "SHARDLEASE_REBALANCE_THRESHOLD_PCT",
-        _whole("reBalanceThresholdPercentage", minimum=1),
-        "the utilisation band that triggers a rebalance",
+        "SHARDLEASE_REBALANCE_THRESHOLD_PCT", _POSITIVE, "the utilisation band that triggers a rebalance"
     ),
     "allowThroughputOvershoot": Honoured(
-        "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT",
-        _boolean("allowThroughputOvershoot"),
-        "move one lease even if it overshoots",
+        "SHARDLEASE_ALLOW_THROUGHPUT_OVERSHOOT", _boolean, "move one lease even if it overshoots"
     ),
     "varianceBalancingFrequency": Honoured(
-        "SHARDLEASE_BALANCING_FREQUENCY",
-        _whole("varianceBalancingFrequency", minimum=1),
-        "rebalance every n-th assignment cycle",
+        "SHARDLEASE_BALANCING_FREQUENCY", _POSITIVE, "rebalance every n-th assignment cycle"
     ),
-    "workerMetricsEMAAlpha": Honoured("SHARDLEASE_WORKER_METRICS_EMA_ALPHA", str.strip, "the worker metrics' EMA"),
+    "workerMetricsEMAAlpha": Honoured("SHARDLEASE_WORKER_METRICS_EMA_ALPHA", _text, "the worker metrics' EMA"),
     "workerMetricsReporterFreqInMillis": Honoured(
-        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS",
-        _whole("workerMetricsReporterFreqInMillis", minimum=1),
-        "how often a worker reports its metrics",
+        "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS", _POSITIVE, "how often a worker reports its metrics"
     ),
     "inMemoryWorkerMetricsCaptureFrequencyMillis": Honoured(
-        "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS",
-        _whole("inMemoryWorkerMetricsCaptureFrequencyMillis", minimum=1),
-        "how often the worker samples its CPU",
+        "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS", _POSITIVE, "how often the worker samples its CPU"
     ),
     "noOfPersistedMetricsPerWorkerMetrics": Honoured(
-        "SHARDLEASE_WORKER_METRICS_MAX_VALUES",
-        _whole("noOfPersistedMetricsPerWorkerMetrics", minimum=1),
-        "how many values of each metric the report keeps",
+        "SHARDLEASE_WORKER_METRICS_MAX_VALUES", _POSITIVE, "how many values of each metric the report keeps"
     ),
     "isGracefulLeaseHandoffEnabled": Honoured(
-        "SHARDLEASE_GRACEFUL_HANDOFF",
-        _boolean("isGracefulLeaseHandoffEnabled"),
-        "whether a rebalancing move lets the old owner checkpoint first",
+        "SHARDLEASE_GRACEFUL_HANDOFF", _boolean, "whether a rebalancing move lets the old owner checkpoint first"
     ),
     "leaseAssignmentIntervalMillis": Honoured(
-        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS",
-        _whole("leaseAssignmentIntervalMillis", minimum=1),
-        "the leader's assignment cycle (20 000 by default)",
+        "SHARDLEASE_LEADER_CYCLE_INTERVAL_MS", _POSITIVE, "the leader's assignment cycle (20 000 by default)"
     ),
     "retrievalMode": Honoured(
         "SHARDLEASE_RETRIEVAL",
@@ -223,16 +198,14 @@ HONOURED: dict[str, Honoured] = {
         "FANOUT: enhanced fan-out; POLLING: GetRecords (DEFAULT and no key: polling, docs/fanout.md)",
     ),
     "fanoutConfig.consumerName": Honoured(
-        "SHARDLEASE_FANOUT_CONSUMER_NAME", str.strip, "the fan-out consumer's name (default: applicationName)"
+        "SHARDLEASE_FANOUT_CONSUMER_NAME", _text, "the fan-out consumer's name (default: applicationName)"
     ),
     "fanoutConfig.consumerArn": Honoured(
-        "SHARDLEASE_FANOUT_CONSUMER_ARN", str.strip, "a fan-out consumer created beforehand, used as it is"
+        "SHARDLEASE_FANOUT_CONSUMER_ARN", _text, "a fan-out consumer created beforehand, used as it is"
     ),
-    "kinesisEndpoint": Honoured("SHARDLEASE_KINESIS_ENDPOINT_URL", str.strip, "the Kinesis endpoint (local use)"),
-    "dynamoDBEndpoint": Honoured("SHARDLEASE_DYNAMODB_ENDPOINT_URL", str.strip, "the DynamoDB endpoint (local use)"),
-    "cloudWatchEndpoint": Honoured(
-        "SHARDLEASE_CLOUDWATCH_ENDPOINT_URL", str.strip, "the CloudWatch endpoint (local use)"
-    ),
+    "kinesisEndpoint": Honoured("SHARDLEASE_KINESIS_ENDPOINT_URL", _text, "the Kinesis endpoint (local use)"),
+    "dynamoDBEndpoint": Honoured("SHARDLEASE_DYNAMODB_ENDPOINT_URL", _text, "the DynamoDB endpoint (local use)"),
+    "cloudWatchEndpoint": Honoured("SHARDLEASE_CLOUDWATCH_ENDPOINT_URL", _text, "the CloudWatch endpoint (local use)"),
 }
 
 # Keys read in code: what the daemon itself needs.
@@ -389,7 +362,7 @@ def read_properties(path: Path, text: str) -> MultiLangProperties:
         if key in HONOURED:
             if value:
                 rule = HONOURED[key]
-                settings[rule.variable] = rule.convert(value)
+                settings[rule.variable] = rule.convert(key, value)
         elif key in READ_HERE:
             continue
         elif key in NOT_USED:
@@ -404,7 +377,7 @@ def read_properties(path: Path, text: str) -> MultiLangProperties:
     if parse_bool(props.get("disableWorkerMetrics"), name=f"{where}: disableWorkerMetrics", default=False):
         settings["SHARDLEASE_CPU_METRIC"] = "none"
     timeout = props.get("timeoutInSeconds", "").strip()
-    response_timeout_s = float(_whole("timeoutInSeconds", minimum=1)(timeout)) if timeout else None
+    response_timeout_s = float(_POSITIVE("timeoutInSeconds", timeout)) if timeout else None
 
     return MultiLangProperties(
         path=path,

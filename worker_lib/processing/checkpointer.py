@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.leases.renewer import LeaseHolder
@@ -17,6 +18,9 @@ from worker_lib.processing.processor import (
 )
 
 log = logging.getLogger(__name__)
+
+# One lease's checkpoint retried while the lease is valid: from 0.2 s, doubling to 2 s, exact (one caller).
+CHECKPOINT_BACKOFF = Backoff(base_s=0.2, max_s=2.0)
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,12 @@ class LeaseCheckpointer:
     def _write(self, value: Checkpoint) -> None:
         if self._last is not None and value == self._last:
             return  # already recorded: spare a write
-        # Infrastructure errors (throttling, 5xx, timeouts beyond botocore's own retries) are retried here while
-        # the lease is still valid: letting them out of process_records would make the consumer deliver the same
-        # batch again — duplicates without any ownership change.
-        delay = 0.2
+        # Three layers, one failure each: botocore retries a request (throttling, 5xx, a lost connection); the store
+        # re-reads once after a failed condition (botocore's retry of a write that had landed; a hand-off begun
+        # meanwhile: written once more as checkpoint owner) — a new condition, not an error retried; this loop
+        # retries what got past botocore while the lease is valid: out of process_records, it would make the
+        # consumer deliver the same batch again — duplicates without any ownership change.
+        retry = Retry(backoff=CHECKPOINT_BACKOFF, clock=self._holder.clock)
         while True:
             try:
                 written = self._holder.checkpoint(self._lease_key, value)
@@ -81,9 +87,9 @@ class LeaseCheckpointer:
                     raise ShutdownError(
                         f"lease {self._lease_key}: checkpoint could not be written before the lease ran out ({exc})"
                     ) from exc
+                delay = retry.failed()
                 log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self._lease_key, delay, exc)
-                self._holder.clock.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                retry.wait(delay)
         if written is None:
             raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
         self._last = value

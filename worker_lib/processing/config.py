@@ -8,7 +8,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_bool, env_int, env_str, environ, parse_bool
+from worker_lib.core.backoff import Backoff
+from worker_lib.core.env import env_int, env_optional_bool, env_str, read_settings, setting
 from worker_lib.core.errors import ConfigError
 
 
@@ -82,6 +83,22 @@ class DestinationSpec:
         )
 
 
+_OLD_POLICY = "SHARDLEASE_PROCESSOR_FAILURE_POLICY"  # the policy's older name
+_OLD_RETRIES = "SHARDLEASE_PROCESSOR_RETRIES"  # the older setting: attempts after the first
+
+
+def _failure_policy(env: Mapping[str, str], name: str, default: FailureAction) -> FailureAction:
+    if not env_str(env, name) and env_str(env, _OLD_POLICY):
+        name = _OLD_POLICY
+    return FailureAction.parse(env_str(env, name) or default, name=name)
+
+
+def _max_attempts(env: Mapping[str, str], name: str, default: int) -> int:
+    if env_str(env, _OLD_RETRIES):
+        default = env_int(env, _OLD_RETRIES, 0) + 1
+    return env_int(env, name, default)
+
+
 @dataclass(frozen=True, kw_only=True)
 class FailureConfig:
     """What a shard consumer does when the processor fails on a batch: Lambda's event source mapping settings,
@@ -103,13 +120,14 @@ class FailureConfig:
       ``SHARDLEASE_FAILURE_DESTINATION``.
     """
 
-    on_failure: FailureAction | str = FailureAction.RETRY  # a name is accepted too: "skip-and-record"
-    max_attempts: int = 3
-    retry_backoff_ms: int = 500
+    # A name is accepted too: "skip-and-record".
+    on_failure: FailureAction | str = setting(FailureAction.RETRY, "SHARDLEASE_FAILURE_POLICY", _failure_policy)  # noqa: RUF009 (a field specifier)
+    max_attempts: int = setting(3, "SHARDLEASE_MAX_ATTEMPTS", _max_attempts)
+    retry_backoff_ms: int = setting(500, "SHARDLEASE_RETRY_BACKOFF_MS")
     retry_backoff_max_ms: int = 10_000
-    bisect: bool | None = None
-    max_record_age_s: int = 0
-    destination: str = ""
+    bisect: bool | None = setting(None, "SHARDLEASE_BISECT", env_optional_bool)
+    max_record_age_s: int = setting(0, "SHARDLEASE_MAX_RECORD_AGE_S")
+    destination: str = setting("", "SHARDLEASE_FAILURE_DESTINATION")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_failure", FailureAction.parse(self.on_failure))
@@ -142,31 +160,13 @@ class FailureConfig:
         return self.action in (FailureAction.SKIP_AND_RECORD, FailureAction.STOP_SHARD)
 
     def retry_backoff_s(self, failed_attempts: int) -> float:
-        """Seconds to wait after the ``failed_attempts``-th failure of a batch (≥ 1)."""
-        exponent = min(max(failed_attempts, 1) - 1, 30)
-        return min(self.retry_backoff_ms << exponent, self.retry_backoff_max_ms) / 1000
+        """Seconds to wait after the ``failed_attempts``-th failure of a batch (≥ 1); exact, no jitter: one consumer
+        retries one batch."""
+        return Backoff.of_ms(self.retry_backoff_ms, self.retry_backoff_max_ms).delay_s(failed_attempts)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> FailureConfig:
-        e = environ(env)
-        policy_name = "SHARDLEASE_FAILURE_POLICY"
-        policy = env_str(e, policy_name)
-        if not policy and env_str(e, "SHARDLEASE_PROCESSOR_FAILURE_POLICY"):  # the older name
-            policy_name = "SHARDLEASE_PROCESSOR_FAILURE_POLICY"
-            policy = env_str(e, policy_name)
-        retries = env_str(e, "SHARDLEASE_PROCESSOR_RETRIES")  # the older setting: attempts after the first
-        default_attempts = env_int(e, "SHARDLEASE_PROCESSOR_RETRIES", 2) + 1 if retries else 3
-        raw_bisect = e.get("SHARDLEASE_BISECT")
-        return cls(
-            on_failure=FailureAction.parse(policy or "retry", name=policy_name),
-            max_attempts=env_int(e, "SHARDLEASE_MAX_ATTEMPTS", default_attempts),
-            retry_backoff_ms=env_int(e, "SHARDLEASE_RETRY_BACKOFF_MS", 500),
-            bisect=None
-            if raw_bisect is None or not raw_bisect.strip()
-            else parse_bool(raw_bisect, name="SHARDLEASE_BISECT", default=False),
-            max_record_age_s=env_int(e, "SHARDLEASE_MAX_RECORD_AGE_S", 0),
-            destination=env_str(e, "SHARDLEASE_FAILURE_DESTINATION"),
-        )
+        return read_settings(cls, env)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,10 +183,10 @@ class ConsumerConfig:
       callProcessRecordsEvenForEmptyRecordList; False); ``SHARDLEASE_DELIVER_EMPTY_BATCHES``.
     """
 
-    parent_poll_interval_ms: int = 10_000
+    parent_poll_interval_ms: int = setting(10_000, "SHARDLEASE_PARENT_POLL_INTERVAL_MS")
     shard_end_retry_interval_ms: int = 5_000
     error_backoff_ms: int = 1_000
-    deliver_empty_batches: bool = False
+    deliver_empty_batches: bool = setting(False, "SHARDLEASE_DELIVER_EMPTY_BATCHES")
 
     def __post_init__(self) -> None:
         for name in ("parent_poll_interval_ms", "shard_end_retry_interval_ms"):
@@ -197,8 +197,4 @@ class ConsumerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ConsumerConfig:
-        e = environ(env)
-        return cls(
-            parent_poll_interval_ms=env_int(e, "SHARDLEASE_PARENT_POLL_INTERVAL_MS", 10_000),
-            deliver_empty_batches=env_bool(e, "SHARDLEASE_DELIVER_EMPTY_BATCHES", False),
-        )
+        return read_settings(cls, env)

@@ -1,17 +1,23 @@
-"""One shard consumer per held lease: read, deliver to the processor, checkpoint with fencing, end cleanly.
+"""One shard consumer per held lease, as an explicit state machine (KCL's ShardConsumer): read, deliver to the
+processor, checkpoint with fencing, end cleanly.
 
-Lifecycle (docs/kcl-compatibility.md, "Shard sync and lease lifecycle"; docs/worker.md)::
+States and transitions (docs/kcl-compatibility.md, "Shard sync and lease lifecycle"; docs/worker.md)::
 
-    wait for parents ─▶ initialize ─▶ (fetch ─▶ process_records)* ─┬─▶ SHARD_END: create child leases, record
-                                                                    │   childShardIds, shard_ended (must checkpoint)
-                                                                    ├─▶ handoff requested: shutdown_requested,
-                                                                    │   complete the handoff
-                                                                    ├─▶ worker stopping: shutdown_requested, give
-                                                                    │   the lease up at once
-                                                                    └─▶ lease lost / not renewed: lease_lost
+    admit ─▶ WAITING_ON_PARENTS ─▶ INITIALIZING ─▶ PROCESSING ─▶ SHARD_END ─▶ FINISHED
+      │              │                  │              │             │
+      │              └──────────────────┴──────┬───────┴─────────────┘  the guard, before every step:
+      │                                        ├─▶ SHUTTING_DOWN ─▶ SHUTDOWN     stop requested
+      │                                        ├─▶ HANDING_OFF   ─▶ HANDED_OFF   hand-off requested
+      │                                        └─▶ LEASE_LOST    ─▶ LOST         lease no longer valid
+      └─▶ LOST (not held) | FINISHED (already ended) | STOPPED (stopped by its policy)
 
-The consumer never delivers a batch while its lease is invalid (self-fencing), and never checkpoints except
-through :class:`LeaseCheckpointer`, whose every write is conditional on the lease counter.
+    any step may also end in GAVE_UP (policy retry, or the processor failed) or STOPPED (policy stop-shard)
+
+Every step of every active state starts with the one guard (:meth:`ShardConsumer._guard`), in one fixed order:
+stop requested, hand-off requested, lease still valid; a fetched batch passes it again before it is delivered,
+and so does every wait inside a delivery. The consumer thus never delivers a batch while its lease is invalid
+(self-fencing), and never checkpoints except through :class:`LeaseCheckpointer`, whose every write is conditional
+on the lease counter. The processor is told ``shutdown_requested`` or ``lease_lost`` only once it was initialized.
 """
 
 from __future__ import annotations
@@ -20,67 +26,32 @@ import enum
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
+from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.errors import ConfigError, DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardBlock, ShardInfo
+from worker_lib.core.errors import DependencyError, StreamMissingError
+from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
 from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.checkpointer import LeaseCheckpointer
-from worker_lib.processing.config import ConsumerConfig, FailureConfig
-from worker_lib.processing.destinations import FailureDestination, FailureReport, describe_error
-from worker_lib.processing.failures import (
-    BatchDelivery,
-    Delivered,
-    Failure,
-    FailureStats,
-    failure_from_exception,
-    failure_from_result,
-    one_line,
-)
-from worker_lib.processing.processor import (
-    InitializationInput,
-    KinesisRecord,
-    LeaseLostInput,
-    ProcessorFailedError,
-    ProcessRecordsInput,
-    RecordProcessor,
-    ShardEndedInput,
-    ShutdownError,
-    ShutdownRequestedInput,
-)
-from worker_lib.retrieval import RecordBatch, RecordSource, ShardRecordFetcher
+from worker_lib.processing.config import ConsumerConfig
+from worker_lib.processing.delivery import Deliveries, DeliveryContext, FailureHandling, ShardIdentity, ShardMark
+from worker_lib.processing.failures import Delivered, FailureStats, one_line
+from worker_lib.processing.lifecycle import ProcessorLifecycle
+from worker_lib.processing.processor import KinesisRecord, ProcessorFailedError, RecordProcessor, ShutdownError
+from worker_lib.retrieval import RecordBatch, RecordSource, RecordSources
 from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
-from worker_lib.telemetry.names import WorkerMetric
-from worker_lib.telemetry.publisher import MetricsPublisher, NullPublisher
+
+__all__ = ["ConsumerOutcome", "ConsumerState", "FailureHandling", "ShardConsumer"]
 
 log = logging.getLogger(__name__)
 
-# Builds a lease's record source other than polling (enhanced fan-out): (stream, shard id, checkpoint, timestamp).
-RecordSourceFactory = Callable[[str, str, Checkpoint, datetime | None], RecordSource]
-
 ShardLister = Callable[[], Sequence[ShardInfo]]
 BytesSink = Callable[[str, int], None]  # (lease_key, bytes delivered)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FailureHandling:
-    """What a consumer needs to apply the failure policy (docs/failures.md): the policy, where records given up on
-    go, who is reporting, and where the counts are published."""
-
-    config: FailureConfig = field(default_factory=FailureConfig)
-    destination: FailureDestination | None = None
-    application: str = ""
-    worker_id: str = ""
-    metrics: MetricsPublisher = field(default_factory=NullPublisher)
-
-
-class _Interrupted(Exception):
-    """A wait inside a delivery was cut short: stop requested or lease lost (the consumer tells which)."""
+RecordsSink = Callable[[str, Sequence[KinesisRecord], int | None], None]  # (lease_key, records, millis behind)
 
 
 class ConsumerOutcome(enum.Enum):
@@ -92,11 +63,35 @@ class ConsumerOutcome(enum.Enum):
     STOPPED = "stopped"  # processor kept failing (policy stop-shard): lease given up, marked stopped
 
 
-# --- the consumer ------------------------------------------------------------------------------------------------
+class ConsumerState(enum.Enum):
+    """Where a consumer is; see the module documentation's picture."""
+
+    WAITING_ON_PARENTS = "waiting_on_parents"
+    INITIALIZING = "initializing"
+    PROCESSING = "processing"
+    SHARD_END = "shard_end"
+    SHUTTING_DOWN = "shutting_down"  # stop requested: give the lease up
+    HANDING_OFF = "handing_off"  # hand-off requested: complete it
+    LEASE_LOST = "lease_lost"  # the lease is no longer ours
+
+    @property
+    def active(self) -> bool:
+        """Whether the guard runs before this state's steps (the last three only end the consumer)."""
+        return self in _ACTIVE
+
+
+_ACTIVE = frozenset(
+    {ConsumerState.WAITING_ON_PARENTS, ConsumerState.INITIALIZING, ConsumerState.PROCESSING, ConsumerState.SHARD_END}
+)
+
+Step = ConsumerState | ConsumerOutcome  # where a step leads: the next state, or the end
 
 
 class ShardConsumer:
-    """Consumes one leased shard on the calling thread until it ends, is lost, handed off or stopped."""
+    """Consumes one leased shard on the calling thread until it ends, is lost, handed off or stopped.
+
+    sources: opens the lease's record source (None: polling with ``kinesis_client`` and ``retrieval``).
+    """
 
     def __init__(
         self,
@@ -112,89 +107,110 @@ class ShardConsumer:
         retrieval: RetrievalConfig | None = None,
         initial_timestamp: datetime | None = None,
         on_bytes: BytesSink | None = None,
-        on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
-        record_source: RecordSourceFactory | None = None,
+        on_records: RecordsSink | None = None,
+        sources: RecordSources | None = None,
         failures: FailureHandling | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.lease_key = lease_key
         self.stream = stream
-        self._stream_identifier, self.shard_id = split_lease_key(lease_key)
+        stream_identifier, self.shard_id = split_lease_key(lease_key)
+        self._shard = ShardIdentity(lease_key=lease_key, stream=stream, shard_id=self.shard_id)
+        self._lifecycle = ProcessorLifecycle(processor, self._shard, stream_identifier)
         self._holder = holder
         self._store = store
-        self._processor = processor
-        self._kinesis = kinesis_client
         self._list_shards = list_shards
         self._config = config or ConsumerConfig()
-        self._retrieval = retrieval or RetrievalConfig()
+        self._sources = sources or RecordSources(
+            retrieval or RetrievalConfig(), kinesis_client=kinesis_client, clock=clock
+        )
         self._initial_timestamp = initial_timestamp
         self._on_bytes = on_bytes
         self._on_records = on_records
-        self._record_source = record_source
-        self._failures = failures or FailureHandling()
-        self.failure_stats = FailureStats()
-        self._block: ShardBlock | None = None  # our failure marker as it stands in the table
         self._clock = clock
         self._stop = threading.Event()
+        # Every wait of the consumer wakes on stop; after a failed read it waits error_backoff_ms, constant as in KCL.
+        error_backoff = self._config.error_backoff_ms
+        self._pause = Retry(backoff=Backoff.of_ms(error_backoff, error_backoff), clock=clock, stop=self._stop)
+        handling = failures or FailureHandling()
+        self._mark = ShardMark(holder, lease_key, worker_id=handling.worker_id, clock=clock)
+        self._deliveries = Deliveries(
+            DeliveryContext(
+                shard=self._shard,
+                processor=processor,
+                mark=self._mark,
+                failures=handling,
+                clock=clock,
+                wait=self._wait_unless_interrupted,
+            )
+        )
+        self._steps: dict[ConsumerState, Callable[[], Step]] = {
+            ConsumerState.WAITING_ON_PARENTS: self._wait_on_parents,
+            ConsumerState.INITIALIZING: self._initialize,
+            ConsumerState.PROCESSING: self._process,
+            ConsumerState.SHARD_END: self._end_shard,
+            ConsumerState.SHUTTING_DOWN: self._shut_down,
+            ConsumerState.HANDING_OFF: self._hand_off,
+            ConsumerState.LEASE_LOST: self._lose_lease,
+        }
+        self.state = ConsumerState.WAITING_ON_PARENTS
+        self._lease: Lease | None = None  # as found at the start
+        self._parents = ParentsEnded(store)
+        self._checkpointer: LeaseCheckpointer | None = None  # from INITIALIZING on
+        self._source: RecordSource | None = None  # from INITIALIZING on
+        self._children: tuple[str, ...] = ()  # at SHARD_END: the shard's children
         self.records_delivered = 0
         self.bytes_delivered = 0
         self.millis_behind_latest: int | None = None
+
+    @property
+    def failure_stats(self) -> FailureStats:
+        """What the failure policy did on this lease so far."""
+        return self._deliveries.stats
 
     def request_stop(self) -> None:
         """Worker shutdown: finish the batch in flight, let the processor checkpoint, give the lease up."""
         self._stop.set()
 
-    # --- helpers --------------------------------------------------------------------------------------------
-
-    def _wait(self, seconds: float) -> None:
-        """Wait up to ``seconds``, waking early on stop (real time uses the event; a manual clock just advances)."""
-        end = self._clock.monotonic() + seconds
-        while not self._stop.is_set():
-            remaining = end - self._clock.monotonic()
-            if remaining <= 0:
-                return
-            self._clock.sleep(min(remaining, 0.1))
-
-    def _lease_lost(self) -> ConsumerOutcome:
-        log.info("lease lost lease=%s: stopping processing", self.lease_key)
-        self._processor_lease_lost()
-        return ConsumerOutcome.LOST
-
-    def _shutdown_requested(self, checkpointer: LeaseCheckpointer) -> None:
-        try:
-            self._processor.shutdown_requested(
-                ShutdownRequestedInput(shard_id=self.shard_id, checkpointer=checkpointer)
-            )
-        except Exception as exc:
-            log.warning("processor.shutdown_requested raised on %s: %s", self.lease_key, one_line(exc))
-
-    def _processor_failed(self, exc: ProcessorFailedError, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
-        """The processor can do nothing more: no retry, no checkpoint; the lease goes back to the leader at once."""
-        log.error(
-            "%s; lease %s given up without checkpointing: it resumes from checkpoint %s",
-            exc,
-            self.lease_key,
-            checkpointer.last_checkpoint,
-        )
-        self._holder.evict(self.lease_key)
-        return ConsumerOutcome.GAVE_UP
-
-    def _lease_deleted(self) -> bool:
-        try:
-            return self._store.get_lease(self.lease_key) is None
-        except DependencyError:
-            return False
-
-    # --- main -----------------------------------------------------------------------------------------------
+    # --- the machine ----------------------------------------------------------------------------------------
 
     def run(self) -> ConsumerOutcome:
         try:
-            return self._run()
+            outcome = self._admit()
+            while outcome is None:
+                if self.state.active:
+                    self.state = self._guard() or self.state
+                step = self._steps[self.state]()
+                if isinstance(step, ConsumerOutcome):
+                    outcome = step
+                else:
+                    self.state = step
+            return outcome
         finally:
+            if self._source is not None:
+                self._source.close()
             if self._on_bytes is not None:
                 self._on_bytes(self.lease_key, 0)  # let the recorder close the window
 
-    def _run(self) -> ConsumerOutcome:
+    def _guard(self) -> ConsumerState | None:
+        """The one transition guard, in its fixed order: stop requested, hand-off requested, lease still valid.
+        None: go on in the current state."""
+        if self._stop.is_set():
+            return ConsumerState.SHUTTING_DOWN
+        if self._holder.handoff_requested(self.lease_key):
+            return ConsumerState.HANDING_OFF
+        if self._holder.still_valid(self.lease_key, stop=self._stop):
+            return None
+        # still_valid returns early when a stop arrives while it waits for a verdict: then the stop path gives it up
+        return ConsumerState.SHUTTING_DOWN if self._stop.is_set() else ConsumerState.LEASE_LOST
+
+    def _wait_unless_interrupted(self, seconds: float) -> bool:
+        """A delivery's wait (policy backoff, destination retry): wait, then False if the guard would move on."""
+        self._pause.wait(seconds)
+        return self._guard() is None
+
+    def _admit(self) -> ConsumerOutcome | None:
+        """The lease as the consumer finds it: not held, already ended or stopped ends the consumer at once."""
         lease = self._holder.lease(self.lease_key)
         if lease is None or not self._holder.still_valid(self.lease_key, stop=self._stop):
             return ConsumerOutcome.LOST
@@ -206,132 +222,91 @@ class ShardConsumer:
             log.warning("lease %s is stopped by its failure policy: not processed, given up", self.lease_key)
             self._holder.evict(self.lease_key)
             return ConsumerOutcome.STOPPED
-        self._block = lease.block
+        self._lease = lease
+        self._mark.block = lease.block
+        return None
 
-        parents = ParentsEnded(self._store)
-        while not parents.ended(lease):
-            if self._stop.is_set():
-                self._holder.evict(self.lease_key)
-                return ConsumerOutcome.SHUTDOWN
-            if not self._holder.still_valid(self.lease_key, stop=self._stop):
-                if self._stop.is_set():
-                    continue
-                return ConsumerOutcome.LOST
-            log.debug("lease %s waits for its parents %s", self.lease_key, sorted(lease.parent_shard_ids))
-            self._wait(self._config.parent_poll_interval_ms / 1000)
+    # --- active states: one step each -----------------------------------------------------------------------
 
-        checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint)
+    def _wait_on_parents(self) -> Step:
+        assert self._lease is not None
+        if self._parents.ended(self._lease):
+            return ConsumerState.INITIALIZING
+        log.debug("lease %s waits for its parents %s", self.lease_key, sorted(self._lease.parent_shard_ids))
+        self._pause.wait(self._config.parent_poll_interval_ms / 1000)
+        return ConsumerState.WAITING_ON_PARENTS
+
+    def _initialize(self) -> Step:
+        lease = self._lease
+        assert lease is not None
+        self._checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint)
         timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
-        if self._record_source is None:
-            fetcher: RecordSource = ShardRecordFetcher(
-                self.stream,
-                lease.shard_id,
-                kinesis_client=self._kinesis,
-                start=lease.checkpoint,
-                timestamp=timestamp,
-                clock=self._clock,
-                config=self._retrieval,
-            )
-        else:
-            fetcher = self._record_source(self.stream, lease.shard_id, lease.checkpoint, timestamp)
+        self._source = self._sources.open(self.stream, lease.shard_id, start=lease.checkpoint, timestamp=timestamp)
         try:
-            return self._consume(lease, checkpointer, fetcher)
-        finally:
-            fetcher.close()
-
-    def _consume(self, lease: Lease, checkpointer: LeaseCheckpointer, fetcher: RecordSource) -> ConsumerOutcome:
-        try:
-            self._processor.initialize(
-                InitializationInput(
-                    shard_id=self.shard_id,
-                    checkpoint=lease.checkpoint,
-                    pending_checkpoint=lease.pending_checkpoint,
-                    stream_name=self.stream,
-                    stream_identifier=None if self._stream_identifier is None else self._stream_identifier.serialize(),
-                )
-            )
+            self._lifecycle.initialize(lease)
         except ProcessorFailedError as exc:
-            return self._processor_failed(exc, checkpointer)
-        while True:
-            if self._stop.is_set():
-                self._shutdown_requested(checkpointer)
-                fetcher.close()  # before the lease moves: the next owner's subscription must not find ours open
-                self._holder.evict(self.lease_key)
-                log.info(
-                    "lease given up at shutdown lease=%s checkpoint=%s", self.lease_key, checkpointer.last_checkpoint
-                )
-                return ConsumerOutcome.SHUTDOWN
-            if self._holder.handoff_requested(self.lease_key):
-                self._shutdown_requested(checkpointer)
-                fetcher.close()
-                self._holder.complete_handoff(self.lease_key)
-                return ConsumerOutcome.HANDED_OFF
-            if not self._holder.still_valid(self.lease_key, stop=self._stop):
-                if self._stop.is_set():
-                    continue  # the stop path above gives it up
-                return self._lease_lost()
-            delay = fetcher.seconds_until_next_call()
-            if delay > 0:  # wait here, where a shutdown or a handoff interrupts the wait, not inside fetch()
-                self._wait(delay)
-                continue
-            try:
-                batch = fetcher.fetch()
-            except StreamMissingError as exc:
-                if self._lease_deleted():
-                    # The stream is gone and the leader deleted its leases (docs/multi-stream.md): stop here, as for
-                    # any lost lease, rather than retry a read that can never succeed (in worker liveness mode
-                    # nothing else would tell us).
-                    log.info("lease %s was deleted with its stream (%s): consumer stopped", self.lease_key, exc)
-                    return self._lease_lost()
-                log.warning("reading %s failed: %s", self.lease_key, exc)
-                self._wait(self._config.error_backoff_ms / 1000)
-                continue
-            except DependencyError as exc:
-                log.warning("reading %s failed: %s", self.lease_key, exc)
-                self._wait(self._config.error_backoff_ms / 1000)
-                continue
-            if not self._holder.still_valid(self.lease_key, stop=self._stop):
-                return self._lease_lost()  # never deliver what we may no longer own
-            if batch.records or (self._config.deliver_empty_batches and not batch.end_of_shard):
-                checkpointer.largest_permitted = fetcher.last_delivered
-                outcome = self._deliver(batch, checkpointer)
-                if outcome is not None:
-                    return outcome
-            elif batch.millis_behind_latest is not None:
-                self.millis_behind_latest = batch.millis_behind_latest
-            if batch.end_of_shard:
-                return self._shard_end(batch, checkpointer)
+            return self._processor_failed(exc)
+        return ConsumerState.PROCESSING
 
-    def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome | None:
-        """Deliver one batch under the failure policy (:mod:`worker_lib.processing.failures`)."""
-        ports = _DeliveryPorts(self, batch, checkpointer)
-        delivery = BatchDelivery(
-            config=self._failures.config, ports=ports, lease_key=self.lease_key, now=self._clock.wall()
-        )
+    def _process(self) -> Step:
+        """One read, and the delivery of what it returned."""
+        source, checkpointer = self._source, self._checkpointer
+        assert source is not None and checkpointer is not None
+        delay = source.seconds_until_next_call()
+        if delay > 0:  # wait here, where the guard runs after it, not inside fetch()
+            self._pause.wait(delay)
+            return ConsumerState.PROCESSING
         try:
-            if batch.records:
-                delivered = delivery.run(batch.records, at_shard_end=batch.end_of_shard)
-            else:  # an empty batch (deliver_empty_batches): nothing to retry or record
-                failure = ports.process((), at_shard_end=batch.end_of_shard)
-                delivered = Delivered.DONE
-                if failure is not None:
-                    log.warning("processor failed on an empty batch of %s: %s", self.lease_key, failure.error)
+            batch = source.fetch()
+        except StreamMissingError as exc:
+            if self._lease_deleted():
+                # The stream is gone and the leader deleted its leases (docs/multi-stream.md): stop here, as for
+                # any lost lease, rather than retry a read that can never succeed (in worker liveness mode
+                # nothing else would tell us).
+                log.info("lease %s was deleted with its stream (%s): consumer stopped", self.lease_key, exc)
+                return ConsumerState.LEASE_LOST
+            return self._read_failed(exc)
+        except DependencyError as exc:
+            return self._read_failed(exc)
+        # Never deliver what we may no longer own; a batch read as a stop or a hand-off arrived is left to the next
+        # owner, who reads it from the checkpoint.
+        interrupted = self._guard()
+        if interrupted is not None:
+            return interrupted
+        if batch.records or (self._config.deliver_empty_batches and not batch.end_of_shard):
+            checkpointer.largest_permitted = source.last_delivered
+            step = self._deliver(batch, checkpointer)
+            if step is not None:
+                return step
+        elif batch.millis_behind_latest is not None:
+            self.millis_behind_latest = batch.millis_behind_latest
+        if batch.end_of_shard:
+            self._children = tuple(batch.child_shards)
+            return ConsumerState.SHARD_END
+        return ConsumerState.PROCESSING
+
+    def _read_failed(self, exc: Exception) -> Step:
+        log.warning("reading %s failed: %s", self.lease_key, exc)
+        self._pause.failed_and_wait()
+        return ConsumerState.PROCESSING
+
+    def _deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> Step | None:
+        """Deliver one batch under the failure policy; None to read on."""
+        try:
+            delivered = self._deliveries.deliver(batch, checkpointer)
         except ShutdownError:
-            return self._lease_lost()
+            return ConsumerState.LEASE_LOST
         except ProcessorFailedError as exc:
-            return self._processor_failed(exc, checkpointer)
-        except _Interrupted:
-            delivered = Delivered.INTERRUPTED
-        finally:
-            self._count_failures(delivery.stats)
+            return self._processor_failed(exc)
         if delivered is Delivered.INTERRUPTED:
-            # the loop gives the lease up (stop) or reports it lost; nothing past the last checkpoint is lost
-            return None if self._holder.is_valid(self.lease_key) else self._lease_lost()
+            # The source is past a batch not wholly delivered: never read on. The guard tells why the wait ended (a
+            # lease valid again by now still counts as lost); nothing past the last checkpoint is lost.
+            return self._guard() or ConsumerState.LEASE_LOST
         if delivered is Delivered.GIVE_UP:
             self._holder.evict(self.lease_key)
             return ConsumerOutcome.GAVE_UP
         if delivered is Delivered.STOP_SHARD:
-            return self._stop_shard(delivery)
+            return ConsumerOutcome.STOPPED  # the lease was given up marked stopped
         size = batch.data_bytes
         self.records_delivered += len(batch.records)
         self.bytes_delivered += size
@@ -342,50 +317,36 @@ class ShardConsumer:
             self._on_records(self.lease_key, batch.records, batch.millis_behind_latest)
         return None
 
-    def _stop_shard(self, delivery: BatchDelivery) -> ConsumerOutcome:
-        at = delivery.stopped_at
-        failure = delivery.last_failure
-        assert at is not None and failure is not None
-        block = ShardBlock(
-            state=ShardBlock.STOPPED,
-            since=self._block.since if self._block is not None else self._clock.wall(),
-            attempts=self._failures.config.max_attempts,
-            error=type(failure.error).__name__,
-            at=at.checkpoint,
-            worker=self._failures.worker_id or self._holder.worker_id,
-        )
-        self._processor_lease_lost()
-        stopped = self._holder.stop_shard(self.lease_key, block)
-        log.error(
-            "shard %s STOPPED at record %s after %d failed deliveries (%s; policy stop-shard%s): nothing more is "
-            "processed on it until `shardlease resume-shard --app %s --shard %s`",
-            self.lease_key,
-            at.checkpoint,
-            block.attempts,
-            one_line(failure.error),
-            "" if stopped else "; the mark could not be written, the lease was given up",
-            self._failures.application or "APP",
-            self.lease_key,
-        )
-        return ConsumerOutcome.STOPPED
-
-    def _processor_lease_lost(self) -> None:
+    def _end_shard(self) -> Step:
+        """One attempt at the shard's end: child leases, childShardIds, ``shard_ended`` (which must checkpoint
+        SHARD_END); retried every ``shard_end_retry_interval_ms`` until it succeeds."""
+        checkpointer = self._checkpointer
+        assert checkpointer is not None
+        children = list(self._children)
         try:
-            self._processor.lease_lost(LeaseLostInput(shard_id=self.shard_id))
+            ready = self._child_leases_ready(children)
+            if ready and children:
+                self._holder.update_child_shard_ids(self.lease_key, children)
+            if ready:
+                checkpointer.end_shard()
+                self._lifecycle.shard_ended(checkpointer, children)
+                if checkpointer.last_checkpoint == SHARD_END:
+                    self._holder.drop(self.lease_key)
+                    log.info("shard ended lease=%s children=%s", self.lease_key, ",".join(children) or "-")
+                    return ConsumerOutcome.FINISHED
+                log.error(
+                    "processor did not checkpoint SHARD_END on %s: its children cannot start; retrying", self.lease_key
+                )
+        except ShutdownError:
+            return ConsumerState.LEASE_LOST
+        except ProcessorFailedError as exc:
+            return self._processor_failed(exc)
+        except DependencyError as exc:
+            log.warning("SHARD_END handling for %s failed: %s", self.lease_key, exc)
         except Exception as exc:
-            log.warning("processor.lease_lost raised on %s: %s", self.lease_key, one_line(exc))
-
-    def _count_failures(self, stats: FailureStats) -> None:
-        """Add one delivery's counts to the consumer's and publish them (nothing to do for a clean batch)."""
-        if not stats:
-            return
-        self.failure_stats.add(stats)
-        for field_name, metric in _FAILURE_METRICS.items():
-            count = getattr(stats, field_name)
-            if count:
-                self._failures.metrics.add(metric, count)
-
-    # --- SHARD_END ------------------------------------------------------------------------------------------
+            log.error("processor.shard_ended raised on %s: %s", self.lease_key, one_line(exc))
+        self._pause.wait(self._config.shard_end_retry_interval_ms / 1000)
+        return ConsumerState.SHARD_END
 
     def _child_leases_ready(self, children: Sequence[str]) -> bool:
         if not children:
@@ -393,180 +354,51 @@ class ShardConsumer:
         shards = {shard.shard_id: shard for shard in self._list_shards()}
         return ensure_child_leases(self._store, self.lease_key, children, shards)
 
-    def _shard_end(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> ConsumerOutcome:
-        children = list(batch.child_shards)
-        while True:
-            if self._stop.is_set():
-                self._shutdown_requested(checkpointer)
-                self._holder.evict(self.lease_key)
-                return ConsumerOutcome.SHUTDOWN
-            if not self._holder.still_valid(self.lease_key, stop=self._stop):
-                if self._stop.is_set():
-                    continue
-                return self._lease_lost()
-            try:
-                ready = self._child_leases_ready(children)
-                if ready and children:
-                    self._holder.update_child_shard_ids(self.lease_key, children)
-                if ready:
-                    checkpointer.end_shard()
-                    self._processor.shard_ended(
-                        ShardEndedInput(
-                            shard_id=self.shard_id, checkpointer=checkpointer, child_shard_ids=tuple(children)
-                        )
-                    )
-                    if checkpointer.last_checkpoint == SHARD_END:
-                        self._holder.drop(self.lease_key)
-                        log.info("shard ended lease=%s children=%s", self.lease_key, ",".join(children) or "-")
-                        return ConsumerOutcome.FINISHED
-                    log.error(
-                        "processor did not checkpoint SHARD_END on %s: its children cannot start; retrying",
-                        self.lease_key,
-                    )
-            except ShutdownError:
-                return self._lease_lost()
-            except ProcessorFailedError as exc:
-                return self._processor_failed(exc, checkpointer)
-            except DependencyError as exc:
-                log.warning("SHARD_END handling for %s failed: %s", self.lease_key, exc)
-            except Exception as exc:
-                log.error("processor.shard_ended raised on %s: %s", self.lease_key, one_line(exc))
-            self._wait(self._config.shard_end_retry_interval_ms / 1000)
+    # --- ending states --------------------------------------------------------------------------------------
 
+    def _shut_down(self) -> Step:
+        self._lifecycle.shutdown_requested(self._checkpointer)
+        self._close_source()
+        self._holder.evict(self.lease_key)
+        log.info("lease given up at shutdown lease=%s checkpoint=%s", self.lease_key, self._last_checkpoint())
+        return ConsumerOutcome.SHUTDOWN
 
-_FAILURE_METRICS = {
-    "failures": WorkerMetric.PROCESSOR_FAILURES,
-    "retries": WorkerMetric.BATCH_RETRIES,
-    "bisections": WorkerMetric.BATCH_BISECTIONS,
-    "recorded": WorkerMetric.RECORDS_TO_DESTINATION,
-    "expired": WorkerMetric.RECORDS_TO_DESTINATION,
-    "skipped": WorkerMetric.RECORDS_SKIPPED,
-}
+    def _hand_off(self) -> Step:
+        self._lifecycle.shutdown_requested(self._checkpointer)
+        self._close_source()
+        self._holder.complete_handoff(self.lease_key)
+        return ConsumerOutcome.HANDED_OFF
 
+    def _lose_lease(self) -> Step:
+        log.info("lease lost lease=%s: stopping processing", self.lease_key)
+        self._lifecycle.lease_lost()
+        return ConsumerOutcome.LOST
 
-class _DeliveryPorts:
-    """The consumer's I/O for one batch's delivery (:class:`~worker_lib.processing.failures.BatchPorts`)."""
-
-    def __init__(self, consumer: ShardConsumer, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> None:
-        self._consumer = consumer
-        self._batch = batch
-        self._checkpointer = checkpointer
-        self._attempt = 0
-
-    def process(self, records: Sequence[KinesisRecord], *, at_shard_end: bool) -> Failure | None:
-        consumer, batch = self._consumer, self._batch
-        now = datetime.fromtimestamp(consumer._clock.wall(), timezone.utc)
-        entry = now if batch.received_at is None else datetime.fromtimestamp(batch.received_at, timezone.utc)
-        if records:  # a checkpoint without arguments means "this sub-batch's last record"
-            self._checkpointer.largest_permitted = records[-1].checkpoint
-        self._attempt += 1
-        try:
-            result = consumer._processor.process_records(
-                ProcessRecordsInput(
-                    shard_id=consumer.shard_id,
-                    records=records,
-                    checkpointer=self._checkpointer,
-                    millis_behind_latest=batch.millis_behind_latest,
-                    cache_entry_time=entry,
-                    cache_exit_time=now,
-                    is_at_shard_end=at_shard_end,
-                )
-            )
-        except (ShutdownError, ProcessorFailedError):
-            raise
-        except Exception as exc:
-            failure = failure_from_exception(exc, records)
-        else:
-            found = failure_from_result(result, records)
-            if found is None:
-                return None
-            failure = found
-        first = records[failure.first_failed].checkpoint if records else "-"
+    def _processor_failed(self, exc: ProcessorFailedError) -> ConsumerOutcome:
+        """The processor can do nothing more: no retry, no checkpoint; the lease goes back to the leader at once."""
         log.error(
-            "processor failed on %s: %d records from %s (delivery %d of this batch): %s",
-            consumer.lease_key,
-            len(records) - failure.first_failed,
-            first,
-            self._attempt,
-            one_line(failure.error),
+            "%s; lease %s given up without checkpointing: it resumes from checkpoint %s",
+            exc,
+            self.lease_key,
+            self._last_checkpoint(),
         )
-        return failure
+        self._holder.evict(self.lease_key)
+        return ConsumerOutcome.GAVE_UP
 
-    def checkpoint(self, record: KinesisRecord) -> None:
-        last = self._checkpointer.last_checkpoint
-        if last is not None and not last.is_sentinel and not record.checkpoint.is_after(last):
-            return  # the processor checkpointed this far already
-        largest = self._checkpointer.largest_permitted
-        if largest is None or (not largest.is_sentinel and record.checkpoint.is_after(largest)):
-            self._checkpointer.largest_permitted = record.checkpoint  # records sent to the destination unread
-        self._checkpointer.checkpoint_record(record)
+    # --- helpers --------------------------------------------------------------------------------------------
 
-    def record(self, records: Sequence[KinesisRecord], *, condition: str, attempts: int, error: Failure | None) -> None:
-        consumer = self._consumer
-        handling = consumer._failures
-        destination = handling.destination
-        if destination is None:
-            raise ConfigError("the failure policy needs a destination, and the worker has none")
-        error_type, message = describe_error(None if error is None else error.error)
-        report = FailureReport(
-            application=handling.application,
-            worker_id=handling.worker_id,
-            stream=consumer.stream,
-            shard_id=consumer.shard_id,
-            condition=condition,
-            attempts=attempts,
-            records=records,
-            error_type=error_type,
-            error_message=message,
-            at=consumer._clock.wall(),
-        )
-        delay = 0.5
-        while True:
-            try:
-                destination.send(report)
-                log.info(
-                    "%d records of %s (%s..%s) sent to %s (%s)",
-                    len(records),
-                    consumer.lease_key,
-                    records[0].checkpoint,
-                    records[-1].checkpoint,
-                    destination.description,
-                    condition,
-                )
-                return
-            except DependencyError as exc:
-                handling.metrics.add(WorkerMetric.DESTINATION_FAILURES, 1)
-                log.warning(
-                    "failure destination %s failed for %s, retrying in %.1f s (the shard waits): %s",
-                    destination.description,
-                    consumer.lease_key,
-                    delay,
-                    exc,
-                )
-                if not self.wait(delay):
-                    raise _Interrupted from exc
-                delay = min(delay * 2, 30.0)
+    def _close_source(self) -> None:
+        """Before the lease moves: the next owner's subscription must not find ours open."""
+        if self._source is not None:
+            self._source.close()
 
-    def wait(self, seconds: float) -> bool:
-        consumer = self._consumer
-        consumer._wait(seconds)
-        return not consumer._stop.is_set() and consumer._holder.still_valid(consumer.lease_key, stop=consumer._stop)
+    def _last_checkpoint(self) -> Checkpoint | None:
+        if self._checkpointer is not None:
+            return self._checkpointer.last_checkpoint
+        return None if self._lease is None else self._lease.checkpoint
 
-    def blocked(self, records: Sequence[KinesisRecord], *, attempts: int, failure: Failure | None) -> None:
-        consumer = self._consumer
-        current = consumer._block
-        if failure is None:
-            if current is None:
-                return
-            block: ShardBlock | None = None
-        else:
-            block = ShardBlock(
-                state=ShardBlock.RETRYING,
-                since=current.since if current is not None else consumer._clock.wall(),
-                attempts=attempts,
-                error=type(failure.error).__name__,
-                at=records[0].checkpoint,
-                worker=consumer._failures.worker_id or consumer._holder.worker_id,
-            )
-        if consumer._holder.mark_block(consumer.lease_key, block) is not None:
-            consumer._block = block
+    def _lease_deleted(self) -> bool:
+        try:
+            return self._store.get_lease(self.lease_key) is None
+        except DependencyError:
+            return False

@@ -8,12 +8,13 @@ de-aggregation, the floor of records delivered already); polling (:class:`ShardR
 from __future__ import annotations
 
 from worker_lib.retrieval.config import RetrievalConfig, RetrievalMode
-from worker_lib.retrieval.factory import ConsumerArns, KnownConsumerArns, RecordSources
+from worker_lib.retrieval.factory import ConsumerArns, KnownConsumerArns, RecordSources, application_consumers
 from worker_lib.retrieval.fanout import ShardSubscriber, StreamConsumers, subscription_config
 from worker_lib.retrieval.polling import ShardRecordFetcher
 from worker_lib.retrieval.source import (
     RecordBatch,
     RecordSource,
+    SourceArguments,
     child_shards_from_list_shards,
     iterator_start,
     record_from_response,
@@ -30,7 +31,9 @@ __all__ = [
     "RetrievalMode",
     "ShardRecordFetcher",
     "ShardSubscriber",
+    "SourceArguments",
     "StreamConsumers",
+    "application_consumers",
     "child_shards_from_list_shards",
     "iterator_start",
     "record_from_response",

@@ -7,7 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_int, env_str, environ
+from worker_lib.core.backoff import Backoff
+from worker_lib.core.env import env_parsed, read_settings, setting
 from worker_lib.core.errors import ConfigError
 
 GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
@@ -40,6 +41,9 @@ CONSUMER_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 _CONSUMER_ARN = re.compile(r"^arn:aws[a-z-]*:kinesis:[a-z0-9-]+:\d{12}:stream/[^/]+/consumer/[^/:]+:\d+$")
 
 
+_mode = env_parsed(lambda raw, name: RetrievalMode.parse(raw, name=name))
+
+
 @dataclass(frozen=True, kw_only=True)
 class RetrievalConfig:
     """How a shard consumer reads its records: polling GetRecords, or enhanced fan-out.
@@ -60,14 +64,17 @@ class RetrievalConfig:
       (2): beyond that the subscription is not read, and Kinesis stops pushing (backpressure, bounded memory).
     """
 
-    max_records: int = GET_RECORDS_LIMIT
-    idle_time_between_reads_ms: int = 1_000
-    min_interval_between_calls_ms: int = KINESIS_MIN_CALL_INTERVAL_MS
-    throttle_backoff_base_ms: int = 500
-    throttle_backoff_max_ms: int = 10_000
-    mode: RetrievalMode | str = RetrievalMode.POLLING  # a name is accepted too: "polling", "fanout"
-    consumer_name: str = ""
-    consumer_arn: str = ""
+    max_records: int = setting(GET_RECORDS_LIMIT, "SHARDLEASE_MAX_RECORDS")
+    idle_time_between_reads_ms: int = setting(1_000, "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS")
+    min_interval_between_calls_ms: int = setting(
+        KINESIS_MIN_CALL_INTERVAL_MS, "SHARDLEASE_MIN_INTERVAL_BETWEEN_CALLS_MS"
+    )
+    throttle_backoff_base_ms: int = setting(500, "SHARDLEASE_THROTTLE_BACKOFF_BASE_MS")
+    throttle_backoff_max_ms: int = setting(10_000, "SHARDLEASE_THROTTLE_BACKOFF_MAX_MS")
+    # A name is accepted too: "polling", "fanout".
+    mode: RetrievalMode | str = setting(RetrievalMode.POLLING, "SHARDLEASE_RETRIEVAL", _mode)  # noqa: RUF009 (a field specifier)
+    consumer_name: str = setting("", "SHARDLEASE_FANOUT_CONSUMER_NAME")
+    consumer_arn: str = setting("", "SHARDLEASE_FANOUT_CONSUMER_ARN")
     fanout_buffer_events: int = 2
 
     def __post_init__(self) -> None:
@@ -96,27 +103,18 @@ class RetrievalConfig:
         if self.throttle_backoff_max_ms < self.throttle_backoff_base_ms:
             raise ConfigError("throttle_backoff_max_ms must be at least throttle_backoff_base_ms")
 
+    @property
+    def throttle_backoff(self) -> Backoff:
+        """The wait after each throttled call: exact (one reader per shard), no jitter."""
+        return Backoff.of_ms(self.throttle_backoff_base_ms, self.throttle_backoff_max_ms)
+
     def throttle_backoff_s(self, consecutive_throttles: int) -> float:
         """Seconds to wait after the ``consecutive_throttles``-th throttled call in a row (≥ 1)."""
-        exponent = min(max(consecutive_throttles, 1) - 1, 30)
-        delay_ms: int = min(self.throttle_backoff_base_ms << exponent, self.throttle_backoff_max_ms)
-        return delay_ms / 1000
+        return self.throttle_backoff.delay_s(consecutive_throttles)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RetrievalConfig:
-        e = environ(env)
-        return cls(
-            max_records=env_int(e, "SHARDLEASE_MAX_RECORDS", GET_RECORDS_LIMIT),
-            idle_time_between_reads_ms=env_int(e, "SHARDLEASE_IDLE_TIME_BETWEEN_READS_MS", 1_000),
-            min_interval_between_calls_ms=env_int(
-                e, "SHARDLEASE_MIN_INTERVAL_BETWEEN_CALLS_MS", KINESIS_MIN_CALL_INTERVAL_MS
-            ),
-            throttle_backoff_base_ms=env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_BASE_MS", 500),
-            throttle_backoff_max_ms=env_int(e, "SHARDLEASE_THROTTLE_BACKOFF_MAX_MS", 10_000),
-            mode=RetrievalMode.parse(env_str(e, "SHARDLEASE_RETRIEVAL", "polling"), name="SHARDLEASE_RETRIEVAL"),
-            consumer_name=env_str(e, "SHARDLEASE_FANOUT_CONSUMER_NAME"),
-            consumer_arn=env_str(e, "SHARDLEASE_FANOUT_CONSUMER_ARN"),
-        )
+        return read_settings(cls, env)
 
     @property
     def fanout(self) -> bool:

@@ -20,7 +20,7 @@ from worker_lib.core.models import Checkpoint
 from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.retrieval.fanout import ShardSubscriber, StreamConsumers, subscription_config
 from worker_lib.retrieval.polling import ShardRecordFetcher
-from worker_lib.retrieval.source import RecordSource
+from worker_lib.retrieval.source import RecordSource, SourceArguments
 
 
 class ConsumerArns(Protocol):
@@ -40,6 +40,17 @@ class KnownConsumerArns:
             return self._arns[stream]
         except KeyError:
             raise ConfigError(f"no fan-out consumer is known for stream {stream}") from None
+
+
+def application_consumers(
+    config: RetrievalConfig, *, app: str, kinesis_client: Any, clock: Clock = SYSTEM_CLOCK
+) -> StreamConsumers:
+    """The application's stream consumers: the configured ARN, else the consumer named after the application
+    (registered if missing). The Spark driver resolves them so; its executors get the ARNs (:class:`KnownConsumerArns`).
+    """
+    return StreamConsumers(
+        kinesis_client, consumer_name=config.consumer_name_for(app), consumer_arn=config.consumer_arn, clock=clock
+    )
 
 
 class RecordSources:
@@ -83,12 +94,7 @@ class RecordSources:
         after the application, registered if missing) and a client with a subscription's read timeout."""
         if not config.fanout:
             return cls(config, kinesis_client=kinesis_client, clock=clock)
-        consumers = StreamConsumers(
-            kinesis_client,
-            consumer_name=config.consumer_name_for(app),
-            consumer_arn=config.consumer_arn,
-            clock=clock,
-        )
+        consumers = application_consumers(config, app=app, kinesis_client=kinesis_client, clock=clock)
         subscriber = subscription_client or aws.client("kinesis", subscription_config(aws_config), boto3_session)
         return cls(
             config, kinesis_client=kinesis_client, subscription_client=subscriber, consumers=consumers, clock=clock
@@ -107,22 +113,9 @@ class RecordSources:
         timestamp: datetime | None = None,
         hash_range: tuple[int, int] | None = None,
     ) -> RecordSource:
-        """A source reading ``shard_id`` of ``stream`` from ``start`` (see :class:`RecordSource`)."""
-        if self.consumers is not None and self.config.fanout:
-            return ShardSubscriber(
-                stream,
-                shard_id,
-                kinesis_client=self._subscription_kinesis,
-                consumer_arn=self.consumers.arn_for(stream),
-                start=start,
-                timestamp=timestamp,
-                clock=self._clock,
-                config=self.config,
-                hash_range=hash_range,
-            )
-        return ShardRecordFetcher(
-            stream,
-            shard_id,
+        """A source reading ``shard_id`` of ``stream`` from ``start`` (see :class:`RecordSource`): a
+        :class:`ShardSubscriber` with fan-out (its consumer ARN resolved now), else a :class:`ShardRecordFetcher`."""
+        arguments = SourceArguments(
             kinesis_client=self._kinesis,
             start=start,
             timestamp=timestamp,
@@ -130,3 +123,7 @@ class RecordSources:
             config=self.config,
             hash_range=hash_range,
         )
+        if self.consumers is None or not self.config.fanout:
+            return ShardRecordFetcher(stream, shard_id, **arguments)
+        arguments["kinesis_client"] = self._subscription_kinesis
+        return ShardSubscriber(stream, shard_id, consumer_arn=self.consumers.arn_for(stream), **arguments)

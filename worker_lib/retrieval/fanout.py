@@ -5,25 +5,23 @@ the CDK construct), else the consumer named after the application — registered
 ``ACTIVE``, and never deregistered (a consumer deregistered when one worker stops breaks every other worker of the
 application: Flink's FLINK-24431).
 
-:class:`ShardSubscriber` reads one shard through a subscription and hands out the same :class:`RecordBatch` values
-as the polling :class:`~worker_lib.retrieval.polling.ShardRecordFetcher`, so the consumer, the processor and the
-checkpoints work the same way (KPL de-aggregation, ``millis_behind_latest``, the floor below which records were
-delivered already):
+:class:`ShardSubscriber` is the enhanced fan-out :class:`~worker_lib.retrieval.source.RecordSource`: the start,
+the floor of records delivered already, de-aggregation and the end of the shard (the event without a continuation
+ends it) follow that module's rules, so the consumer, the processor and the checkpoints work as with polling. Its
+own rules:
 
-* **Start.** The first subscription starts where polling would: ``AT_SEQUENCE_NUMBER`` of the checkpoint,
-  dropping the user records at or before it (so a checkpoint inside a KPL aggregate resumes inside it), or the
-  initial position. Until the first event arrives, a new subscription starts there again.
+* **Start.** The first subscription starts where polling would, as a ``StartingPosition``
+  (:func:`first_position`). Until the first event arrives, a new subscription starts there again.
 * **Renewal.** Kinesis ends every subscription after 5 minutes; the next one starts ``AFTER_SEQUENCE_NUMBER`` of
   the last event's ``ContinuationSequenceNumber`` — the position of everything received — so nothing is skipped
   or repeated across renewals. Read timeouts, resets and errors inside the stream resubscribe from there too.
 * **Limits.** At most one SubscribeToShard per second per shard (Kinesis' limit per consumer and shard);
   ``ResourceInUseException`` (the previous owner's subscription is younger than 5 s: every hand-over) and
-  ``LimitExceededException`` are retried each second, other failures with a backoff doubling to 5 s.
+  ``LimitExceededException`` are retried each second, other failures with a backoff doubling to 5 s. Waiting for a
+  new consumer to be ``ACTIVE`` and throttled registrations back off with jitter (every worker asks at start).
 * **Backpressure.** A reader thread puts each pushed event into a queue of ``fanout_buffer_events`` (2) and
   blocks while it is full: it then reads nothing, the connection's buffers fill, and Kinesis stops pushing. Memory
   per shard is bounded by a few events, whatever the processor's speed.
-* **Shard end.** The event without a continuation, with ``ChildShards``, ends the shard: that batch has
-  ``end_of_shard`` set and carries the child shard ids.
 """
 
 from __future__ import annotations
@@ -31,22 +29,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import botocore.exceptions
 
 from worker_lib.core import aws
+from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import Checkpoint
-from worker_lib.retrieval.config import RetrievalConfig
-from worker_lib.retrieval.source import RecordBatch, child_shards_from_list_shards, iterator_start, user_records
+from worker_lib.retrieval.source import RecordBatch, RecordSource, SourceArguments, iterator_start
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +53,12 @@ SUBSCRIBE_INTERVAL_S = 1.0  # Kinesis: one SubscribeToShard per second per consu
 RETRY_MAX_S = 5.0
 _RETRY_EACH_SECOND = frozenset({"ResourceInUseException", "LimitExceededException"})
 _POLL_S = 0.2  # how long one fetch() waits for an event: the consumer checks for stop and hand-off in between
+# Failed subscriptions of one shard: exact (one reader per shard and consumer, nothing to spread).
+_RESUBSCRIBE_BACKOFF = Backoff(base_s=SUBSCRIBE_INTERVAL_S, max_s=RETRY_MAX_S)
+# Every worker of an application asks at start: jitter spreads them. A consumer is ACTIVE within seconds; 5
+# registrations per second per account (KCL retries at once, 10 times).
+_ACTIVE_BACKOFF = Backoff(base_s=1.0, max_s=5.0, jitter=0.2)
+_REGISTER_BACKOFF = Backoff(base_s=1.0, max_s=10.0, jitter=0.5)
 
 
 def subscription_config(aws_config: AwsConfig) -> AwsConfig:
@@ -109,7 +112,7 @@ class StreamConsumers:
                 self._kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
             )
         deadline = self._clock.monotonic() + self._wait_active_s
-        attempt = 0
+        retry = Retry(backoff=_ACTIVE_BACKOFF, clock=self._clock)
         while True:
             description = self._describe(stream, stream_arn)
             if description is None:
@@ -125,8 +128,7 @@ class StreamConsumers:
                     f"kinesis stream consumer {self.consumer_name} of {stream} is {status} after "
                     f"{self._wait_active_s:g} s (expected ACTIVE)"
                 )
-            attempt += 1
-            self._clock.sleep(min(1.0 * attempt, 5.0) * random.uniform(0.8, 1.2))
+            retry.failed_and_wait()
 
     def _describe(self, stream: str, stream_arn: str) -> dict[str, Any] | None:
         try:
@@ -141,7 +143,7 @@ class StreamConsumers:
         return description
 
     def _register(self, stream: str, stream_arn: str) -> None:
-        delay = 1.0
+        retry = Retry(backoff=_REGISTER_BACKOFF, clock=self._clock)
         for _ in range(10):
             try:
                 self._kinesis.register_stream_consumer(StreamARN=stream_arn, ConsumerName=self.consumer_name)
@@ -155,9 +157,7 @@ class StreamConsumers:
                     raise self._translated(exc, "RegisterStreamConsumer", stream) from exc
             except botocore.exceptions.BotoCoreError as exc:
                 raise self._translated(exc, "RegisterStreamConsumer", stream) from exc
-            # 5 registrations per second per account: back off with jitter (KCL retries at once, 10 times)
-            self._clock.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 10.0)
+            retry.failed_and_wait()
         raise DependencyError(f"kinesis RegisterStreamConsumer on {stream}: throttled 10 times in a row")
 
     def _translated(self, exc: BaseException, operation: str, stream: str) -> DependencyError:
@@ -180,15 +180,20 @@ class _Start:
     floor: Checkpoint | None  # user records at or before it are not delivered
 
 
-def first_position(start: Checkpoint | InitialPosition, timestamp: datetime | None) -> _Start:
-    """Where the first subscription of a lease starts: the polling fetcher's start, as a StartingPosition."""
-    arguments, floor = iterator_start(start, timestamp)
+def _starting_position(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """SubscribeToShard's StartingPosition for GetShardIterator's arguments (:func:`iterator_start`)."""
     position: dict[str, Any] = {"Type": arguments["ShardIteratorType"]}
     if "StartingSequenceNumber" in arguments:
         position["SequenceNumber"] = arguments["StartingSequenceNumber"]
     if "Timestamp" in arguments:
         position["Timestamp"] = arguments["Timestamp"]
-    return _Start(position, floor)
+    return position
+
+
+def first_position(start: Checkpoint | InitialPosition, timestamp: datetime | None) -> _Start:
+    """Where the first subscription of a lease starts: the polling fetcher's start, as a StartingPosition."""
+    arguments, floor = iterator_start(start, timestamp)
+    return _Start(_starting_position(arguments), floor)
 
 
 def after(continuation: str) -> _Start:
@@ -206,34 +211,16 @@ class _Failure:
         self.error = error
 
 
-class ShardSubscriber:
-    """Reads one shard through enhanced fan-out; see the module documentation. The consumer's thread calls
+class ShardSubscriber(RecordSource):
+    """Reads one shard through enhanced fan-out; see the module documentation, and
+    :class:`~worker_lib.retrieval.source.RecordSource` for the arguments. The consumer's thread calls
     :meth:`fetch`; a reader thread of its own (started at the first fetch) holds the subscription. Call
     :meth:`close` when done: it ends the subscription and the thread."""
 
-    def __init__(
-        self,
-        stream: str,
-        shard_id: str,
-        *,
-        kinesis_client: Any,
-        consumer_arn: str,
-        start: Checkpoint | InitialPosition,
-        timestamp: datetime | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-        config: RetrievalConfig | None = None,
-        hash_range: tuple[int, int] | None = None,
-    ) -> None:
-        self.stream = stream
-        self.shard_id = shard_id
-        self._kinesis = kinesis_client
+    def __init__(self, stream: str, shard_id: str, *, consumer_arn: str, **arguments: Unpack[SourceArguments]) -> None:
+        super().__init__(stream, shard_id, **arguments)
         self._consumer_arn = consumer_arn
-        self._clock = clock
-        self._config = config or RetrievalConfig()
-        self._hash_range = hash_range
-        self._start = first_position(start, timestamp)
-        self._floor = self._start.floor
-        self._resume = self._start
+        self._resume = _Start(_starting_position(self._start_arguments), self._start_floor)
         self._events: queue.Queue[tuple[dict[str, Any], float] | _Failure] = queue.Queue(
             maxsize=self._config.fanout_buffer_events
         )
@@ -241,34 +228,17 @@ class ShardSubscriber:
         self._thread: threading.Thread | None = None
         self._stream_lock = threading.Lock()
         self._open_stream: Any = None
-        self._last_delivered: Checkpoint | None = None
-        self._ended = isinstance(start, Checkpoint) and start.is_shard_end
-        self._child_shards: tuple[str, ...] = ()
-        self._next_subscribe_at = 0.0
+        # The reader's schedule: next_at keeps subscriptions a second apart (across readers too), failures back off
+        self._resubscribe = Retry(backoff=_RESUBSCRIBE_BACKOFF, clock=self._clock, stop=self._closed)
         self.subscriptions = 0  # SubscribeToShard calls that succeeded
         self.events_received = 0
 
     # --- the consumer's side ---------------------------------------------------------------------------------
 
-    @property
-    def last_delivered(self) -> Checkpoint | None:
-        return self._last_delivered
-
-    @property
-    def is_ended(self) -> bool:
-        return self._ended
-
-    @property
-    def child_shards(self) -> tuple[str, ...]:
-        return self._child_shards
-
-    def seconds_until_next_call(self) -> float:
-        return 0.0  # fetch() waits for pushed events itself, briefly
-
-    def fetch(self) -> RecordBatch:
-        """The next pushed event as a batch, or an empty batch if none came within a fraction of a second."""
-        if self._ended:
-            return RecordBatch(records=(), millis_behind_latest=0, end_of_shard=True, child_shards=self._child_shards)
+    def _next_batch(self) -> RecordBatch:
+        """The next pushed event as a batch, or an empty ``pending`` batch if none came within a fraction of a
+        second (:meth:`seconds_until_next_call` stays 0: fetch waits for pushed events itself, briefly). Nothing to
+        :meth:`restart`: a subscription resumes by itself from the last event received."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._read, name=f"fanout-{self.shard_id}", daemon=True)
             self._thread.start()
@@ -280,10 +250,13 @@ class ShardSubscriber:
             self._thread = None  # the reader ended: the next fetch starts a new one, from where it stopped
             raise item.error
         event, received_at = item
-        return self._accept(event, received_at)
-
-    def restart(self) -> None:
-        """Nothing to drop: a subscription resumes by itself from the last event received."""
+        return self._accept(
+            event.get("Records") or [],
+            event.get("MillisBehindLatest"),
+            more=bool(event.get("ContinuationSequenceNumber")),
+            children=event.get("ChildShards") or None,  # an emulator may omit them (AWS sends them): ListShards
+            received_at=received_at,
+        )
 
     def close(self) -> None:
         """End the subscription and the reader thread (idempotent)."""
@@ -293,48 +266,16 @@ class ShardSubscriber:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
 
-    def _accept(self, event: dict[str, Any], received_at: float) -> RecordBatch:
-        raw_records = event.get("Records") or []
-        records = user_records(raw_records, floor=self._floor, hash_range=self._hash_range)
-        if records:
-            self._last_delivered = records[-1].checkpoint
-            self._floor = None
-        millis = event.get("MillisBehindLatest")
-        millis_behind = int(millis) if millis is not None else None
-        if event.get("ContinuationSequenceNumber"):
-            return RecordBatch(
-                records=tuple(records),
-                millis_behind_latest=millis_behind,
-                fetched=len(raw_records),
-                received_at=received_at,
-            )
-        self._ended = True
-        if event.get("ChildShards"):
-            self._child_shards = tuple(sorted(str(c["ShardId"]) for c in event["ChildShards"]))
-        else:  # an emulator may omit them (AWS sends them): ask ListShards, as the polling fetcher does
-            self._child_shards = child_shards_from_list_shards(self._kinesis, self.stream, self.shard_id)
-        log.info("shard %s ended; child shards %s", self.shard_id, ", ".join(self._child_shards) or "none")
-        return RecordBatch(
-            records=tuple(records),
-            millis_behind_latest=millis_behind,
-            end_of_shard=True,
-            child_shards=self._child_shards,
-            fetched=len(raw_records),
-            received_at=received_at,
-        )
-
     # --- the reader thread -----------------------------------------------------------------------------------
 
     def _read(self) -> None:
-        failures = 0
-        while not self._closed.is_set():
-            self._pause(self._next_subscribe_at - self._clock.monotonic())
-            if self._closed.is_set():
-                return
-            self._next_subscribe_at = self._clock.monotonic() + SUBSCRIBE_INTERVAL_S
+        retry = self._resubscribe
+        retry.succeeded()  # a new reader (after a failure the consumer saw) backs off from the start again
+        while retry.wait():  # False once closed
+            retry.next_at = self._clock.monotonic() + SUBSCRIBE_INTERVAL_S
             try:
                 ended = self._subscribe_once()
-                failures = 0
+                retry.succeeded()
                 if ended:
                     return
             except botocore.exceptions.ClientError as exc:  # EventStreamError (an error inside the stream) too
@@ -350,14 +291,12 @@ class ShardSubscriber:
                 if isinstance(error, CredentialsError | StreamMissingError):
                     self._put(_Failure(error))  # the consumer decides (a deleted stream ends the lease)
                     return
-                failures += 1
-                self._back_off(failures, error)
+                self._back_off(error)
             except Exception as exc:  # read timeouts, resets, a stream closed under the reader by close()
                 if self._closed.is_set():
                     return
-                failures += 1
                 resource = f"{self.stream}/{self.shard_id}"
-                self._back_off(failures, aws.translate(exc, operation="kinesis SubscribeToShard", resource=resource))
+                self._back_off(aws.translate(exc, operation="kinesis SubscribeToShard", resource=resource))
 
     def _subscribe_once(self) -> bool:
         """One subscription, read until it ends; True at the end of the shard."""
@@ -394,15 +333,9 @@ class ShardSubscriber:
                 continue
         return False
 
-    def _back_off(self, failures: int, error: DependencyError) -> None:
-        delay = min(SUBSCRIBE_INTERVAL_S * 2 ** (failures - 1), RETRY_MAX_S)
+    def _back_off(self, error: DependencyError) -> None:
+        delay = self._resubscribe.failed()
         log.warning("subscription to %s failed (%s); resubscribing in %.1f s", self.shard_id, error, delay)
-        self._next_subscribe_at = max(self._next_subscribe_at, self._clock.monotonic() + delay)
-
-    def _pause(self, seconds: float) -> None:
-        end = self._clock.monotonic() + seconds
-        while not self._closed.is_set() and (left := end - self._clock.monotonic()) > 0:
-            self._clock.sleep(min(left, 0.1))
 
     def _close_stream(self) -> None:
         with self._stream_lock:

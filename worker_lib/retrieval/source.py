@@ -1,19 +1,44 @@
-"""What every record source shares: the batch it returns, the seam a shard consumer reads through, where a lease's
-reading starts, and the user records of a response (KPL de-aggregation, the floor of records delivered already)."""
+"""What every record source shares: the batch it returns, the :class:`RecordSource` base a shard consumer reads
+through, where a lease's reading starts, and the user records of a response.
+
+:class:`RecordSource` owns the rules that do not depend on how records arrive; polling
+(:class:`~worker_lib.retrieval.polling.ShardRecordFetcher`) and enhanced fan-out
+(:class:`~worker_lib.retrieval.fanout.ShardSubscriber`) add only their transport:
+
+* **Start.** A checkpoint that is a sequence number resumes ``AT_SEQUENCE_NUMBER`` and drops every user record at
+  or before the checkpoint ``(sequence, sub_sequence)`` after de-aggregation — the checkpointed record itself, and
+  the sub-records of a KPL aggregate up to the checkpointed one. (``AFTER_SEQUENCE_NUMBER`` would be wrong for a
+  checkpoint inside an aggregate, including one at sub-sequence 0: it skips the aggregate's remaining sub-records.
+  KCL resumes the same way.) The sentinels and :class:`InitialPosition` map to ``TRIM_HORIZON``, ``LATEST`` and
+  ``AT_TIMESTAMP``; a ``SHARD_END`` checkpoint is at its end already (:func:`iterator_start`).
+* **User records.** KPL aggregates are de-aggregated; records at or before the floor (delivered already) are
+  dropped; :attr:`RecordSource.last_delivered` is the last one returned (:func:`user_records`).
+* **Shard end.** A response (or event) after which nothing follows ends the shard: that batch has
+  ``end_of_shard`` set and carries the child shard ids from its ``ChildShards`` (or, where an emulator omits
+  them, from ListShards: :func:`child_shards_from_list_shards`). Later fetches return the same empty end batch
+  without calling Kinesis.
+
+All waiting goes through the injected :class:`~worker_lib.core.clock.Clock`;
+:meth:`RecordSource.seconds_until_next_call` lets a caller wait on its own stop event instead.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Required, TypedDict
 
 import botocore.exceptions
 
 from worker_lib.core import aws
+from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import InitialPosition
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import Checkpoint, KinesisRecord, SentinelCheckpoint
+from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.retrieval.deaggregation import deaggregate
 
 log = logging.getLogger(__name__)
@@ -21,7 +46,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class RecordBatch:
-    """What one :meth:`ShardRecordFetcher.fetch` returns.
+    """What one :meth:`RecordSource.fetch` returns.
 
     records: de-aggregated user records in shard order (possibly empty).
     millis_behind_latest: from GetRecords (None when no call succeeded).
@@ -49,18 +74,131 @@ class RecordBatch:
         return sum(len(r.data) for r in self.records)
 
 
-class RecordSource(Protocol):
-    """What a shard consumer reads from: :class:`ShardRecordFetcher` (polling) or
-    :class:`~worker_lib.retrieval.fanout.ShardSubscriber` (enhanced fan-out)."""
+class SourceArguments(TypedDict, total=False):
+    """The arguments every source takes after ``stream`` and ``shard_id`` (see :class:`RecordSource`)."""
+
+    kinesis_client: Required[Any]
+    start: Required[Checkpoint | InitialPosition]
+    timestamp: datetime | None
+    clock: Clock
+    config: RetrievalConfig | None
+    hash_range: tuple[int, int] | None
+
+
+class RecordSource(ABC):
+    """One shard read from a starting point as :class:`RecordBatch` values; see the module documentation.
+
+    The shared state and rules live here; a subclass adds its transport (:meth:`_next_batch`), passing what it
+    received to :meth:`_accept`. Not thread-safe: one source belongs to one shard consumer.
+
+    start: the lease's checkpoint, or an initial position; ``timestamp`` is required with ``AT_TIMESTAMP``
+      (as :class:`InitialPosition` or as the ``AT_TIMESTAMP`` checkpoint sentinel) and rejected otherwise
+      (:class:`~worker_lib.core.errors.ConfigError`, raised here).
+    kinesis_client: the transport's client; also asked for ListShards where a shard's end names no children.
+    hash_range: if given, user records of KPL aggregates outside it are dropped (KCL's behaviour; see
+      :func:`~worker_lib.retrieval.deaggregation.deaggregate` for why it is off by default).
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        shard_id: str,
+        *,
+        kinesis_client: Any,
+        start: Checkpoint | InitialPosition,
+        timestamp: datetime | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        config: RetrievalConfig | None = None,
+        hash_range: tuple[int, int] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.shard_id = shard_id
+        self._kinesis = kinesis_client
+        self._clock = clock
+        self._config = config or RetrievalConfig()
+        self._hash_range = hash_range
+        # GetShardIterator's arguments for the start (a subscription's StartingPosition is made from them)
+        self._start_arguments, self._start_floor = iterator_start(start, timestamp)
+        self._floor: Checkpoint | None = self._start_floor  # user records at or before this are not delivered
+        self._last_delivered: Checkpoint | None = None
+        self._ended = isinstance(start, Checkpoint) and start.is_shard_end
+        self._child_shards: tuple[str, ...] = ()
+
+    # --- state -----------------------------------------------------------------------------------------------
 
     @property
-    def last_delivered(self) -> Checkpoint | None: ...
+    def last_delivered(self) -> Checkpoint | None:
+        """The position of the last user record returned (None before the first)."""
+        return self._last_delivered
 
-    def seconds_until_next_call(self) -> float: ...
+    @property
+    def is_ended(self) -> bool:
+        """Whether the end of the shard was returned (or the start was ``SHARD_END``)."""
+        return self._ended
 
-    def fetch(self) -> RecordBatch: ...
+    @property
+    def child_shards(self) -> tuple[str, ...]:
+        """The ids of the shards that replaced this one (once ended)."""
+        return self._child_shards
 
-    def close(self) -> None: ...
+    def seconds_until_next_call(self) -> float:
+        """How long :meth:`fetch` would wait before its next call (0 if it may call now), so that a caller can wait
+        on its own stop event instead."""
+        return 0.0
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def fetch(self) -> RecordBatch:
+        """The next batch; once the shard ended, the same empty end batch without calling Kinesis.
+
+        Raises :class:`~worker_lib.core.errors.DependencyError` (or a subclass) for failures the source cannot get
+        past; its position is unchanged then, so calling again is safe.
+        """
+        if self._ended:
+            return RecordBatch(records=(), millis_behind_latest=0, end_of_shard=True, child_shards=self._child_shards)
+        return self._next_batch()
+
+    @abstractmethod
+    def _next_batch(self) -> RecordBatch:
+        """The transport's next batch (the shard has not ended yet), through :meth:`_accept` when something came."""
+
+    def restart(self) -> None:  # noqa: B027 - a hook: a transport with nothing to drop keeps it
+        """After a failed :meth:`fetch`: drop what the transport holds, in case it was what failed; the next fetch
+        resumes from where delivery stopped."""
+
+    def close(self) -> None:  # noqa: B027 - a hook: a transport with nothing to release keeps it
+        """Release what the transport holds (idempotent)."""
+
+    def _accept(
+        self,
+        raw_records: Sequence[dict[str, Any]],
+        millis_behind_latest: int | None,
+        *,
+        more: bool,
+        children: Sequence[Mapping[str, Any]] | None,
+        received_at: float | None = None,
+    ) -> RecordBatch:
+        """The batch of one response (or event): its user records past the floor, and the end of the shard unless
+        ``more`` follows. children: the response's ``ChildShards``; None when it gave none (then ListShards)."""
+        records = user_records(raw_records, floor=self._floor, hash_range=self._hash_range)
+        if records:
+            self._last_delivered = records[-1].checkpoint
+            self._floor = None
+        batch = RecordBatch(
+            records=tuple(records),
+            millis_behind_latest=None if millis_behind_latest is None else int(millis_behind_latest),
+            fetched=len(raw_records),
+            received_at=received_at,
+        )
+        if more:
+            return batch
+        self._ended = True
+        if children is None:
+            self._child_shards = child_shards_from_list_shards(self._kinesis, self.stream, self.shard_id)
+        else:
+            self._child_shards = tuple(sorted(str(child["ShardId"]) for child in children))
+        log.info("shard %s ended; child shards %s", self.shard_id, ", ".join(self._child_shards) or "none")
+        return replace(batch, end_of_shard=True, child_shards=self._child_shards)
 
 
 def record_from_response(raw: dict[str, Any]) -> KinesisRecord:
@@ -76,7 +214,7 @@ def record_from_response(raw: dict[str, Any]) -> KinesisRecord:
 
 
 def user_records(
-    raw_records: list[dict[str, Any]], *, floor: Checkpoint | None, hash_range: tuple[int, int] | None
+    raw_records: Sequence[dict[str, Any]], *, floor: Checkpoint | None, hash_range: tuple[int, int] | None
 ) -> list[KinesisRecord]:
     """The user records of a response's (or an event's) Kinesis records: KPL aggregates de-aggregated, those at
     or before ``floor`` (delivered already) dropped."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_bool, env_float, env_int, env_optional_int, environ
+from worker_lib.core.env import env_optional_int, read_settings, setting
 from worker_lib.core.errors import ConfigError
 
 
@@ -34,16 +34,16 @@ class ScalingConfig:
       KEDA choose the task or pod themselves, and starving workers they then keep would only unbalance the fleet.
     """
 
-    target_utilization_pct: float = 70.0
-    headroom_pct: float = 15.0
-    scale_in_band_pct: float = 5.0
-    scale_in_cooldown_s: int = 600
-    scale_out_cooldown_s: int = 180
-    lag_threshold_ms: int = 60_000
-    lag_step_pct: float = 25.0
-    min_workers: int = 1
-    max_workers: int | None = None
-    drain_least_loaded: bool = False
+    target_utilization_pct: float = setting(70.0, "SHARDLEASE_SCALING_TARGET_UTILIZATION_PCT")
+    headroom_pct: float = setting(15.0, "SHARDLEASE_SCALING_HEADROOM_PCT")
+    scale_in_band_pct: float = setting(5.0, "SHARDLEASE_SCALING_SCALE_IN_BAND_PCT")
+    scale_in_cooldown_s: int = setting(600, "SHARDLEASE_SCALING_SCALE_IN_COOLDOWN_S")
+    scale_out_cooldown_s: int = setting(180, "SHARDLEASE_SCALING_SCALE_OUT_COOLDOWN_S")
+    lag_threshold_ms: int = setting(60_000, "SHARDLEASE_SCALING_LAG_THRESHOLD_MS")
+    lag_step_pct: float = setting(25.0, "SHARDLEASE_SCALING_LAG_STEP_PCT")
+    min_workers: int = setting(1, "SHARDLEASE_SCALING_MIN_WORKERS")
+    max_workers: int | None = setting(None, "SHARDLEASE_SCALING_MAX_WORKERS", env_optional_int)
+    drain_least_loaded: bool = setting(False, "SHARDLEASE_SCALING_DRAIN_LEAST_LOADED")
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilization_pct <= 100:
@@ -71,17 +71,4 @@ class ScalingConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ScalingConfig:
-        e = environ(env)
-        p = "SHARDLEASE_SCALING_"
-        return cls(
-            target_utilization_pct=env_float(e, f"{p}TARGET_UTILIZATION_PCT", 70.0),
-            headroom_pct=env_float(e, f"{p}HEADROOM_PCT", 15.0),
-            scale_in_band_pct=env_float(e, f"{p}SCALE_IN_BAND_PCT", 5.0),
-            scale_in_cooldown_s=env_int(e, f"{p}SCALE_IN_COOLDOWN_S", 600),
-            scale_out_cooldown_s=env_int(e, f"{p}SCALE_OUT_COOLDOWN_S", 180),
-            lag_threshold_ms=env_int(e, f"{p}LAG_THRESHOLD_MS", 60_000),
-            lag_step_pct=env_float(e, f"{p}LAG_STEP_PCT", 25.0),
-            min_workers=env_int(e, f"{p}MIN_WORKERS", 1),
-            max_workers=env_optional_int(e, f"{p}MAX_WORKERS"),
-            drain_least_loaded=env_bool(e, f"{p}DRAIN_LEAST_LOADED", False),
-        )
+        return read_settings(cls, env)

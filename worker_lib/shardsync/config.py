@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from worker_lib.core.config import InitialPosition, parse_timestamp
-from worker_lib.core.env import env_bool, env_int, env_str, environ
+from worker_lib.core.env import env_parsed, read_settings, setting
 from worker_lib.core.errors import ConfigError
+
+_position = env_parsed(lambda raw, _: InitialPosition.parse(raw))
+_timestamp = env_parsed(lambda raw, _: parse_timestamp(raw))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,13 +28,13 @@ class ShardSyncConfig:
       once. ``SHARDLEASE_FORMER_STREAM_GRACE_MS``; docs/multi-stream.md.
     """
 
-    initial_position: InitialPosition = InitialPosition.LATEST
-    initial_timestamp: datetime | None = None
-    interval_ms: int = 60_000
-    cleanup_enabled: bool = True
-    delete_unknown_shard_leases: bool = True
+    initial_position: InitialPosition = setting(InitialPosition.LATEST, "SHARDLEASE_INITIAL_POSITION", _position)  # noqa: RUF009 (a field specifier)
+    initial_timestamp: datetime | None = setting(None, "SHARDLEASE_INITIAL_TIMESTAMP", _timestamp)  # noqa: RUF009 (a field specifier)
+    interval_ms: int = setting(60_000, "SHARDLEASE_SHARD_SYNC_INTERVAL_MS")
+    cleanup_enabled: bool = setting(True, "SHARDLEASE_LEASE_CLEANUP")
+    delete_unknown_shard_leases: bool = setting(True, "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES")
     list_shards_page_size: int = 1000
-    former_stream_grace_ms: int = 3_600_000
+    former_stream_grace_ms: int = setting(3_600_000, "SHARDLEASE_FORMER_STREAM_GRACE_MS")
 
     def __post_init__(self) -> None:
         if self.initial_position is InitialPosition.AT_TIMESTAMP and self.initial_timestamp is None:
@@ -45,14 +48,4 @@ class ShardSyncConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ShardSyncConfig:
-        e = environ(env)
-        position = InitialPosition.parse(env_str(e, "SHARDLEASE_INITIAL_POSITION", "LATEST"))
-        raw_ts = env_str(e, "SHARDLEASE_INITIAL_TIMESTAMP")
-        return cls(
-            initial_position=position,
-            initial_timestamp=parse_timestamp(raw_ts) if raw_ts else None,
-            interval_ms=env_int(e, "SHARDLEASE_SHARD_SYNC_INTERVAL_MS", 60_000),
-            cleanup_enabled=env_bool(e, "SHARDLEASE_LEASE_CLEANUP", True),
-            delete_unknown_shard_leases=env_bool(e, "SHARDLEASE_DELETE_UNKNOWN_SHARD_LEASES", True),
-            former_stream_grace_ms=env_int(e, "SHARDLEASE_FORMER_STREAM_GRACE_MS", 3_600_000),
-        )
+        return read_settings(cls, env)

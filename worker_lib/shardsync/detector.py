@@ -21,6 +21,7 @@ import boto3
 import botocore.exceptions
 
 from worker_lib.core import aws
+from worker_lib.core.backoff import Backoff
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import DependencyError, ThrottledError
@@ -84,8 +85,8 @@ class KinesisShardDetector:
         self._clock = clock
         self._page_size = page_size
         self._max_attempts = max(1, max_attempts)
-        self._backoff_base_s = backoff_base_s
-        self._backoff_max_s = backoff_max_s
+        # Between attempts: from backoff_base_s, doubling up to backoff_max_s, exact (one leader's listing).
+        self._backoff = Backoff(base_s=backoff_base_s, max_s=backoff_max_s)
         self.calls = 0
         self._repeat_first = False  # set once an endpoint (moto) insists on the first call's parameters
 
@@ -99,7 +100,7 @@ class KinesisShardDetector:
                 code = aws.error_code(exc)
                 if code not in _RETRY_CODES or attempt == self._max_attempts:
                     aws.raise_translated(exc, operation="kinesis ListShards", resource=self.stream)
-                delay = self._delay(attempt)
+                delay = self._backoff.delay_s(attempt)
                 log.info("ListShards on %s: %s, retrying in %.1f s", self.stream, code, delay)
                 self._clock.sleep(delay)
             except botocore.exceptions.BotoCoreError as exc:
@@ -122,14 +123,11 @@ class KinesisShardDetector:
                 if code not in _RETRY_CODES or attempt == self._max_attempts:
                     log.warning("cannot tell whether shard %s of %s exists: %s", shard_id, self.stream, code)
                     return None
-                self._clock.sleep(self._delay(attempt))
+                self._clock.sleep(self._backoff.delay_s(attempt))
             except botocore.exceptions.BotoCoreError as exc:
                 log.warning("cannot tell whether shard %s of %s exists: %s", shard_id, self.stream, exc)
                 return None
         return None  # pragma: no cover - the loop returns
-
-    def _delay(self, attempt: int) -> float:
-        return float(min(self._backoff_max_s, self._backoff_base_s * 2 ** (attempt - 1)))
 
     def list_shards(self) -> ShardListing:
         """Every shard of the stream, page by page; ``complete=False`` when a later page could not be read.

@@ -4,7 +4,7 @@ One :class:`SparkLeaseCoordinator` lives in the process where Spark runs the sou
 JVM's long-lived Python "streaming source runner"). It heartbeats for the application, renews (``lease`` liveness
 mode) and discovers leases on a background thread, writes the load metric, plans micro-batches from the leases it
 holds, and writes checkpoints once Spark has committed a batch. See :mod:`worker_lib.spark.planning` for the offset
-and commit rules.
+and commit rules, and :mod:`worker_lib.spark.driver_reads` for the fan-out consumers and the probe of idle shards.
 
 Its leases are kept by the same :class:`~worker_lib.leases.keeper.LeaseKeeper` as a worker's (docs/failover.md,
 docs/liveness-modes.md): the heartbeat is one UpdateItem per interval on the application's own
@@ -29,20 +29,17 @@ from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper
 from worker_lib.leases.mode import StoredMode
 from worker_lib.leases.mode_store import LivenessModeStore
-from worker_lib.retrieval import ShardRecordFetcher
-from worker_lib.retrieval.config import RetrievalConfig
-from worker_lib.retrieval.fanout import StreamConsumers
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
+from worker_lib.spark.driver_reads import DriverReads
 from worker_lib.spark.load import ExecutorCpu
 from worker_lib.spark.options import SourceOptions
 from worker_lib.spark.planning import (
     BatchEnd,
     LeaseForPlanning,
     ReadSettings,
-    ShardReadTask,
     SourceOffset,
     batch_item_key,
     caught_up_shards,
@@ -54,7 +51,6 @@ from worker_lib.spark.planning import (
     remember_delivered,
     without_shards,
 )
-from worker_lib.spark.reading import start_timestamp
 from worker_lib.spark.telemetry import SparkWorkerMetrics
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.telemetry.publisher import make_publisher
@@ -89,6 +85,7 @@ class SparkLeaseCoordinator:
         # Kinesis is needed on the driver only to probe idle shards and at a shard's end: made on first use, it
         # keeps a client's creation (~60 ms of model loading) off every query's start.
         self._kinesis_client = kinesis
+        self._reads = DriverReads(options, lambda: self._kinesis, clock=clock)
         self._store = DynamoDBLeaseStore(options.app, client=self._dynamodb, clock=clock)
         self._batches = BatchEndStore(options.app, self._dynamodb, layout=options.table_layout)
         self._throughput = ThroughputRecorder(window_ms=options.lease.renewer_interval_ms, clock=clock)
@@ -152,7 +149,6 @@ class SparkLeaseCoordinator:
         self._pending_shard_ends: dict[str, BatchEnd] = {}
         # Shards a committed batch read to their end, held or not then: finished once their lease is held
         self._read_to_end: dict[str, BatchEnd] = {}
-        self._last_probe: dict[str, float] = {}
         self._lags: dict[str, int] = {}  # per shard, MillisBehindLatest of its last committed read
         self._available_now_until: float | None = None
         self._done_for_trigger: set[str] = set()  # AvailableNow: shards read up to the tip since the trigger
@@ -160,8 +156,6 @@ class SparkLeaseCoordinator:
         self.started = False
         self.checkpoints_written = 0
         self.commits_skipped: dict[str, int] = {}
-
-    _stream_consumers: StreamConsumers | None = None
 
     @property
     def _kinesis(self) -> Any:
@@ -248,21 +242,6 @@ class SparkLeaseCoordinator:
 
     # --- planning -------------------------------------------------------------------------------------------
 
-    def _fanout_consumers(self) -> tuple[tuple[str, str], ...]:
-        """(stream, consumer ARN) of each stream with retrieval ``fanout`` (registered once if missing)."""
-        retrieval = self.options.retrieval
-        if not retrieval.fanout:
-            return ()
-        if self._stream_consumers is None:
-            self._stream_consumers = StreamConsumers(
-                self._kinesis,
-                consumer_name=retrieval.consumer_name_for(self.options.app),
-                consumer_arn=retrieval.consumer_arn,
-                clock=self._clock,
-            )
-        streams = self.options.streams or (self.options.stream,)
-        return tuple((stream, self._stream_consumers.arn_for(stream)) for stream in streams)
-
     def read_settings(self) -> ReadSettings:
         aws_config = self.options.aws
         return ReadSettings(
@@ -277,7 +256,7 @@ class SparkLeaseCoordinator:
             max_read_ms=self.options.max_read_ms,
             until_epoch_s=self._available_now_until,
             table_layout=self.options.table_layout.value,
-            fanout_consumers=self._fanout_consumers(),
+            fanout_consumers=self._reads.fanout_consumers(),
         )
 
     def held_leases(self) -> list[LeaseForPlanning]:
@@ -345,8 +324,9 @@ class SparkLeaseCoordinator:
                                 ", ".join(waiting[:5]),
                             )
                         return start
+                    # A fixed poll, not a backoff: nothing failed, a previous holder is still leaving
                     self._clock.sleep(AVAILABLE_NOW_RETRY_S)
-        elif is_idle(start, ends, candidate) and not self._probe(candidate):
+        elif is_idle(start, ends, candidate) and not self._reads.any_new(candidate, self.read_settings()):
             return start
         for key in candidate.shards:
             self._last_planned[key] = candidate.batch
@@ -384,36 +364,6 @@ class SparkLeaseCoordinator:
         """Trigger.AvailableNow: records arriving from now on are left for a later query."""
         self._available_now_until = self._clock.wall()
         self._done_for_trigger = set()
-
-    def _probe(self, candidate: SourceOffset) -> bool:
-        """Whether any idle shard has something new (one small GetRecords each, at most once per probe interval)."""
-        now = self._clock.monotonic()
-        interval = self.options.idle_probe_interval_ms / 1000
-        settings = self.read_settings()
-        for key, shard in sorted(candidate.shards.items()):
-            if now - self._last_probe.get(key, -1e18) < interval:
-                continue
-            self._last_probe[key] = now
-            task = ShardReadTask(
-                lease_key=key, position=shard.position, batch=0, run="", settings=settings, timestamp=shard.timestamp
-            )
-            try:
-                fetcher = ShardRecordFetcher(
-                    stream_name_of(key, self.options.stream),
-                    task.shard_id,
-                    kinesis_client=self._kinesis,
-                    start=shard.position,
-                    timestamp=start_timestamp(task),
-                    clock=self._clock,
-                    config=RetrievalConfig(max_records=10),
-                )
-                batch = fetcher.fetch()
-            except DependencyError as exc:
-                log.warning("probing %s failed: %s", key, exc)
-                return True  # let a real read find out
-            if batch.records or batch.end_of_shard or (batch.millis_behind_latest or 0) > 0:
-                return True
-        return False
 
     # --- committing -----------------------------------------------------------------------------------------
 

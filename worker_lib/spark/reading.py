@@ -7,6 +7,9 @@ wins, one conditional PutItem) *before* any row is returned. A task retry, a spe
 driver restart finds an end recorded already (the PutItem's condition fails and returns it): it returns exactly the
 records up to that end — the prefix of what it read, or, when it read less, a re-read up to the end.
 
+Records come through the retrieval seam (:class:`~worker_lib.retrieval.RecordSources`): polling, or enhanced fan-out
+through the stream consumer the driver resolved (an executor registers nothing).
+
 Rows leave as Arrow record batches (the PySpark Python Data Source API takes ``pyarrow.RecordBatch`` from ``read``
 as is, skipping its per-value conversion of tuples), and clients are made once per Python worker process (Spark
 reuses the process for later tasks).
@@ -23,14 +26,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from worker_lib.core import aws
+from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import SHARD_END, Checkpoint, KinesisRecord
 from worker_lib.core.streams import stream_name_of
-from worker_lib.retrieval import ShardRecordFetcher
-from worker_lib.retrieval.config import RetrievalConfig
-from worker_lib.retrieval.fanout import ShardSubscriber, subscription_config
+from worker_lib.retrieval import KnownConsumerArns, RecordSource, RecordSources, RetrievalConfig, RetrievalMode
+from worker_lib.retrieval.config import GET_RECORDS_LIMIT
+from worker_lib.retrieval.fanout import subscription_config
 from worker_lib.spark import trace
 from worker_lib.spark.batches import BatchEndStore
 from worker_lib.spark.planning import BatchEnd, ReadSettings, ShardReadTask
@@ -38,8 +42,8 @@ from worker_lib.tables.schema import TableLayout
 
 log = logging.getLogger(__name__)
 
-GET_RECORDS_LIMIT = 10_000
-RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6)
+# A failed read is retried from a fresh iterator: exact (one task reads one shard; the budget bounds the retries).
+READ_RETRY_BACKOFF = Backoff(base_s=0.1, max_s=1.6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,38 +114,33 @@ def read_up_to(
             end=BatchEnd(lease_key=task.lease_key, position=task.position, started_at=started, finished_at=started),
         )
     limit = min(GET_RECORDS_LIMIT, settings.max_records)
-    stream = stream_name_of(task.lease_key, settings.stream)
-    consumer_arn = dict(settings.fanout_consumers).get(stream)
-    fetcher: ShardRecordFetcher | ShardSubscriber
-    if consumer_arn is None:
-        fetcher = ShardRecordFetcher(
-            stream,
-            task.shard_id,
-            kinesis_client=kinesis,
-            start=task.position,
-            timestamp=start_timestamp(task),
-            clock=clock,
-            config=RetrievalConfig(max_records=limit),
-        )
-    else:
-        fetcher = ShardSubscriber(
-            stream,
-            task.shard_id,
-            kinesis_client=subscription_client(settings),
-            consumer_arn=consumer_arn,
-            start=task.position,
-            timestamp=start_timestamp(task),
-            clock=clock,
-        )
+    source = record_source(task, kinesis, max_records=limit, clock=clock)
     try:
-        return _read(task, fetcher, bound=bound, limit=limit, started=started, cpu_started=cpu_started, clock=clock)
+        return _read(task, source, bound=bound, limit=limit, started=started, cpu_started=cpu_started, clock=clock)
     finally:
-        fetcher.close()
+        source.close()
+
+
+def record_source(task: ShardReadTask, kinesis: Any, *, max_records: int, clock: Clock) -> RecordSource:
+    """The source of one read: enhanced fan-out through the consumer the driver resolved for the task's stream (an
+    executor registers nothing), else polling."""
+    settings = task.settings
+    stream = stream_name_of(task.lease_key, settings.stream)
+    consumers = dict(settings.fanout_consumers)
+    fanout = stream in consumers
+    sources = RecordSources(
+        RetrievalConfig(max_records=max_records, mode=RetrievalMode.FANOUT if fanout else RetrievalMode.POLLING),
+        kinesis_client=kinesis,
+        subscription_client=subscription_client(settings) if fanout else None,
+        consumers=KnownConsumerArns(consumers),
+        clock=clock,
+    )
+    return sources.open(stream, task.shard_id, start=task.position, timestamp=start_timestamp(task))
 
 
 def _read(
     task: ShardReadTask,
-    fetcher: ShardRecordFetcher | ShardSubscriber,
+    source: RecordSource,
     *,
     bound: Checkpoint | None,
     limit: int,
@@ -158,10 +157,10 @@ def _read(
     # A bounded re-read must reach its bound whatever the budget; give up (task fails, Spark retries) only far
     # beyond it.
     hard_deadline = clock.monotonic() + 10 * max(settings.max_read_ms / 1000, 30.0)
-    failures = 0
+    retry = Retry(backoff=READ_RETRY_BACKOFF, clock=clock)
     while True:
         try:
-            batch = fetcher.fetch()
+            batch = source.fetch()
         except (CredentialsError, StreamMissingError):
             raise  # not transient: the query fails with the reason
         except DependencyError as exc:
@@ -183,13 +182,12 @@ def _read(
                     exc,
                 )
                 break
-            pause = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
-            failures += 1
+            pause = retry.failed()
             log.info("reading %s failed (%s); again in %.1f s", task.lease_key, exc, pause)
-            clock.sleep(min(pause, max(0.0, give_up_at - now)))
-            fetcher.restart()
+            retry.wait(min(pause, max(0.0, give_up_at - now)))
+            source.restart()
             continue
-        failures = 0
+        retry.succeeded()
         if batch.millis_behind_latest is not None:
             millis_behind = batch.millis_behind_latest
         done = False
@@ -242,7 +240,7 @@ def _read(
         records=len(records),
         bytes=sum(len(r.data) for r in records),
         caught_up=caught_up or ended,
-        children=fetcher.child_shards if ended else (),
+        children=source.child_shards if ended else (),
         started_at=started,
         finished_at=finished,
         cpu_seconds=time.process_time() - cpu_started,

@@ -44,7 +44,7 @@ def stop_between_batches(query: Any, *, timeout_s: float = 60.0, clock: Clock = 
         if clock.monotonic() >= deadline:
             query.stop()
             return False
-        clock.sleep(POLL_S)
+        clock.sleep(POLL_S)  # a poll of the query's status, not a retry: nothing failed
     return True
 
 

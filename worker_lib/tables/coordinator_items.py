@@ -22,12 +22,15 @@ import decimal
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
 from worker_lib.core.models import Checkpoint
 from worker_lib.tables.schema import LEADER_ENTITY_TYPE, CoordinatorAttr
+
+if TYPE_CHECKING:  # the Spark source writes these items; the leader's code asset must not import it
+    from worker_lib.spark.planning import BatchEnd
 
 KEY = CoordinatorAttr.KEY
 Item = dict[str, Any]
@@ -338,31 +341,6 @@ class BatchEndAttr:
 BATCH_END_TTL_S = 7 * 24 * 3600
 
 
-class BatchEndLike(Protocol):
-    """What a batch-end item records (:class:`worker_lib.spark.planning.BatchEnd` has these fields)."""
-
-    @property
-    def lease_key(self) -> str: ...
-    @property
-    def position(self) -> Checkpoint: ...
-    @property
-    def records(self) -> int: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def caught_up(self) -> bool: ...
-    @property
-    def children(self) -> tuple[str, ...]: ...
-    @property
-    def started_at(self) -> float: ...
-    @property
-    def finished_at(self) -> float: ...
-    @property
-    def cpu_seconds(self) -> float: ...
-    @property
-    def millis_behind_latest(self) -> int | None: ...
-
-
 class BatchEndFields(TypedDict):
     """A batch-end item read back: the keyword arguments of :class:`worker_lib.spark.planning.BatchEnd`."""
 
@@ -378,7 +356,7 @@ class BatchEndFields(TypedDict):
     millis_behind_latest: int | None
 
 
-def batch_end_item(item_key: str, end: BatchEndLike, *, now_epoch_s: float) -> Item:
+def batch_end_item(item_key: str, end: BatchEnd, *, now_epoch_s: float) -> Item:
     item: Item = {
         KEY: {"S": item_key},
         BatchEndAttr.LEASE_KEY: {"S": end.lease_key},

@@ -181,6 +181,10 @@ class LeaseCapRecorder:
             self._last = current
 
 
+RECORDED_FIELDS = ("lease", "from", "to", "kind", "reason")
+"""What :class:`DecisionRecorder` keeps of each decision's log fields (with ``at``, when it was recorded)."""
+
+
 class DecisionRecorder:
     """The leader's latest assignment decisions with their reasons, newest first, for ``shardlease status``: one
     item, ``RecentDecisions``, written unconditionally (it is a display, last writer wins) only after a run that
@@ -198,17 +202,9 @@ class DecisionRecorder:
         if not decisions:
             return
         at_ms = int(self._clock.wall() * 1000)
-        for decision in decisions:
-            self._recent.appendleft(
-                {
-                    "lease": decision.lease_key,
-                    "from": decision.from_worker,
-                    "to": decision.to_worker,
-                    "kind": decision.kind,
-                    "reason": decision.reason,
-                    "at": at_ms,
-                }
-            )
+        for decision in decisions[-self.KEEP :]:  # the deque would push out any earlier ones
+            logged = decision.to_log()
+            self._recent.appendleft({**{name: logged[name] for name in RECORDED_FIELDS}, "at": at_ms})
         self._store.put(self.KEY, {"decisions": list(self._recent)})
 
     @staticmethod
@@ -220,16 +216,10 @@ class DecisionRecorder:
 
 
 class DecisionLike(Protocol):
-    @property
-    def lease_key(self) -> str: ...
-    @property
-    def from_worker(self) -> str | None: ...
-    @property
-    def to_worker(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def reason(self) -> str: ...
+    def to_log(self) -> Mapping[str, Any]:
+        """The decision's log fields (:meth:`worker_lib.assignment.plan.Decision.to_log`); those named in
+        :data:`RECORDED_FIELDS` are recorded."""
+        ...
 
 
 class ExpiryObservationStore:

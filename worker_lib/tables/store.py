@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
@@ -11,6 +11,16 @@ from worker_lib.tables.schema import ItemPlace, TableLayout
 
 if TYPE_CHECKING:
     import boto3
+
+
+class StoreOptions(TypedDict, total=False):
+    """:class:`TableStore`'s keyword arguments, for a subclass that takes more and passes these on."""
+
+    aws_config: AwsConfig | None
+    boto3_session: boto3.Session | None
+    client: Any
+    clock: Clock
+    layout: TableLayout | None
 
 
 class TableStore:

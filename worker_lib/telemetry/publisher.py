@@ -25,7 +25,7 @@ from typing import Any, Protocol, TextIO
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.env import env_int, env_str, environ
+from worker_lib.core.env import env_lower, read_settings, setting
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
 
@@ -45,9 +45,9 @@ class MetricsConfig:
     """mode: off | emf | cloudwatch (``SHARDLEASE_METRICS``, default off); namespace
     (``SHARDLEASE_METRICS_NAMESPACE``, default ``Shardlease``); flush_interval_ms (60 000)."""
 
-    mode: str = "off"
-    namespace: str = DEFAULT_NAMESPACE
-    flush_interval_ms: int = 60_000
+    mode: str = setting("off", "SHARDLEASE_METRICS", env_lower)
+    namespace: str = setting(DEFAULT_NAMESPACE, NAMESPACE_ENV)
+    flush_interval_ms: int = setting(60_000, "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS")
 
     def __post_init__(self) -> None:
         if self.mode not in ("off", "emf", "cloudwatch"):
@@ -59,12 +59,7 @@ class MetricsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MetricsConfig:
-        e = environ(env)
-        return cls(
-            mode=env_str(e, "SHARDLEASE_METRICS", "off").lower(),
-            namespace=env_str(e, NAMESPACE_ENV, DEFAULT_NAMESPACE),
-            flush_interval_ms=env_int(e, "SHARDLEASE_METRICS_FLUSH_INTERVAL_MS", 60_000),
-        )
+        return read_settings(cls, env)
 
 
 @dataclass

@@ -96,9 +96,8 @@ class LocalEmulators:
             **DUMMY_CREDENTIALS,
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
-            "SHARDLEASE_DYNAMODB_ENDPOINT_URL": self.dynamodb_endpoint,
-            "SHARDLEASE_KINESIS_ENDPOINT_URL": self.kinesis_endpoint,
-            "SHARDLEASE_CLOUDWATCH_ENDPOINT_URL": self.cloudwatch_endpoint,
+            # AwsConfig.from_env's per-service variables: SHARDLEASE_<SERVICE>_ENDPOINT_URL
+            **{f"SHARDLEASE_{service.upper()}_ENDPOINT_URL": url for service, url in self.endpoints().items()},
         }
 
     def aws_config(self, **overrides: Any) -> AwsConfig:

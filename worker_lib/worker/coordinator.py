@@ -24,8 +24,10 @@ from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper, ThroughputTrack
 from worker_lib.leases.mode_store import LivenessModeSource
 from worker_lib.leases.renewer import RenewalReport
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.consumer import ConsumerOutcome, FailureHandling, RecordSourceFactory, ShardConsumer
+from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
+from worker_lib.processing.delivery import FailureHandling
 from worker_lib.processing.processor import ProcessorFactory, RecordProcessor
+from worker_lib.retrieval import RecordSources
 from worker_lib.shardsync.detector import KinesisShardDetector
 from worker_lib.telemetry.names import WorkerMetric as MetricName
 from worker_lib.telemetry.publisher import MetricsPublisher
@@ -67,12 +69,13 @@ class LeaseCoordinator:
         modes: LivenessModeSource | None = None,
         cpu_percent: Callable[[], float | None] | None = None,
         on_superseded: Callable[[], None] | None = None,
-        record_source: RecordSourceFactory | None = None,
+        sources: RecordSources | None = None,
         failures: FailureHandling | None = None,
     ) -> None:
         self.config = config
         self._failures = failures
-        self._record_source = record_source  # None: polling
+        # None: polling with ``kinesis`` (RecordSources.for_application gives an application's fan-out sources)
+        self._sources = sources or RecordSources(config.retrieval, kinesis_client=kinesis, clock=clock)
         self._cpu_percent = cpu_percent
         self.worker_id = config.worker_id
         self._store = store
@@ -190,11 +193,10 @@ class LeaseCoordinator:
             kinesis_client=self._kinesis,
             list_shards=functools.partial(self._list_shards, stream),
             config=self.config.consumer,
-            retrieval=self.config.retrieval,
             initial_timestamp=self.config.initial_timestamp,
             on_bytes=self._record_bytes,
             on_records=self._on_records,
-            record_source=self._record_source,
+            sources=self._sources,
             failures=self._failures,
             clock=self._clock,
         )

@@ -1,7 +1,8 @@
 """The worker: the composition root users embed (``from worker_lib import Worker, WorkerConfig``; docs/worker.md).
 
-:class:`WorkerConfig` holds its settings (every one defaults to the environment, docs/api.md); :class:`Worker`
-checks at start that its tables and stream can be reached (:meth:`Worker.preflight`), then composes the lease
+:class:`WorkerConfig` (:mod:`worker_lib.worker.config`) holds its settings, its embedded leader's included (every
+one defaults to the environment, read once, docs/api.md); :class:`Worker` checks at start that its tables and stream
+can be reached (:meth:`Worker.preflight`, :mod:`worker_lib.worker.preflight`), then composes the lease
 coordinator (:mod:`worker_lib.worker.coordinator`: renewals, discovery, heartbeat, one consumer per lease), the
 worker-metrics reporter (CPU, … for the leader), CloudWatch publishing and, in ``embedded`` leader mode, the leader
 loop. ``shutdown()`` (or SIGTERM through :meth:`Worker.run`, :mod:`worker_lib.worker.signals`) announces the
@@ -9,8 +10,9 @@ departure (the leader assigns nothing more to it), lets every consumer finish it
 processor to checkpoint, gives the leases up at once and announces ``STOPPED``, so the leader reassigns them within
 about a second.
 
-Nothing starts at construction: threads start in :meth:`Worker.start`; AWS clients are created in ``__init__``
-from the configuration (or passed in).
+Nothing starts at construction: threads start in :meth:`Worker.start`; AWS clients and the record sources
+(:class:`~worker_lib.retrieval.factory.RecordSources`: polling or fan-out) are made in ``__init__`` from the
+configuration (or passed in).
 """
 
 from __future__ import annotations
@@ -19,237 +21,39 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import boto3
 
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.config import AwsConfig, InitialPosition, default_owner, validate_app_name
-from worker_lib.core.env import env_bool, env_int, env_str, environ
-from worker_lib.core.errors import (
-    ConfigError,
-    EndpointUnreachableError,
-    StreamMissingError,
-    SupersededError,
-    TableMissingError,
-    ThrottledError,
-)
-from worker_lib.core.models import Checkpoint, KinesisRecord
-from worker_lib.core.streams import StreamSelection, StreamTracker, load_stream_tracker, parse_stream_entry
-from worker_lib.leases.config import LeaseConfig
+from worker_lib.core.config import AwsConfig
+from worker_lib.core.errors import SupersededError
+from worker_lib.core.models import KinesisRecord
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeper import ThroughputTracker
-from worker_lib.leases.mode import LivenessMode, check_start
 from worker_lib.leases.mode_store import LivenessModeStore
 from worker_lib.leases.store import LeaseStore
-from worker_lib.processing.config import ConsumerConfig, FailureConfig
-from worker_lib.processing.consumer import ConsumerOutcome, FailureHandling
+from worker_lib.processing.consumer import ConsumerOutcome
+from worker_lib.processing.delivery import FailureHandling
 from worker_lib.processing.destinations import FailureDestination, make_destination
 from worker_lib.processing.processor import ProcessorFactory
-from worker_lib.retrieval.config import RetrievalConfig
-from worker_lib.retrieval.fanout import ShardSubscriber, StreamConsumers, subscription_config
-from worker_lib.shardsync.config import ShardSyncConfig
-from worker_lib.tables.admin import check_layout, check_schema
-from worker_lib.tables.schema import (
-    TableLayout,
-    coordinator_state_table_name,
-    lease_table_name,
-    worker_metrics_table_name,
-)
+from worker_lib.retrieval.factory import RecordSources
 from worker_lib.tables.state_store import CoordinatorStateStore
-from worker_lib.telemetry.publisher import MetricsConfig, MetricsPublisher, make_publisher
+from worker_lib.telemetry.publisher import MetricsPublisher, make_publisher
+from worker_lib.worker.config import WorkerConfig
 from worker_lib.worker.coordinator import LeaseCoordinator
+from worker_lib.worker.preflight import Preflight, StoppedBeforeStart, probe_config
 from worker_lib.worker.signals import install_shutdown_handlers
-from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.cpu import available_cpus, cpu_metric_from_env
 from worker_lib.workermetrics.reporter import WorkerMetricsReporter
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
 
+__all__ = ["MetricsReporter", "Worker", "WorkerConfig"]
+
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-KCL_DISCOVERY_INTERVAL_MS = 9_975
-"""KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
-
-DISCOVERY_SAFETY_NET_MS = 60_000
-"""With the heartbeat on, new leases arrive by notice; the GSI query only catches a lost notice."""
-
-
-def _worker_id(env: Mapping[str, str]) -> str:
-    return env_str(env, "SHARDLEASE_WORKER_ID") or default_owner()
-
-
-# The worker's own settings that the environment may give: one reader per field, used by ``WorkerConfig.from_env``
-# and as the default of every field the caller leaves out (so both paths parse a variable the same way).
-_ENV_READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
-    "worker_id": _worker_id,
-    "multi_stream": lambda e: env_bool(e, "SHARDLEASE_MULTI_STREAM", False),
-    "table_layout": TableLayout.from_env,
-    # Where new leases start is the leader's setting (ShardSyncConfig reads it); a worker needs the timestamp of
-    # AT_TIMESTAMP checkpoints.
-    "initial_position": lambda e: ShardSyncConfig.from_env(e).initial_position,
-    "initial_timestamp": lambda e: ShardSyncConfig.from_env(e).initial_timestamp,
-    "discovery_interval_ms": lambda e: env_int(e, "SHARDLEASE_DISCOVERY_INTERVAL_MS", 0) or None,
-    "shutdown_timeout_ms": lambda e: env_int(e, "SHARDLEASE_SHUTDOWN_TIMEOUT_MS", 30_000),
-    "leader_mode": lambda e: env_str(e, "SHARDLEASE_LEADER_MODE", "none").lower(),
-    "startup_timeout_ms": lambda e: env_int(e, "SHARDLEASE_STARTUP_TIMEOUT_MS", 15_000),
-}
-
-
-def _from_env(name: str) -> Callable[[], Any]:
-    """A field default: the environment's value (see ``WorkerConfig.from_env``), else the documented default."""
-    return lambda: _ENV_READERS[name](environ())
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerConfig:
-    """Everything a worker needs besides its processor.
-
-    Every field the caller leaves out comes from the environment, else its documented default — as boto3 and
-    Powertools do — so ``WorkerConfig(app="orders", stream="orders-stream")`` deployed in eu-west-1 talks to
-    eu-west-1 (``AWS_REGION``), and the same image runs against local emulators with only variables changed.
-    An explicit argument always wins. docs/api.md lists every variable.
-
-    app / stream: the application (= lease table name) and the Kinesis stream (``SHARDLEASE_STREAM``).
-    streams / stream_tracker / multi_stream: a multi-stream application (KCL's ``MultiStreamTracker``; docs/
-      multi-stream.md): several streams in one lease table, lease keys ``account:stream:epoch:shardId``. Give
-      ``streams`` (or ``SHARDLEASE_STREAM=a,b``) instead of ``stream``; ``stream_tracker`` is a callable the embedded
-      leader asks for the current streams at every shard sync (``SHARDLEASE_STREAM_TRACKER=module:attr``);
-      ``multi_stream=True`` (``SHARDLEASE_MULTI_STREAM``) keeps multi-stream keys with a single stream. A worker
-      reads each lease from the stream its key names, so workers need the list only to lead or to preflight.
-    aws: region, endpoints, timeouts, retries (``AwsConfig.from_env()``: ``AWS_REGION``/``AWS_DEFAULT_REGION``,
-      ``SHARDLEASE_ENDPOINT_URL``, ``SHARDLEASE_{KINESIS,DYNAMODB,CLOUDWATCH}_ENDPOINT_URL``,
-      ``SHARDLEASE_AWS_MAX_ATTEMPTS``).
-    worker_id: this worker's name in ``leaseOwner`` (``SHARDLEASE_WORKER_ID``, default ``host:pid``); a prefix such
-      as ``cluster-a/`` groups workers into clusters in ``shardlease status``.
-    initial_position / initial_timestamp: only used for a lease whose checkpoint is ``AT_TIMESTAMP`` (the
-      timestamp) — the leader decides the initial checkpoint of every lease it creates
-      (``SHARDLEASE_INITIAL_POSITION``, ``SHARDLEASE_INITIAL_TIMESTAMP``).
-    discovery_interval_ms: how often the GSI is queried for leases assigned to us. By default: KCL's 9975 ms until
-      the worker has seen a notice from the leader; from then on new leases arrive by notice within a beat and the
-      query is only the safety net (60 000 ms) — so a worker beside an older leader that sends no notices keeps
-      KCL's pace. ``SHARDLEASE_DISCOVERY_INTERVAL_MS`` fixes it.
-    shutdown_timeout_ms: how long a graceful shutdown waits for consumers before forcing exit (30 s); their leases
-      are renewed meanwhile, and what is left at the end is fenced and handed over at once;
-      ``SHARDLEASE_SHUTDOWN_TIMEOUT_MS``.
-    leader_mode: ``none`` (a Lambda or ``shardlease leader`` leads) or ``embedded`` (this process also contends
-      for the leader lock and runs the leader loop: fleets without Lambda); ``SHARDLEASE_LEADER_MODE``.
-    startup_timeout_ms: how long :meth:`Worker.preflight` keeps retrying an unreachable or throttling endpoint
-      before it gives up with one clear error (15 000, at most 20 000); ``SHARDLEASE_STARTUP_TIMEOUT_MS``.
-    table_layout: ``TableLayout.THREE_TABLES`` (KCL 3.0–3.4's tables) or ``SINGLE_TABLE`` (KCL 3.5's single-table
-      mode: worker metrics and coordinator state in the lease table); ``SHARDLEASE_TABLE_LAYOUT``.
-    lease / consumer / retrieval / failures / metrics / worker_metrics: each area's settings, each from its
-      ``from_env()``; ``retrieval="fanout"`` (or ``"polling"``) is short for the environment's retrieval settings in
-      that mode (``SHARDLEASE_RETRIEVAL``; docs/fanout.md); ``failures`` is the failure policy: retries,
-      bisection, record age, the failure destination (docs/failures.md).
-    """
-
-    app: str
-    stream: str = ""
-    streams: tuple[str, ...] = ()
-    stream_tracker: StreamTracker | None = None
-    multi_stream: bool = field(default_factory=_from_env("multi_stream"))
-    table_layout: TableLayout = field(default_factory=_from_env("table_layout"))
-    aws: AwsConfig = field(default_factory=AwsConfig.from_env)
-    worker_id: str = field(default_factory=_from_env("worker_id"))
-    initial_position: InitialPosition = field(default_factory=_from_env("initial_position"))
-    initial_timestamp: datetime | None = field(default_factory=_from_env("initial_timestamp"))
-    lease: LeaseConfig = field(default_factory=LeaseConfig.from_env)
-    consumer: ConsumerConfig = field(default_factory=ConsumerConfig.from_env)
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig.from_env)
-    failures: FailureConfig = field(default_factory=FailureConfig.from_env)
-    discovery_interval_ms: int | None = field(default_factory=_from_env("discovery_interval_ms"))
-    shutdown_timeout_ms: int = field(default_factory=_from_env("shutdown_timeout_ms"))
-    metrics: MetricsConfig = field(default_factory=MetricsConfig.from_env)
-    worker_metrics: WorkerMetricsConfig = field(default_factory=WorkerMetricsConfig.from_env)
-    report_worker_metrics: bool = True
-    leader_mode: str = field(default_factory=_from_env("leader_mode"))
-    startup_timeout_ms: int = field(default_factory=_from_env("startup_timeout_ms"))
-    cpu_metric: Any = None  # a WorkerMetric to report instead of the detected CPU provider
-
-    def __post_init__(self) -> None:
-        validate_app_name(self.app)
-        if isinstance(self.retrieval, str):  # WorkerConfig(retrieval="fanout"): the environment's settings, that mode
-            object.__setattr__(self, "retrieval", replace(RetrievalConfig.from_env(), mode=self.retrieval))
-        named = tuple(n.strip() for n in self.stream.split(",") if n.strip())
-        if named and self.streams and named != tuple(self.streams):  # equal: a copy made by dataclasses.replace
-            raise ConfigError("give either stream or streams, not both")
-        if not self.stream and not self.streams and self.stream_tracker is None:  # all left out: the environment's
-            e = environ()
-            object.__setattr__(self, "stream", env_str(e, "SHARDLEASE_STREAM"))
-            object.__setattr__(self, "stream_tracker", load_stream_tracker(env_str(e, "SHARDLEASE_STREAM_TRACKER")))
-        names = tuple(self.streams) or tuple(n for n in self.stream.split(",") if n.strip())
-        if not names and self.stream_tracker is None:
-            raise ConfigError("a worker needs a stream name")
-        try:
-            selection = StreamSelection(names=names, tracker=self.stream_tracker, multi_stream=self.multi_stream)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        object.__setattr__(self, "streams", selection.names)
-        object.__setattr__(self, "multi_stream", selection.multi_stream)
-        # The stream of leases whose key names none: the application's only stream.
-        object.__setattr__(self, "stream", selection.names[0] if len(selection.names) == 1 else "")
-        if not self.worker_id:
-            object.__setattr__(self, "worker_id", default_owner())
-        if self.discovery_interval_ms is not None and self.discovery_interval_ms < 100:
-            raise ConfigError("discovery_interval_ms must be at least 100")
-        if self.shutdown_timeout_ms < 0:
-            raise ConfigError("shutdown_timeout_ms must not be negative")
-        if self.leader_mode not in ("none", "embedded"):
-            raise ConfigError(f"invalid leader_mode {self.leader_mode!r}: expected none or embedded")
-        if not 0 <= self.startup_timeout_ms <= 20_000:
-            # 20 s at most: with the probes' own timeouts a worker that cannot start says so within 30 s.
-            raise ConfigError(f"startup_timeout_ms={self.startup_timeout_ms} must be within 0..20000")
-
-    @property
-    def stream_selection(self) -> StreamSelection:
-        """The streams as the leader takes them."""
-        return StreamSelection(names=self.streams, tracker=self.stream_tracker, multi_stream=self.multi_stream)
-
-    @property
-    def renewer_interval_s(self) -> float:
-        return self.lease.renewer_interval_ms / 1000
-
-    def discovery_interval_s(self, *, notices_seen: bool) -> float:
-        """The configured interval, else the safety net once the leader's notices are known to arrive."""
-        if self.discovery_interval_ms is not None:
-            return self.discovery_interval_ms / 1000
-        safety_net = notices_seen and self.lease.heartbeat_enabled
-        return (DISCOVERY_SAFETY_NET_MS if safety_net else KCL_DISCOVERY_INTERVAL_MS) / 1000
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
-        """Every setting from ``env`` (default: the process environment), ``SHARDLEASE_APP`` and
-        ``SHARDLEASE_STREAM`` included; ``overrides`` that are not ``None`` win (``streams`` replaces the
-        environment's stream)."""
-        e = environ(env)
-        values: dict[str, Any] = {
-            "app": e.get("SHARDLEASE_APP", ""),
-            "stream": e.get("SHARDLEASE_STREAM", ""),
-            "stream_tracker": load_stream_tracker(env_str(e, "SHARDLEASE_STREAM_TRACKER")),
-            "aws": AwsConfig.from_env(e),
-            **{name: read(e) for name, read in _ENV_READERS.items()},
-            "lease": LeaseConfig.from_env(e),
-            "consumer": ConsumerConfig.from_env(e),
-            "retrieval": RetrievalConfig.from_env(e),
-            "failures": FailureConfig.from_env(e),
-            "metrics": MetricsConfig.from_env(e),
-            "worker_metrics": WorkerMetricsConfig.from_env(e),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        if overrides.get("streams"):
-            values["stream"] = ""
-        return cls(**values)
-
-
-class _StoppedBeforeStart(Exception):
-    """A shutdown signal came while :meth:`Worker.preflight` waited for an endpoint."""
 
 
 class MetricsReporter(Protocol):
@@ -284,28 +88,15 @@ class Worker:
         self._aws_config = aws_config
         self._dynamodb = dynamodb or aws.client("dynamodb", aws_config, boto3_session)
         self._kinesis = kinesis or aws.client("kinesis", aws_config, boto3_session)
-        # The start check probes with one attempt and short timeouts, so that a wrong endpoint fails within
-        # seconds; injected clients are used as they are (their owner chose their retries).
-        probe_config = replace(
-            aws_config,
-            max_attempts=1,
-            connect_timeout_s=min(aws_config.connect_timeout_s, 5.0),
-            read_timeout_s=min(aws_config.read_timeout_s, 5.0),
+        self._sources = RecordSources.for_application(
+            config.retrieval,
+            app=config.app,
+            aws_config=aws_config,
+            kinesis_client=self._kinesis,
+            boto3_session=boto3_session,
+            subscription_client=kinesis,  # an injected client serves subscriptions too
+            clock=clock,
         )
-        self._probe_dynamodb = dynamodb or aws.client("dynamodb", probe_config, boto3_session)
-        self._probe_kinesis = kinesis or aws.client("kinesis", probe_config, boto3_session)
-        self._fanout: StreamConsumers | None = None
-        if config.retrieval.fanout:
-            self._subscription_kinesis = kinesis or aws.client(
-                "kinesis", subscription_config(aws_config), boto3_session
-            )
-            self._fanout = StreamConsumers(
-                self._kinesis,
-                consumer_name=config.retrieval.consumer_name_for(config.app),
-                consumer_arn=config.retrieval.consumer_arn,
-                clock=clock,
-            )
-        self._preflight_done = False
         self._store = lease_store or DynamoDBLeaseStore(config.app, client=self._dynamodb, clock=clock)
         self._worker_metrics = WorkerMetricsStore(
             config.app, client=self._dynamodb, clock=clock, layout=config.table_layout
@@ -342,6 +133,16 @@ class Worker:
             CoordinatorStateStore(config.app, client=self._dynamodb, clock=clock, layout=config.table_layout),
             clock=clock,
         )
+        probing = probe_config(aws_config)  # injected clients are used as they are (their owner chose their retries)
+        self._preflight = Preflight(
+            config=config,
+            dynamodb=dynamodb or aws.client("dynamodb", probing, boto3_session),
+            kinesis=kinesis or aws.client("kinesis", probing, boto3_session),
+            modes=self._modes,
+            consumers=self._sources.consumers if self._sources.fanout else None,
+            stop=self._stop,
+            clock=clock,
+        )
         self._coordinator = LeaseCoordinator(
             config,
             processor_factory,
@@ -357,29 +158,13 @@ class Worker:
             modes=self._modes,
             cpu_percent=self._latest_cpu,
             on_superseded=self._on_superseded,
-            record_source=None if self._fanout is None else self._subscriber,
+            sources=self._sources,
             failures=failures,
         )
         self._leader_thread: threading.Thread | None = None
         self._superseded = False
         self._start_lock = threading.Lock()  # a shutdown signal either comes before start() or after it finished
         self._run_started = False
-
-    def _subscriber(
-        self, stream: str, shard_id: str, checkpoint: Checkpoint, timestamp: datetime | None
-    ) -> ShardSubscriber:
-        """A lease's enhanced fan-out subscription (retrieval mode ``fanout``)."""
-        assert self._fanout is not None
-        return ShardSubscriber(
-            stream,
-            shard_id,
-            kinesis_client=self._subscription_kinesis,
-            consumer_arn=self._fanout.arn_for(stream),
-            start=checkpoint,
-            timestamp=timestamp,
-            clock=self._clock,
-            config=self.config.retrieval,
-        )
 
     def _current_lags(self) -> dict[str, int]:
         return self._coordinator.lags()
@@ -418,71 +203,7 @@ class Worker:
         whole check ends within about startup_timeout + 10 s (25 s by default). :meth:`run` calls it; once running,
         the worker rides through outages instead (renewals and reads retry, leases fence themselves).
         """
-        if self._preflight_done:
-            return
-        layout = self.config.table_layout
-        tables = [lease_table_name(self.config.app)]
-        if not layout.single:
-            tables.append(worker_metrics_table_name(self.config.app))
-            if self.config.leader_mode == "embedded":
-                tables.append(coordinator_state_table_name(self.config.app))
-        deadline = self._clock.monotonic() + self.config.startup_timeout_ms / 1000
-        describe = self._probe_dynamodb.describe_table
-        specs = {spec.table_name(self.config.app): spec for spec in layout.specs()}
-        for table in tables:
-            reply = self._probe("dynamodb DescribeTable", table, functools.partial(describe, TableName=table), deadline)
-            # A table created by hand or by another tool with other keys fails here, not at the first write.
-            check_schema(specs[table], self.config.app, reply.get("Table", {}))
-        for entry in self.config.streams:
-            stream = parse_stream_entry(entry)[0]
-            try:
-                self._probe(
-                    "kinesis DescribeStreamSummary",
-                    stream,
-                    functools.partial(self._probe_kinesis.describe_stream_summary, StreamName=stream),
-                    deadline,
-                )
-            except StreamMissingError as exc:
-                if not self.config.multi_stream:
-                    raise
-                # One deleted stream must not keep a multi-stream worker from the others (its leases are cleaned up).
-                log.warning("%s; the other streams are consumed", exc)
-        check_layout(self.config.app, self._probe_dynamodb, layout)
-        self._check_liveness_mode()
-        if self._fanout is not None:
-            # Registering (or finding) the consumer now turns a missing permission into one line at start.
-            for entry in self.config.streams:
-                self._fanout.arn_for(parse_stream_entry(entry)[0])
-        self._preflight_done = True
-
-    def _check_liveness_mode(self) -> None:
-        """Refuse to start in the other liveness mode (docs/liveness-modes.md). Without a CoordinatorState table
-        only ``lease`` mode can run (nothing else can be judged)."""
-        setting = self.config.lease.liveness_mode
-        try:
-            stored = self._modes.read()
-        except TableMissingError:
-            if setting != LivenessMode.LEASE.value:
-                raise
-            log.warning("no %s table: running in liveness mode lease", self._modes.table_name)
-            return
-        check_start(setting, stored, who=f"worker {self.worker_id}")
-
-    def _probe(self, operation: str, resource: str, call: Callable[[], _T], deadline: float) -> _T:
-        delay = 0.5
-        while True:
-            try:
-                with aws.translated(operation, resource):
-                    return call()
-            except (EndpointUnreachableError, ThrottledError) as exc:
-                if self._clock.monotonic() + delay >= deadline:
-                    waited = self.config.startup_timeout_ms / 1000
-                    raise type(exc)(f"{exc} (still failing after {waited:g} s; is the endpoint right?)") from exc
-                log.info("worker %s waiting for %s: %s", self.worker_id, resource, exc)
-                self._clock.sleep(delay)
-                if self._stop.is_set():  # stopped while it waited: do not wait out the startup timeout
-                    raise _StoppedBeforeStart from exc
-                delay = min(delay * 2, 4.0)
+        self._preflight.run()
 
     def start(self) -> None:
         if self._coordinator.keeper.started:
@@ -501,7 +222,7 @@ class Worker:
         shut down gracefully; a second one forces exit."""
         if install_signal_handlers:
             install_shutdown_handlers(self._on_shutdown_signal)
-        with contextlib.suppress(_StoppedBeforeStart):  # stopped while it waited for an endpoint
+        with contextlib.suppress(StoppedBeforeStart):  # stopped while it waited for an endpoint
             self.preflight()
         with self._start_lock:
             if self._stop.is_set():
@@ -555,18 +276,26 @@ class Worker:
 
     def _start_embedded_leader(self) -> None:
         """The same Leader the Lambda runs, in a thread of this worker: every worker may contend, the lock picks
-        one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md)."""
-        from worker_lib.leader.factory import build_leader_from_env
+        one, and a dead one is replaced within the lock's lease duration (docs/leader-lock.md). It is built from
+        this worker's configuration (its lease settings included) and clients: nothing is read again."""
+        from worker_lib.leader.factory import build_leader  # a worker that does not lead never imports the leader
         from worker_lib.leader.metrics_publisher import LeaderMetricsPublisher
 
+        config = self.config
         # The leader's metrics go where this worker's go (SHARDLEASE_METRICS), as the Lambda's would.
-        publisher = LeaderMetricsPublisher(self.config.metrics, app=self.config.app, aws_config=self._aws_config)
-        parts = build_leader_from_env(
-            environ(),
-            app=self.config.app,
-            stream=self.config.stream_selection,
+        publisher = LeaderMetricsPublisher(config.metrics, app=config.app, aws_config=self._aws_config)
+        parts = build_leader(
+            app=config.app,
+            stream=config.stream_selection,
+            aws_config=self._aws_config,
+            shard_sync=config.shard_sync,
             owner=f"{self.worker_id}:leader",
-            layout=self.config.table_layout,
+            leader_config=config.leader,
+            lock_config=config.leader_lock,
+            assignment=config.assignment,
+            lease_config=config.lease,
+            scaling=config.scaling,
+            layout=config.table_layout,
             dynamodb=self._dynamodb,
             kinesis=self._kinesis,
             clock=self._clock,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_int, environ
+from worker_lib.core.env import read_settings, setting
 from worker_lib.core.errors import ConfigError
 
 
@@ -24,10 +24,10 @@ class WorkerMetricsConfig:
       ``SHARDLEASE_WORKER_METRICS_MAX_VALUES``.
     """
 
-    sample_interval_ms: int = 1_000
-    report_interval_ms: int = 30_000
-    first_report_delay_ms: int = 2_000
-    max_values: int = 10
+    sample_interval_ms: int = setting(1_000, "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS")
+    report_interval_ms: int = setting(30_000, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS")
+    first_report_delay_ms: int = setting(2_000, "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS")
+    max_values: int = setting(10, "SHARDLEASE_WORKER_METRICS_MAX_VALUES")
 
     def __post_init__(self) -> None:
         if self.sample_interval_ms <= 0:
@@ -44,10 +44,4 @@ class WorkerMetricsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerMetricsConfig:
-        e = environ(env)
-        return cls(
-            sample_interval_ms=env_int(e, "SHARDLEASE_WORKER_METRICS_SAMPLE_INTERVAL_MS", 1_000),
-            report_interval_ms=env_int(e, "SHARDLEASE_WORKER_METRICS_REPORT_INTERVAL_MS", 30_000),
-            first_report_delay_ms=env_int(e, "SHARDLEASE_WORKER_METRICS_FIRST_REPORT_DELAY_MS", 2_000),
-            max_values=env_int(e, "SHARDLEASE_WORKER_METRICS_MAX_VALUES", 10),
-        )
+        return read_settings(cls, env)

@@ -141,22 +141,14 @@ class WorkerMetricsStore(TableStore):
         the worker has no item."""
         if not elements:
             return True
-        try:
-            self._client.update_item(
-                TableName=self.table_name,
-                Key=self._place.key(worker_id),
-                UpdateExpression="ADD #hrq :reqs",
-                **self._ours(
-                    "attribute_exists(#wid)",
-                    names={"#hrq": A.HANDOFF_REQUESTS, "#wid": self._place.key_attr},
-                    values={":reqs": {"SS": sorted(set(elements))}},
-                ),
-            )
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            if aws.is_conditional_check_failed(exc):
-                return False
-            aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
-        return True
+        return self._conditional(
+            "UpdateItem",
+            worker_id,
+            "attribute_exists(#wid)",
+            names={"#hrq": A.HANDOFF_REQUESTS, "#wid": self._place.key_attr},
+            values={":reqs": {"SS": sorted(set(elements))}},
+            UpdateExpression="ADD #hrq :reqs",
+        )
 
     def declare_gone(self, worker_id: str, counter: int) -> bool:
         """The leader's certificate, written before it moves any lease of a silent worker: ``hbg`` = ``counter``,
@@ -171,19 +163,14 @@ class WorkerMetricsStore(TableStore):
         return self._certify(worker_id, 0, "attribute_exists(#hbc)", only_if_absent=True)
 
     def _certify(self, worker_id: str, counter: int, condition: str, *, only_if_absent: bool = False) -> bool:
-        names = {"#hbg": A.HEARTBEAT_GONE, "#hbc": A.HEARTBEAT_COUNTER}
-        try:
-            self._client.update_item(
-                TableName=self.table_name,
-                Key=self._place.key(worker_id),
-                UpdateExpression="SET #hbg = if_not_exists(#hbg, :c)" if only_if_absent else "SET #hbg = :c",
-                **self._ours(condition, names=names, values={":c": number(counter)}),
-            )
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            if aws.is_conditional_check_failed(exc):
-                return False
-            aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
-        return True
+        return self._conditional(
+            "UpdateItem",
+            worker_id,
+            condition,
+            names={"#hbg": A.HEARTBEAT_GONE, "#hbc": A.HEARTBEAT_COUNTER},
+            values={":c": number(counter)},
+            UpdateExpression="SET #hbg = if_not_exists(#hbg, :c)" if only_if_absent else "SET #hbg = :c",
+        )
 
     def notify_assigned(self, worker_id: str, lease_keys: Sequence[str]) -> bool:
         """The leader's (or a handing-over owner's) notice to ``worker_id``: ``asv`` + 1 and ``asl`` = the keys.
@@ -192,21 +179,39 @@ class WorkerMetricsStore(TableStore):
         keys = sorted(set(lease_keys))
         if len(keys) > MAX_NOTICE_KEYS:
             keys = []  # announced without keys: the worker queries the GSI instead
+        return self._conditional(
+            "UpdateItem",
+            worker_id,
+            "attribute_exists(#wid)",
+            names={"#asl": A.ASSIGNED_KEYS, "#asv": A.ASSIGNMENT_VERSION, "#wid": self._place.key_attr},
+            values={":keys": {"L": [{"S": key} for key in keys]}, ":one": number(1)},
+            UpdateExpression="SET #asl = :keys ADD #asv :one",
+        )
+
+    def _conditional(
+        self,
+        operation: str,
+        worker_id: str,
+        condition: str,
+        *,
+        names: dict[str, str],
+        values: dict[str, Any],
+        **request: Any,
+    ) -> bool:
+        """One conditional ``UpdateItem`` or ``DeleteItem`` of ``worker_id``'s item (condition as :meth:`_ours` makes
+        it); False when the condition failed, a :class:`~worker_lib.core.errors.DependencyError` for anything else."""
+        call = self._client.update_item if operation == "UpdateItem" else self._client.delete_item
         try:
-            self._client.update_item(
+            call(
                 TableName=self.table_name,
                 Key=self._place.key(worker_id),
-                UpdateExpression="SET #asl = :keys ADD #asv :one",
-                **self._ours(
-                    "attribute_exists(#wid)",
-                    names={"#asl": A.ASSIGNED_KEYS, "#asv": A.ASSIGNMENT_VERSION, "#wid": self._place.key_attr},
-                    values={":keys": {"L": [{"S": key} for key in keys]}, ":one": number(1)},
-                ),
+                **request,
+                **self._ours(condition, names=names, values=values),
             )
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             if aws.is_conditional_check_failed(exc):
                 return False
-            aws.raise_translated(exc, operation="dynamodb UpdateItem", resource=self.table_name)
+            aws.raise_translated(exc, operation=f"dynamodb {operation}", resource=self.table_name)
         return True
 
     def _ours(self, condition: str, *, names: dict[str, str], values: dict[str, Any]) -> dict[str, Any]:
@@ -275,36 +280,20 @@ class WorkerMetricsStore(TableStore):
     def delete_if_heartbeat_unchanged(self, worker_id: str, heartbeat_counter: int) -> bool:
         """Delete a departed worker's item only if its heartbeat counter is still the one seen (a restart under the
         same id beats, and keeps its item); False if it changed or is gone."""
-        try:
-            self._client.delete_item(
-                TableName=self.table_name,
-                Key=self._place.key(worker_id),
-                **self._ours(
-                    "#hbc = :seen",
-                    names={"#hbc": A.HEARTBEAT_COUNTER},
-                    values={":seen": number(heartbeat_counter)},
-                ),
-            )
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            if aws.is_conditional_check_failed(exc):
-                return False
-            aws.raise_translated(exc, operation="dynamodb DeleteItem", resource=self.table_name)
-        return True
+        return self._conditional(
+            "DeleteItem",
+            worker_id,
+            "#hbc = :seen",
+            names={"#hbc": A.HEARTBEAT_COUNTER},
+            values={":seen": number(heartbeat_counter)},
+        )
 
     def delete_if_unchanged(self, worker_id: str, last_update_epoch_s: float) -> bool:
         """Delete a stale entry only if its ``lut`` is still the one seen; False if it changed or is gone."""
-        try:
-            self._client.delete_item(
-                TableName=self.table_name,
-                Key=self._place.key(worker_id),
-                **self._ours(
-                    "#lut = :seen",
-                    names={"#lut": A.LAST_UPDATE},
-                    values={":seen": number(int(last_update_epoch_s))},
-                ),
-            )
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            if aws.is_conditional_check_failed(exc):
-                return False
-            aws.raise_translated(exc, operation="dynamodb DeleteItem", resource=self.table_name)
-        return True
+        return self._conditional(
+            "DeleteItem",
+            worker_id,
+            "#lut = :seen",
+            names={"#lut": A.LAST_UPDATE},
+            values={":seen": number(int(last_update_epoch_s))},
+        )

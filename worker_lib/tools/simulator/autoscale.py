@@ -39,7 +39,8 @@ from worker_lib.core.errors import ConfigError
 from worker_lib.core.models import Lease, WorkerMetricStats
 from worker_lib.scaling.config import ScalingConfig
 from worker_lib.scaling.desired import DesiredWorkers, FleetLoad, decide_desired, removal_candidates
-from worker_lib.tools.simulator.model import EPOCH0, MAX_STS, Skew, make_strategy, parse_skew, shard_rates
+from worker_lib.tools.simulator.inputs import Skew, make_strategy, parse_skew, shard_rates
+from worker_lib.tools.simulator.model import EPOCH0, MAX_STS
 
 DAY_S = 86_400
 CPU = "C"

@@ -10,7 +10,8 @@ from typing import Any
 
 from worker_lib.core.errors import ConfigError
 from worker_lib.core.extras import require
-from worker_lib.tools.simulator.model import STRATEGY_LABELS, CycleStats, SimResult
+from worker_lib.tools.simulator.inputs import STRATEGY_LABELS
+from worker_lib.tools.simulator.model import CycleStats, SimResult
 
 
 def require_matplotlib(*, what: str = "simulate --plot") -> None:

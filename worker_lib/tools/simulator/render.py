@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from worker_lib.tools.simulator.model import STRATEGY_LABELS, SimResult
+from worker_lib.tools.simulator.inputs import STRATEGY_LABELS
+from worker_lib.tools.simulator.model import SimResult
 
 
 def format_cycle_table(result: SimResult) -> list[str]:
