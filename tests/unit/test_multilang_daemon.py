@@ -22,7 +22,7 @@ def test_the_daemon_configures_worker_and_children_without_writing_the_environme
     path = tmp_path / "app.properties"
     path.write_text(
         "executableName = python3 app.py\napplicationName = orders-app\nstreamName = orders\n"
-        "regionName = eu-west-1\nfailoverTimeMillis = 20000\n"
+        "regionName = eu-west-1\nfailoverTimeMillis = 20000\ndisableWorkerMetrics = true\n"
     )
     monkeypatch.setenv("SHARDLEASE_FAILOVER_TIME_MS", "12000")
     monkeypatch.delenv("SHARDLEASE_LEADER_MODE", raising=False)
@@ -47,6 +47,7 @@ def test_the_daemon_configures_worker_and_children_without_writing_the_environme
     (config,) = configs
     assert (config.app, config.streams, config.worker_id) == ("orders-app", ("orders",), "worker-7")
     assert (config.lease.failover_time_ms, config.aws.region, config.leader_mode) == (20_000, "eu-west-1", "embedded")
+    assert config.cpu_metric == "none"  # disableWorkerMetrics: the worker reports no CPU
     # AND each child is given that configuration as its environment, the rest of the daemon's with it
     (spec,) = specs
     assert spec.env is not None

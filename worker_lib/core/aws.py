@@ -75,6 +75,7 @@ def client(service: str, aws: AwsConfig, boto3_session: boto3.Session | None = N
         region_name=aws.region,
         connect_timeout=aws.connect_timeout_s,
         read_timeout=aws.read_timeout_s,
+        # Per request. On the checkpoint path LeaseCheckpointer retries what gets past these while the lease is valid.
         retries={"mode": aws.retry_mode, "total_max_attempts": aws.max_attempts},  # type: ignore[arg-type]
         max_pool_connections=aws.max_pool_connections,
     )

@@ -14,13 +14,16 @@ its environment once, at its edge (the top-level ``from_env()``), and hands that
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from worker_lib.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; annotations only, so 3.10 runs this module
+
     from _typeshed import DataclassInstance
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -152,6 +155,15 @@ def setting(default: Any, variable: str, read: Reader | None = None) -> Any:
     return dataclasses.field(default=default, metadata={_VARIABLE: (variable, read or _reader_for(default))})
 
 
+class EnvSettings:
+    """Base of a config class whose fields are :func:`setting` fields: :meth:`from_env` reads them all."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+        """Every setting from ``env`` (default: the process environment); unset or blank: the field's default."""
+        return cast("Self", read_settings(cast(Any, cls), env))
+
+
 def read_settings(cls: type[_C], env: Mapping[str, str] | None, /, **given: Any) -> _C:
     """``cls`` with each of its :func:`setting` fields read from its variable (unset or blank: the field's default);
     ``given`` values that are not ``None`` win, and their variables are not read. ``env``: the caller's mapping
@@ -165,9 +177,31 @@ def read_settings(cls: type[_C], env: Mapping[str, str] | None, /, **given: Any)
     return cls(**values)
 
 
+_Choice = TypeVar("_Choice", bound=enum.Enum)
+
+
+def parse_choice(
+    kind: type[_Choice], value: str | _Choice, *, name: str, aliases: Mapping[str, _Choice] | None = None
+) -> _Choice:
+    """One of an enum's values, by value (any case, ``_`` read as ``-``) or an older alias; a bad one is a
+    :class:`ConfigError` naming ``name`` and every value accepted."""
+    if isinstance(value, kind):
+        return value
+    text = str(value).strip().lower().replace("_", "-")
+    if aliases and text in aliases:
+        return aliases[text]
+    try:
+        return kind(text)
+    except ValueError:
+        values = [str(member.value) for member in kind]
+        expected = values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+        raise ConfigError(f"invalid {name} {value!r}: expected {expected}") from None
+
+
 __all__ = [
     "FALSE_WORDS",
     "TRUE_WORDS",
+    "EnvSettings",
     "Reader",
     "env_bool",
     "env_float",
@@ -180,6 +214,7 @@ __all__ = [
     "env_str",
     "environ",
     "parse_bool",
+    "parse_choice",
     "read_settings",
     "setting",
 ]

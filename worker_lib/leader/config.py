@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import read_settings, setting
+from worker_lib.core.env import EnvSettings, setting
 from worker_lib.core.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeaderLockConfig:
+class LeaderLockConfig(EnvSettings):
     """The leader lock in ``<app>-CoordinatorState``.
 
     lease_duration_ms: how long a lock holder is leader after its last successful heartbeat (10 s). KCL uses
@@ -38,13 +37,9 @@ class LeaderLockConfig:
         if self.poll_interval_ms <= 0:
             raise ConfigError("poll_interval_ms must be positive")
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderLockConfig:
-        return read_settings(cls, env)
-
 
 @dataclass(frozen=True, kw_only=True)
-class LeaderConfig:
+class LeaderConfig(EnvSettings):
     """The leader loop (the same in the Lambda, an embedded thread and the CLI).
 
     cycle_interval_ms: time between assignment cycles (KCL leaseAssignmentIntervalMillis = 2 × failover, 20 s).
@@ -86,7 +81,3 @@ class LeaderConfig:
             raise ConfigError(f"term_ms={self.term_ms} must be at least 1000")
         if self.takeover_wait_ms < 0:
             raise ConfigError(f"takeover_wait_ms={self.takeover_wait_ms} must not be negative")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaderConfig:
-        return read_settings(cls, env)

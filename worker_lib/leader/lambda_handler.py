@@ -31,7 +31,7 @@ from worker_lib.leader.cycle_metrics import run_outcome
 from worker_lib.leader.factory import ClientCache, app_and_stream, build_leader_from_env
 from worker_lib.leader.leader import CycleReport
 from worker_lib.leader.metrics_publisher import LeaderMetricsPublisher
-from worker_lib.leader.observers import make_observer
+from worker_lib.leader.observers import Observer, make_observer
 from worker_lib.telemetry.publisher import MetricsConfig
 
 
@@ -49,13 +49,19 @@ observer = make_observer()
 
 
 def invoke(
-    context: LambdaContext, *, clients: ClientCache = warm_clients, stop: threading.Event | None = None
+    context: LambdaContext,
+    *,
+    clients: ClientCache = warm_clients,
+    stop: threading.Event | None = None,
+    env: Mapping[str, str] | None = None,
+    observing: Observer | None = None,
 ) -> dict[str, Any]:
-    """One invocation; ``clients`` and ``stop`` are seams for benchmarks (the handler uses the container's)."""
-    env = environ()  # the invocation's one read of the environment: every setting below comes from this mapping
+    """One invocation. The handler passes only the context; ``clients``, ``stop``, ``env`` (default: the process
+    environment) and ``observing`` (default: the container's observer) are seams for benchmarks and the demo."""
+    env = environ(env)  # the invocation's one read of the environment: every setting below comes from this mapping
     app, stream = app_and_stream(env)
     owner = env_str(env, "SHARDLEASE_LEADER_ID") or f"{context.function_name}:{context.aws_request_id}"
-    report = observer.begin(env, app=app, stream=stream.describe(), owner=owner)
+    report = (observing or observer).begin(env, app=app, stream=stream.describe(), owner=owner)
     # The deadline is taken first, so that building the leader counts against the invocation's time.
     started = SYSTEM_CLOCK.monotonic()
     deadline = started + context.get_remaining_time_in_millis() / 1000

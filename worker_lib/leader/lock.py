@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol, Unpack, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import botocore.exceptions
 
@@ -45,6 +45,8 @@ from worker_lib.tables.schema import ItemPlace, TableLayout
 from worker_lib.tables.store import StoreOptions, TableStore
 
 if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only, so 3.10 runs this module
+
     pass
 
 log = logging.getLogger(__name__)

@@ -63,12 +63,15 @@ class LoggingObserver:
 
     _warned = False
 
+    def __init__(self, *, powertools_expected: bool = True) -> None:
+        self._powertools_expected = powertools_expected  # False: a host that runs the handler without Lambda's tools
+
     def wrap(self, handler: Handler) -> Handler:
         return handler
 
     def begin(self, env: Mapping[str, str], *, app: str, stream: str, owner: str) -> InvocationLog:
         per_worker_metrics(env)  # a bad value fails the same with or without Powertools
-        if not LoggingObserver._warned:
+        if self._powertools_expected and not LoggingObserver._warned:
             LoggingObserver._warned = True
             log.warning("aws-lambda-powertools is not installed (extra 'powertools'): leader metrics not published")
         return _LoggingInvocation({"application": app, "stream": stream, "owner": owner})

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import read_settings, setting
+from worker_lib.core.env import EnvSettings, setting
 from worker_lib.core.errors import ConfigError
 from worker_lib.leases.mode import AUTO, LivenessMode, parse_setting
 
@@ -14,7 +13,7 @@ WORKER_MODE_HEARTBEAT_MS = 2_000
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeaseConfig:
+class LeaseConfig(EnvSettings):
     """Lease timing (KCL: failoverTimeMillis and what derives from it).
 
     failover_time_ms: lease duration; a lease whose counter has not moved for this long is expired (10 000).
@@ -108,10 +107,6 @@ class LeaseConfig:
     def assignment_interval_ms(self) -> int:
         """KCL: leaseAssignmentIntervalMillis = 2 × failover time (20 s)."""
         return 2 * self.failover_time_ms
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseConfig:
-        return read_settings(cls, env)
 
     @property
     def heartbeat_enabled(self) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from worker_lib.core.backoff import Backoff
-from worker_lib.core.env import env_int, env_optional_bool, env_str, read_settings, setting
+from worker_lib.core.env import EnvSettings, env_int, env_optional_bool, env_str, parse_choice, setting
 from worker_lib.core.errors import ConfigError
 
 
@@ -32,17 +32,8 @@ class FailureAction(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | FailureAction, *, name: str = "failure policy") -> FailureAction:
-        if isinstance(value, FailureAction):
-            return value
-        text = str(value).strip().lower().replace("_", "-")
-        if text == "stop":  # the name this action had before stop-shard existed
-            return cls.RETRY
-        try:
-            return cls(text)
-        except ValueError:
-            raise ConfigError(
-                f"invalid {name} {value!r}: expected retry, skip-and-record, stop-shard or skip"
-            ) from None
+        # "stop": the name this action had before stop-shard existed
+        return parse_choice(cls, value, name=name, aliases={"stop": cls.RETRY})
 
 
 class DestinationKind(enum.Enum):
@@ -100,7 +91,7 @@ def _max_attempts(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FailureConfig:
+class FailureConfig(EnvSettings):
     """What a shard consumer does when the processor fails on a batch: Lambda's event source mapping settings,
     for a KCL-style consumer (docs/failures.md; the rules are in :mod:`worker_lib.processing.failures`).
 
@@ -164,13 +155,9 @@ class FailureConfig:
         retries one batch."""
         return Backoff.of_ms(self.retry_backoff_ms, self.retry_backoff_max_ms).delay_s(failed_attempts)
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> FailureConfig:
-        return read_settings(cls, env)
-
 
 @dataclass(frozen=True, kw_only=True)
-class ConsumerConfig:
+class ConsumerConfig(EnvSettings):
     """One shard consumer (one per held lease).
 
     (What happens when ``process_records`` fails is :class:`FailureConfig`'s.)
@@ -194,7 +181,3 @@ class ConsumerConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.error_backoff_ms < 0:
             raise ConfigError("error_backoff_ms must not be negative")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ConsumerConfig:
-        return read_settings(cls, env)

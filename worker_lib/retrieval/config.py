@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from worker_lib.core.backoff import Backoff
-from worker_lib.core.env import env_parsed, read_settings, setting
+from worker_lib.core.env import EnvSettings, env_parsed, parse_choice, setting
 from worker_lib.core.errors import ConfigError
 
 GET_RECORDS_LIMIT = 10_000  # the Kinesis maximum for GetRecords' Limit
@@ -29,12 +28,7 @@ class RetrievalMode(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | RetrievalMode, *, name: str = "retrieval") -> RetrievalMode:
-        if isinstance(value, RetrievalMode):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            raise ConfigError(f"invalid {name} {value!r}: expected polling or fanout") from None
+        return parse_choice(cls, value, name=name)
 
 
 CONSUMER_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
@@ -45,7 +39,7 @@ _mode = env_parsed(lambda raw, name: RetrievalMode.parse(raw, name=name))
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetrievalConfig:
+class RetrievalConfig(EnvSettings):
     """How a shard consumer reads its records: polling GetRecords, or enhanced fan-out.
 
     max_records: GetRecords ``Limit`` (KCL maxRecords, 10 000 = the Kinesis maximum).
@@ -111,10 +105,6 @@ class RetrievalConfig:
     def throttle_backoff_s(self, consecutive_throttles: int) -> float:
         """Seconds to wait after the ``consecutive_throttles``-th throttled call in a row (≥ 1)."""
         return self.throttle_backoff.delay_s(consecutive_throttles)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RetrievalConfig:
-        return read_settings(cls, env)
 
     @property
     def fanout(self) -> bool:

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
@@ -44,6 +44,9 @@ from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import Checkpoint
 from worker_lib.retrieval.source import RecordBatch, RecordSource, SourceArguments, iterator_start
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only, so 3.10 runs this module
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ where the backoff uses the injected clock.
 from __future__ import annotations
 
 import logging
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
@@ -28,6 +28,9 @@ from worker_lib.core import aws
 from worker_lib.core.backoff import Retry
 from worker_lib.core.errors import DependencyError
 from worker_lib.retrieval.source import RecordBatch, RecordSource, SourceArguments
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only, so 3.10 runs this module
 
 log = logging.getLogger(__name__)
 

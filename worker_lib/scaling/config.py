@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import env_optional_int, read_settings, setting
+from worker_lib.core.env import EnvSettings, env_optional_int, setting
 from worker_lib.core.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScalingConfig:
+class ScalingConfig(EnvSettings):
     """How the leader sizes the fleet. Each setting has a ``SHARDLEASE_SCALING_*`` variable (:meth:`from_env`).
 
     target_utilization_pct: every worker should stay under this CPU utilisation (70; ``_TARGET_UTILIZATION_PCT``);
@@ -68,7 +67,3 @@ class ScalingConfig:
     def sizing_point_pct(self) -> float:
         """The average utilisation the fleet is sized for: the target less the headroom."""
         return self.target_utilization_pct * (1 - self.headroom_pct / 100)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ScalingConfig:
-        return read_settings(cls, env)

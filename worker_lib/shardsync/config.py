@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from worker_lib.core.config import InitialPosition, parse_timestamp
-from worker_lib.core.env import env_parsed, read_settings, setting
+from worker_lib.core.env import EnvSettings, env_parsed, setting
 from worker_lib.core.errors import ConfigError
 
 _position = env_parsed(lambda raw, _: InitialPosition.parse(raw))
@@ -15,7 +14,7 @@ _timestamp = env_parsed(lambda raw, _: parse_timestamp(raw))
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardSyncConfig:
+class ShardSyncConfig(EnvSettings):
     """Shard sync on the leader.
 
     initial_position / initial_timestamp: where leases for newly discovered, non-descendant shards start.
@@ -45,7 +44,3 @@ class ShardSyncConfig:
             raise ConfigError("shard sync interval_ms must be at least 1000")
         if not 1 <= self.list_shards_page_size <= 10_000:
             raise ConfigError("list_shards_page_size must be within 1..10000")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ShardSyncConfig:
-        return read_settings(cls, env)

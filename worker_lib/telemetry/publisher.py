@@ -25,7 +25,7 @@ from typing import Any, Protocol, TextIO
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock, wall_millis
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.env import env_lower, read_settings, setting
+from worker_lib.core.env import EnvSettings, env_lower, setting
 from worker_lib.core.errors import ConfigError, DependencyError
 from worker_lib.telemetry.names import APPLICATION_DIMENSION, DEFAULT_NAMESPACE, NAMESPACE_ENV, WORKER_DIMENSION
 
@@ -41,7 +41,7 @@ class MetricsPublisher(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MetricsConfig:
+class MetricsConfig(EnvSettings):
     """mode: off | emf | cloudwatch (``SHARDLEASE_METRICS``, default off); namespace
     (``SHARDLEASE_METRICS_NAMESPACE``, default ``Shardlease``); flush_interval_ms (60 000)."""
 
@@ -56,10 +56,6 @@ class MetricsConfig:
             raise ConfigError("the metrics namespace must not be empty")
         if self.flush_interval_ms < 1_000:
             raise ConfigError("metrics flush_interval_ms must be at least 1000")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> MetricsConfig:
-        return read_settings(cls, env)
 
 
 @dataclass

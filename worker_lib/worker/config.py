@@ -27,6 +27,7 @@ from worker_lib.shardsync.config import ShardSyncConfig
 from worker_lib.tables.schema import TableLayout
 from worker_lib.telemetry.publisher import MetricsConfig
 from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.cpu.detect import CPU_METRIC_CHOICES
 
 KCL_DISCOVERY_INTERVAL_MS = 9_975
 """KCL's lease discovery interval: the GSI query is the only way a worker learns of new leases there."""
@@ -91,6 +92,7 @@ _FROM_ENVIRONMENT: tuple[tuple[str, Callable[[Mapping[str, str], _Values], Any]]
     ("leader_lock", lambda e, _: LeaderLockConfig.from_env(e)),
     ("assignment", _assignment),
     ("scaling", lambda e, _: ScalingConfig.from_env(e)),
+    ("cpu_metric", lambda e, _: env_lower(e, "SHARDLEASE_CPU_METRIC", "auto")),
 )
 
 
@@ -182,7 +184,7 @@ class WorkerConfig:
     report_worker_metrics: bool = True
     leader_mode: str = LEFT_OUT
     startup_timeout_ms: int = LEFT_OUT
-    cpu_metric: Any = None  # a WorkerMetric to report instead of the detected CPU provider
+    cpu_metric: Any = LEFT_OUT  # "auto", "process", "none", or a WorkerMetric to report instead
     shard_sync: ShardSyncConfig = LEFT_OUT
     leader: LeaderConfig = LEFT_OUT
     leader_lock: LeaderLockConfig = LEFT_OUT
@@ -221,6 +223,8 @@ class WorkerConfig:
             raise ConfigError("shutdown_timeout_ms must not be negative")
         if self.leader_mode not in ("none", "embedded"):
             raise ConfigError(f"invalid leader_mode {self.leader_mode!r}: expected none or embedded")
+        if isinstance(self.cpu_metric, str) and self.cpu_metric not in CPU_METRIC_CHOICES:
+            raise ConfigError(f"invalid SHARDLEASE_CPU_METRIC {self.cpu_metric!r}: expected auto, process or none")
         if not 0 <= self.startup_timeout_ms <= 20_000:
             # 20 s at most: with the probes' own timeouts a worker that cannot start says so within 30 s.
             raise ConfigError(f"startup_timeout_ms={self.startup_timeout_ms} must be within 0..20000")

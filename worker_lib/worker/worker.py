@@ -46,7 +46,8 @@ from worker_lib.worker.config import WorkerConfig
 from worker_lib.worker.coordinator import LeaseCoordinator
 from worker_lib.worker.preflight import Preflight, StoppedBeforeStart, probe_config
 from worker_lib.worker.signals import install_shutdown_handlers
-from worker_lib.workermetrics.cpu import available_cpus, cpu_metric_from_env
+from worker_lib.workermetrics.cpu import available_cpus
+from worker_lib.workermetrics.cpu.detect import cpu_metric_for
 from worker_lib.workermetrics.reporter import WorkerMetricsReporter
 from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 from worker_lib.workermetrics.throughput import ThroughputRecorder
@@ -103,7 +104,8 @@ class Worker:
         )
         self._reporter = metrics_reporter
         if self._reporter is None and config.report_worker_metrics:
-            cpu = cpu_metric_from_env(clock=clock) if config.cpu_metric is None else config.cpu_metric
+            choice = config.cpu_metric
+            cpu = cpu_metric_for(choice or "auto", clock=clock) if choice is None or isinstance(choice, str) else choice
             self._reporter = WorkerMetricsReporter(
                 config.worker_id,
                 [cpu] if cpu is not None else [],

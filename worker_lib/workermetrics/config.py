@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker_lib.core.env import read_settings, setting
+from worker_lib.core.env import EnvSettings, setting
 from worker_lib.core.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerMetricsConfig:
+class WorkerMetricsConfig(EnvSettings):
     """How often worker metrics are sampled and written to ``<app>-WorkerMetricStats``.
 
     sample_interval_ms: how often every metric is sampled in memory (KCL 1000).
@@ -41,7 +40,3 @@ class WorkerMetricsConfig:
             raise ConfigError(f"first_report_delay_ms must not be negative, got {self.first_report_delay_ms}")
         if self.max_values < 1:
             raise ConfigError(f"max_values must be at least 1, got {self.max_values}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerMetricsConfig:
-        return read_settings(cls, env)

@@ -6,6 +6,7 @@ them, and its timeline, are in scenario.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -13,13 +14,12 @@ import random
 import signal
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from worker_lib.core.clock import Clock
-from worker_lib.core.env import environ
 from worker_lib.core.errors import ShardleaseError
 from worker_lib.testing.emulators import Emulator
 from worker_lib.testing.processes import FleetProcess, ProcessFleet
@@ -178,7 +178,7 @@ class Fleet:
             app=self.app,
             stream=self.stream,
             processor="worker_lib.tools.demo.processor:DemoProcessor",
-            env={**os.environ, **self.env},  # what the leader schedule put into os.environ too
+            env={**os.environ, **self.env},
         )
         self.event(f"started worker {name} (pid {worker.pid})")
         return worker
@@ -224,11 +224,14 @@ class _FakeLambdaContext:
         return max(0, int((self._deadline - self._clock.monotonic()) * 1000))
 
 
-def _load_lambda_handler() -> Callable[[dict[str, Any], Any], Any] | None:
-    """The real Lambda handler, from the installed package (as the CDK construct deploys it)."""
+def _load_lambda_handler(env: Mapping[str, str]) -> Callable[[Any], Any]:
+    """The real Lambda handler's invocation, from the installed package (as the CDK construct deploys it), given
+    its environment as a mapping (Lambda gives each function its own) and logging without Powertools' JSON."""
     from worker_lib.leader import lambda_handler
+    from worker_lib.leader.observers import LoggingObserver
 
-    return lambda_handler.handler
+    quiet = LoggingObserver(powertools_expected=False)
+    return functools.partial(lambda_handler.invoke, env=env, observing=quiet)
 
 
 class _OnlyMainThread(logging.Filter):
@@ -247,13 +250,11 @@ class LeaderSchedule:
         self.mode = "?"
 
     def start(self) -> None:
-        os.environ.update(self.env)  # the handler reads its configuration from the environment, as in Lambda
-        os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
-        os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "shardlease-demo")
-        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the live view shows the leader's decisions
-        os.environ.setdefault("SHARDLEASE_PER_WORKER_METRICS", "false")  # Powertools (off here) only
         self._thread.start()
+
+    def handler_environment(self) -> dict[str, str]:
+        """The leader function's environment: this process's with the fleet's settings over it."""
+        return {**os.environ, "SHARDLEASE_PER_WORKER_METRICS": "false", **self.env}
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop scheduling; wait up to ``timeout_s`` for the running invocation (it leads until its deadline).
@@ -271,7 +272,7 @@ class LeaderSchedule:
 
     def _run(self) -> None:
         try:
-            handler = _load_lambda_handler()
+            handler: Callable[[Any], Any] | None = _load_lambda_handler(self.handler_environment())
         except Exception as exc:  # a broken checkout must not stop the demo: run the same Leader in-process
             log.warning("could not load functions/leader/handler.py (%s); running the leader in-process", exc)
             handler = None
@@ -280,12 +281,9 @@ class LeaderSchedule:
             budget_ms = int(self.period_s * 1000)
             try:
                 if handler is not None:
-                    result = handler(
-                        {"source": "aws.events", "detail-type": "Scheduled Event"},
-                        _FakeLambdaContext(budget_ms, self.clock),
-                    )
+                    result = handler(_FakeLambdaContext(budget_ms, self.clock))
                 else:
-                    result = _run_in_process_leader(budget_ms, self.clock)
+                    result = _run_in_process_leader(budget_ms, self.clock, self.handler_environment())
                 self.invocations += 1
                 if isinstance(result, dict):
                     with self.state.lock:
@@ -299,10 +297,10 @@ class LeaderSchedule:
             self._stop.wait(0.2)
 
 
-def _run_in_process_leader(budget_ms: int, clock: Clock) -> dict[str, Any]:
+def _run_in_process_leader(budget_ms: int, clock: Clock, env: Mapping[str, str]) -> dict[str, Any]:
     from worker_lib.leader.factory import build_leader_from_env
 
-    parts = build_leader_from_env(environ())
+    parts = build_leader_from_env(env)
     deadline = clock.monotonic() + budget_ms / 1000
     reports = parts.leader.run(deadline_monotonic=deadline)
     return {"cycles": [r.to_dict() for r in reports]}

@@ -24,11 +24,19 @@ from worker_lib.workermetrics.cpu.ecs import EcsCpu
 from worker_lib.workermetrics.cpu.portable import ProcessCpu, PsutilCpu
 from worker_lib.workermetrics.cpu.procstat import ProcStatCpu
 
+CPU_METRIC_CHOICES = ("auto", "process", "none")
+
 
 def cpu_metric_from_env(env: Mapping[str, str] | None = None, *, clock: Clock = SYSTEM_CLOCK) -> WorkerMetric | None:
     """``SHARDLEASE_CPU_METRIC``: ``auto`` (default: KCL's detection order), ``process`` or ``none``."""
     e = environ(env)
-    choice = env_str(e, "SHARDLEASE_CPU_METRIC", "auto").lower()
+    return cpu_metric_for(env_str(e, "SHARDLEASE_CPU_METRIC", "auto").lower(), env=e, clock=clock)
+
+
+def cpu_metric_for(
+    choice: str, *, env: Mapping[str, str] | None = None, clock: Clock = SYSTEM_CLOCK
+) -> WorkerMetric | None:
+    """The provider a ``SHARDLEASE_CPU_METRIC`` choice names; ``env`` is only asked where the host runs (ECS)."""
     if choice == "none":
         return None
     if choice == "process":
@@ -37,7 +45,7 @@ def cpu_metric_from_env(env: Mapping[str, str] | None = None, *, clock: Clock = 
         return metric
     if choice != "auto":
         raise ConfigError(f"invalid SHARDLEASE_CPU_METRIC {choice!r}: expected auto, process or none")
-    return detect_cpu_metric(e, clock=clock)
+    return detect_cpu_metric(env, clock=clock)
 
 
 def available_cpus(metric: object | None = None) -> float:
