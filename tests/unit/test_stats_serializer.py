@@ -164,8 +164,9 @@ def test_a_capacity_that_is_not_a_positive_number_is_read_as_not_reported(raw: d
 
 def test_a_spark_batch_end_carries_its_shards_lag_and_an_older_item_reads_as_unknown() -> None:
     # GIVEN a read that ended 1 500 ms behind the tip of its shard
+    from worker_lib.spark.batches import batch_end_item, parse_batch_end
     from worker_lib.spark.planning import BatchEnd
-    from worker_lib.tables.coordinator_items import BatchEndAttr, batch_end_item, parse_batch_end
+    from worker_lib.tables.coordinator_items import BatchEndAttr
 
     end = BatchEnd(lease_key="shardId-1", position=Checkpoint(sequence="49"), records=3, millis_behind_latest=1_500)
     # WHEN it is written as a batch-end item and read back

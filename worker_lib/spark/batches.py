@@ -3,21 +3,78 @@
 Executors write them (a replayed or speculative task reads the existing one and reads exactly up to it); the
 driver reads them to plan the next offset and to checkpoint, and deletes them once they can no longer be needed.
 Items carry a ``ttl`` attribute (7 days) so that a table with TTL enabled on ``ttl`` sweeps abandoned lineages.
-The item format lives in :mod:`worker_lib.tables.coordinator_items` with the table's other items.
+The attribute names live in :mod:`worker_lib.tables.coordinator_items` with the table's other items; the item's
+encoding is here, beside :class:`~worker_lib.spark.planning.BatchEnd`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypedDict
 
 from worker_lib.core import aws
+from worker_lib.core.models import Checkpoint
 from worker_lib.spark.planning import BatchEnd
-from worker_lib.tables.coordinator_items import KEY, BatchEndAttr, batch_end_item, parse_batch_end
+from worker_lib.tables.coordinator_items import KEY, BatchEndAttr, Item
 from worker_lib.tables.schema import TableLayout
 
 log = logging.getLogger(__name__)
+
+BATCH_END_TTL_S = 7 * 24 * 3600
+
+
+class BatchEndFields(TypedDict):
+    """A batch-end item read back: the keyword arguments of :class:`worker_lib.spark.planning.BatchEnd`."""
+
+    lease_key: str
+    position: Checkpoint
+    records: int
+    bytes: int
+    caught_up: bool
+    children: tuple[str, ...]
+    started_at: float
+    finished_at: float
+    cpu_seconds: float
+    millis_behind_latest: int | None
+
+
+def batch_end_item(item_key: str, end: BatchEnd, *, now_epoch_s: float) -> Item:
+    item: Item = {
+        KEY: {"S": item_key},
+        BatchEndAttr.LEASE_KEY: {"S": end.lease_key},
+        BatchEndAttr.SEQUENCE: {"S": end.position.sequence},
+        BatchEndAttr.SUB_SEQUENCE: {"N": str(end.position.sub_sequence)},
+        BatchEndAttr.RECORDS: {"N": str(end.records)},
+        BatchEndAttr.BYTES: {"N": str(end.bytes)},
+        BatchEndAttr.CAUGHT_UP: {"BOOL": end.caught_up},
+        BatchEndAttr.STARTED: {"N": repr(end.started_at)},
+        BatchEndAttr.FINISHED: {"N": repr(end.finished_at)},
+        BatchEndAttr.CPU: {"N": repr(end.cpu_seconds)},
+        BatchEndAttr.TTL: {"N": str(int(now_epoch_s) + BATCH_END_TTL_S)},
+    }
+    if end.children:
+        item[BatchEndAttr.CHILDREN] = {"L": [{"S": child} for child in end.children]}
+    if end.millis_behind_latest is not None:
+        item[BatchEndAttr.MILLIS_BEHIND] = {"N": str(end.millis_behind_latest)}
+    return item
+
+
+def parse_batch_end(item: Mapping[str, Any]) -> BatchEndFields:
+    return BatchEndFields(
+        lease_key=item[BatchEndAttr.LEASE_KEY]["S"],
+        position=Checkpoint(
+            sequence=item[BatchEndAttr.SEQUENCE]["S"], sub_sequence=int(item[BatchEndAttr.SUB_SEQUENCE]["N"])
+        ),
+        records=int(item[BatchEndAttr.RECORDS]["N"]),
+        bytes=int(item[BatchEndAttr.BYTES]["N"]),
+        caught_up=bool(item[BatchEndAttr.CAUGHT_UP]["BOOL"]),
+        children=tuple(child["S"] for child in item.get(BatchEndAttr.CHILDREN, {}).get("L", [])),
+        started_at=float(item[BatchEndAttr.STARTED]["N"]),
+        finished_at=float(item[BatchEndAttr.FINISHED]["N"]),
+        cpu_seconds=float(item.get(BatchEndAttr.CPU, {}).get("N", 0.0)),
+        millis_behind_latest=int(item[BatchEndAttr.MILLIS_BEHIND]["N"]) if BatchEndAttr.MILLIS_BEHIND in item else None,
+    )
 
 
 def _from_item(item: dict[str, Any]) -> BatchEnd:

@@ -22,15 +22,11 @@ import decimal
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any
 
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
-from worker_lib.core.models import Checkpoint
 from worker_lib.tables.schema import LEADER_ENTITY_TYPE, CoordinatorAttr
-
-if TYPE_CHECKING:  # the Spark source writes these items; the leader's code asset must not import it
-    from worker_lib.spark.planning import BatchEnd
 
 KEY = CoordinatorAttr.KEY
 Item = dict[str, Any]
@@ -336,59 +332,3 @@ class BatchEndAttr:
     MILLIS_BEHIND = "mbl"  # MillisBehindLatest of the read's last GetRecords (the shard's lag; absent if unknown)
     TTL = "ttl"  # a table with TTL enabled on it sweeps abandoned lineages
     CHILDREN = "ch"
-
-
-BATCH_END_TTL_S = 7 * 24 * 3600
-
-
-class BatchEndFields(TypedDict):
-    """A batch-end item read back: the keyword arguments of :class:`worker_lib.spark.planning.BatchEnd`."""
-
-    lease_key: str
-    position: Checkpoint
-    records: int
-    bytes: int
-    caught_up: bool
-    children: tuple[str, ...]
-    started_at: float
-    finished_at: float
-    cpu_seconds: float
-    millis_behind_latest: int | None
-
-
-def batch_end_item(item_key: str, end: BatchEnd, *, now_epoch_s: float) -> Item:
-    item: Item = {
-        KEY: {"S": item_key},
-        BatchEndAttr.LEASE_KEY: {"S": end.lease_key},
-        BatchEndAttr.SEQUENCE: {"S": end.position.sequence},
-        BatchEndAttr.SUB_SEQUENCE: {"N": str(end.position.sub_sequence)},
-        BatchEndAttr.RECORDS: {"N": str(end.records)},
-        BatchEndAttr.BYTES: {"N": str(end.bytes)},
-        BatchEndAttr.CAUGHT_UP: {"BOOL": end.caught_up},
-        BatchEndAttr.STARTED: {"N": repr(end.started_at)},
-        BatchEndAttr.FINISHED: {"N": repr(end.finished_at)},
-        BatchEndAttr.CPU: {"N": repr(end.cpu_seconds)},
-        BatchEndAttr.TTL: {"N": str(int(now_epoch_s) + BATCH_END_TTL_S)},
-    }
-    if end.children:
-        item[BatchEndAttr.CHILDREN] = {"L": [{"S": child} for child in end.children]}
-    if end.millis_behind_latest is not None:
-        item[BatchEndAttr.MILLIS_BEHIND] = {"N": str(end.millis_behind_latest)}
-    return item
-
-
-def parse_batch_end(item: Mapping[str, Any]) -> BatchEndFields:
-    return BatchEndFields(
-        lease_key=item[BatchEndAttr.LEASE_KEY]["S"],
-        position=Checkpoint(
-            sequence=item[BatchEndAttr.SEQUENCE]["S"], sub_sequence=int(item[BatchEndAttr.SUB_SEQUENCE]["N"])
-        ),
-        records=int(item[BatchEndAttr.RECORDS]["N"]),
-        bytes=int(item[BatchEndAttr.BYTES]["N"]),
-        caught_up=bool(item[BatchEndAttr.CAUGHT_UP]["BOOL"]),
-        children=tuple(child["S"] for child in item.get(BatchEndAttr.CHILDREN, {}).get("L", [])),
-        started_at=float(item[BatchEndAttr.STARTED]["N"]),
-        finished_at=float(item[BatchEndAttr.FINISHED]["N"]),
-        cpu_seconds=float(item.get(BatchEndAttr.CPU, {}).get("N", 0.0)),
-        millis_behind_latest=int(item[BatchEndAttr.MILLIS_BEHIND]["N"]) if BatchEndAttr.MILLIS_BEHIND in item else None,
-    )
