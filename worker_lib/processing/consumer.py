@@ -37,9 +37,9 @@ from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.config import ConsumerConfig
-from worker_lib.processing.delivery import Deliveries, DeliveryContext, FailureHandling, ShardIdentity, ShardMark
+from worker_lib.processing.delivery import Deliveries, DeliveryContext, FailureHandling, ShardMark
 from worker_lib.processing.failures import Delivered, FailureStats, one_line
-from worker_lib.processing.lifecycle import ProcessorLifecycle
+from worker_lib.processing.lifecycle import ProcessorLifecycle, ShardIdentity
 from worker_lib.processing.processor import KinesisRecord, ProcessorFailedError, RecordProcessor, ShutdownError
 from worker_lib.retrieval import RecordBatch, RecordSource, RecordSources
 from worker_lib.retrieval.config import RetrievalConfig
@@ -115,8 +115,8 @@ class ShardConsumer:
         self.lease_key = lease_key
         self.stream = stream
         stream_identifier, self.shard_id = split_lease_key(lease_key)
-        self._shard = ShardIdentity(lease_key=lease_key, stream=stream, shard_id=self.shard_id)
-        self._lifecycle = ProcessorLifecycle(processor, self._shard, stream_identifier)
+        shard = ShardIdentity(lease_key=lease_key, stream=stream, shard_id=self.shard_id)
+        self._lifecycle = ProcessorLifecycle(processor, shard, stream_identifier)
         self._holder = holder
         self._store = store
         self._list_shards = list_shards
@@ -136,8 +136,7 @@ class ShardConsumer:
         self._mark = ShardMark(holder, lease_key, worker_id=handling.worker_id, clock=clock)
         self._deliveries = Deliveries(
             DeliveryContext(
-                shard=self._shard,
-                processor=processor,
+                lifecycle=self._lifecycle,
                 mark=self._mark,
                 failures=handling,
                 clock=clock,

@@ -3,9 +3,9 @@
 :class:`Deliveries` runs every batch of one lease through :class:`~worker_lib.processing.failures.BatchDelivery`
 (the policy's rules) with a :class:`DeliveryPorts` (one batch's I/O: the processor, the checkpointer, the failure
 destination, the shard's mark in the table, the wait), and counts and publishes what the policy did. Neither sees
-the consumer: a :class:`DeliveryContext` gives them the shard's identity, the processor, the holder (only through
-:class:`ShardMark`), the :class:`FailureHandling`, the clock, and a ``wait`` that ends with the consumer's
-transition guard (False: stop here).
+the consumer: a :class:`DeliveryContext` gives them the processor's lifecycle (the processor and the shard's
+identity), the holder (only through :class:`ShardMark`), the :class:`FailureHandling`, the clock, and a ``wait``
+that ends with the consumer's transition guard (False: stop here).
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ from worker_lib.processing.failures import (
     failure_from_result,
     one_line,
 )
+from worker_lib.processing.lifecycle import ProcessorLifecycle
 from worker_lib.processing.processor import (
     KinesisRecord,
-    LeaseLostInput,
     ProcessorFailedError,
     ProcessRecordsInput,
-    RecordProcessor,
     ShutdownError,
 )
 from worker_lib.retrieval import RecordBatch
@@ -74,25 +73,8 @@ class FailureHandling:
     metrics: MetricsPublisher = field(default_factory=NullPublisher)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ShardIdentity:
-    """Which lease a consumer works on: its key, its stream and its shard."""
-
-    lease_key: str
-    stream: str
-    shard_id: str
-
-
 class Interrupted(Exception):
     """A wait inside a delivery was cut short (stop, hand-off or lease lost: the consumer's guard tells which)."""
-
-
-def tell_lease_lost(processor: RecordProcessor, shard: ShardIdentity) -> None:
-    """``lease_lost`` to the processor; what it raises is logged, never propagated (the lease is gone anyway)."""
-    try:
-        processor.lease_lost(LeaseLostInput(shard_id=shard.shard_id))
-    except Exception as exc:
-        log.warning("processor.lease_lost raised on %s: %s", shard.lease_key, one_line(exc))
 
 
 class ShardMark:
@@ -137,8 +119,7 @@ class ShardMark:
 class DeliveryContext:
     """What every delivery of one lease works with."""
 
-    shard: ShardIdentity
-    processor: RecordProcessor
+    lifecycle: ProcessorLifecycle  # the processor and the shard it works on
     mark: ShardMark  # the holder, for the shard's failure mark
     failures: FailureHandling
     clock: Clock
@@ -150,7 +131,7 @@ class DeliveryPorts:
 
     def __init__(self, context: DeliveryContext, *, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> None:
         self._context = context
-        self._shard = context.shard
+        self._shard = context.lifecycle.shard
         self._clock = context.clock
         self._batch = batch
         self._checkpointer = checkpointer
@@ -164,7 +145,7 @@ class DeliveryPorts:
             self._checkpointer.largest_permitted = records[-1].checkpoint
         self._attempt += 1
         try:
-            result = self._context.processor.process_records(
+            result = self._context.lifecycle.processor.process_records(
                 ProcessRecordsInput(
                     shard_id=self._shard.shard_id,
                     records=records,
@@ -268,7 +249,7 @@ class Deliveries:
 
     def __init__(self, context: DeliveryContext) -> None:
         self._context = context
-        self._shard = context.shard
+        self._shard = context.lifecycle.shard
         self._failures = context.failures
         self.stats = FailureStats()  # summed over the lease's batches
 
@@ -296,7 +277,7 @@ class Deliveries:
     def _stop_shard(self, delivery: BatchDelivery) -> None:
         at, failure = delivery.stopped_at, delivery.last_failure
         assert at is not None and failure is not None
-        tell_lease_lost(self._context.processor, self._shard)
+        self._context.lifecycle.lease_lost()
         block, stopped = self._context.mark.stop(at, attempts=self._failures.config.max_attempts, failure=failure)
         log.error(
             "shard %s STOPPED at record %s after %d failed deliveries (%s; policy stop-shard%s): nothing more is "

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from worker_lib.core.models import Lease
 from worker_lib.core.streams import StreamIdentifier
 from worker_lib.processing.checkpointer import LeaseCheckpointer
-from worker_lib.processing.delivery import ShardIdentity, tell_lease_lost
 from worker_lib.processing.failures import one_line
 from worker_lib.processing.processor import (
     InitializationInput,
+    LeaseLostInput,
     RecordProcessor,
     ShardEndedInput,
     ShutdownRequestedInput,
@@ -25,23 +26,32 @@ from worker_lib.processing.processor import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShardIdentity:
+    """Which lease a consumer works on: its key, its stream and its shard."""
+
+    lease_key: str
+    stream: str
+    shard_id: str
+
+
 class ProcessorLifecycle:
     """One lease's processor, as the consumer's states call it."""
 
     def __init__(self, processor: RecordProcessor, shard: ShardIdentity, stream: StreamIdentifier | None) -> None:
-        self._processor = processor
-        self._shard = shard
+        self.processor = processor  # process_records is the delivery's (processing/delivery.py)
+        self.shard = shard
         self._stream_identifier = None if stream is None else stream.serialize()
         self.initialized = False  # initialize returned
 
     def initialize(self, lease: Lease) -> None:
         """``initialize`` with the lease's checkpoints; ProcessorFailedError propagates (the lease is given up)."""
-        self._processor.initialize(
+        self.processor.initialize(
             InitializationInput(
-                shard_id=self._shard.shard_id,
+                shard_id=self.shard.shard_id,
                 checkpoint=lease.checkpoint,
                 pending_checkpoint=lease.pending_checkpoint,
-                stream_name=self._shard.stream,
+                stream_name=self.shard.stream,
                 stream_identifier=self._stream_identifier,
             )
         )
@@ -52,18 +62,23 @@ class ProcessorLifecycle:
         if not self.initialized or checkpointer is None:
             return
         try:
-            self._processor.shutdown_requested(
-                ShutdownRequestedInput(shard_id=self._shard.shard_id, checkpointer=checkpointer)
+            self.processor.shutdown_requested(
+                ShutdownRequestedInput(shard_id=self.shard.shard_id, checkpointer=checkpointer)
             )
         except Exception as exc:
-            log.warning("processor.shutdown_requested raised on %s: %s", self._shard.lease_key, one_line(exc))
+            log.warning("processor.shutdown_requested raised on %s: %s", self.shard.lease_key, one_line(exc))
 
     def lease_lost(self) -> None:
-        if self.initialized:
-            tell_lease_lost(self._processor, self._shard)
+        """The lease is gone (lost, or stopped by the failure policy); what the processor raises is logged."""
+        if not self.initialized:
+            return
+        try:
+            self.processor.lease_lost(LeaseLostInput(shard_id=self.shard.shard_id))
+        except Exception as exc:
+            log.warning("processor.lease_lost raised on %s: %s", self.shard.lease_key, one_line(exc))
 
     def shard_ended(self, checkpointer: LeaseCheckpointer, children: Sequence[str]) -> None:
         """``shard_ended`` (it must checkpoint SHARD_END); what it raises propagates: the consumer retries."""
-        self._processor.shard_ended(
-            ShardEndedInput(shard_id=self._shard.shard_id, checkpointer=checkpointer, child_shard_ids=tuple(children))
+        self.processor.shard_ended(
+            ShardEndedInput(shard_id=self.shard.shard_id, checkpointer=checkpointer, child_shard_ids=tuple(children))
         )

@@ -100,10 +100,6 @@ class RecordSources:
             config, kinesis_client=kinesis_client, subscription_client=subscriber, consumers=consumers, clock=clock
         )
 
-    @property
-    def fanout(self) -> bool:
-        return self.config.fanout
-
     def open(
         self,
         stream: str,

@@ -51,15 +51,15 @@ class DriverReads:
         """Whether any idle shard has something new (one small GetRecords each, at most once per probe interval)."""
         now = self._clock.monotonic()
         interval = self._options.idle_probe_interval_ms / 1000
+        sources = RecordSources(
+            RetrievalConfig(max_records=PROBE_RECORDS), kinesis_client=self._kinesis(), clock=self._clock
+        )
         for key, shard in sorted(candidate.shards.items()):
             if now - self._last_probe.get(key, -1e18) < interval:
                 continue
             self._last_probe[key] = now
             task = ShardReadTask(
                 lease_key=key, position=shard.position, batch=0, run="", settings=settings, timestamp=shard.timestamp
-            )
-            sources = RecordSources(
-                RetrievalConfig(max_records=PROBE_RECORDS), kinesis_client=self._kinesis(), clock=self._clock
             )
             try:
                 source = sources.open(

@@ -141,7 +141,7 @@ class Worker:
             dynamodb=dynamodb or aws.client("dynamodb", probing, boto3_session),
             kinesis=kinesis or aws.client("kinesis", probing, boto3_session),
             modes=self._modes,
-            consumers=self._sources.consumers if self._sources.fanout else None,
+            consumers=self._sources.consumers,  # None unless retrieval is fan-out
             stop=self._stop,
             clock=clock,
         )
