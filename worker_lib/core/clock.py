@@ -85,6 +85,17 @@ class ManualClock:
             self._wall += seconds
 
 
+def wait_for(event: threading.Event, seconds: float, clock: Clock) -> bool:
+    """Wait up to ``seconds`` on ``clock`` for ``event``; whether it is set. The real clock waits on the event
+    itself; any other (a test's) moves its time by ``seconds`` and gives other threads a moment."""
+    if isinstance(clock, SystemClock):
+        return event.wait(max(0.0, seconds))
+    if event.is_set():
+        return True
+    clock.sleep(seconds)
+    return event.wait(0.002)
+
+
 def wall_millis(clock: Clock) -> int:
     """The wall reading of ``clock`` in whole milliseconds."""
     return int(clock.wall() * 1000)

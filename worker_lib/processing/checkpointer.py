@@ -3,6 +3,7 @@ against what was delivered, infrastructure errors retried while the lease is val
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -39,11 +40,14 @@ class _Prepared:
 class LeaseCheckpointer:
     """The :class:`~worker_lib.processing.processor.Checkpointer` handed to processors for one lease."""
 
-    def __init__(self, holder: LeaseHolder, lease_key: str, *, initial: Checkpoint) -> None:
+    def __init__(self, holder: LeaseHolder, lease_key: str, *, initial: Checkpoint, watermark: bool = False) -> None:
         self._holder = holder
         self._lease_key = lease_key
         self._last: Checkpoint | None = initial
         self.largest_permitted: Checkpoint | None = None  # the last delivered record, or SHARD_END at the end
+        # With lanes, the largest permitted is the watermark; a value past it (a record done in a lane with a record
+        # before it not yet done) writes the watermark: the processor cannot know where the other lanes are.
+        self._clamp = watermark
         self.last_record_at_shard_end: Checkpoint | None = None  # once the shard ended: its last record
         self.writes = 0
 
@@ -67,6 +71,10 @@ class LeaseCheckpointer:
             if last is not None and Checkpoint(sequence=sequence, sub_sequence=sub_sequence) == last:
                 return SHARD_END
             largest = last  # a number beyond the shard's last record is refused, as before the end
+        if self._clamp and largest is not None and not largest.is_sentinel and sequence.isdigit():
+            asked = Checkpoint(sequence=sequence, sub_sequence=sub_sequence)
+            if asked.is_after(largest):
+                return largest
         return validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=largest)
 
     def _write(self, value: Checkpoint) -> None:
@@ -113,3 +121,14 @@ class LeaseCheckpointer:
 
     def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:
         return self.prepare_checkpoint(record.sequence_number, record.sub_sequence_number)
+
+    # awaitable forms, for async processors: the write runs on a thread, the event loop goes on
+
+    async def acheckpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
+        await asyncio.to_thread(self.checkpoint, sequence, sub_sequence)
+
+    async def acheckpoint_record(self, record: KinesisRecord) -> None:
+        await asyncio.to_thread(self.checkpoint_record, record)
+
+    async def aprepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
+        return await asyncio.to_thread(self.prepare_checkpoint, sequence, sub_sequence)

@@ -5,12 +5,48 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from worker_lib.core.backoff import Backoff
 from worker_lib.core.env import EnvSettings, env_int, env_optional_bool, env_str, parse_choice, setting
 from worker_lib.core.errors import ConfigError
+from worker_lib.core.imports import import_attr
+from worker_lib.core.models import KinesisRecord
+
+MAX_PARALLELISM = 256  # Lambda's ParallelizationFactor stops at 10; a Python lane is cheaper than an invocation
+PARTITION_KEY = "partition-key"
+EXPLICIT_HASH_KEY = "explicit-hash-key"
+
+LaneKeyFunction = Callable[[KinesisRecord], str]
+
+
+def _partition_key(record: KinesisRecord) -> str:
+    return record.partition_key
+
+
+def _explicit_hash_key(record: KinesisRecord) -> str:
+    return record.explicit_hash_key or record.partition_key
+
+
+def resolve_lane_key(value: str | LaneKeyFunction) -> LaneKeyFunction:
+    """``partition-key``, ``explicit-hash-key``, ``module:attr`` or a function, as the function it names."""
+    if callable(value):
+        return value
+    text = value.strip()
+    if text.lower() in ("", PARTITION_KEY):
+        return _partition_key
+    if text.lower() == EXPLICIT_HASH_KEY:
+        return _explicit_hash_key
+    if ":" not in text:
+        raise ConfigError(
+            f"invalid lane key {value!r}: expected {PARTITION_KEY}, {EXPLICIT_HASH_KEY} or a function module:attr"
+        )
+    function = import_attr(text, what="lane key", example="mypkg.keys:customer_of")
+    if not callable(function):
+        raise ConfigError(f"invalid lane key {value!r}: {text} is a {type(function).__name__}, not a function")
+    return cast(LaneKeyFunction, function)
 
 
 class FailureAction(enum.Enum):
@@ -167,17 +203,49 @@ class ConsumerConfig(EnvSettings):
       or the processor did not checkpoint SHARD_END (5000).
     error_backoff_ms: wait after an infrastructure error while reading (1000).
     deliver_empty_batches: call ``process_records`` for a read that returned no records too (KCL's
-      callProcessRecordsEvenForEmptyRecordList; False); ``SHARDLEASE_DELIVER_EMPTY_BATCHES``.
+      callProcessRecordsEvenForEmptyRecordList; False; with one lane only); ``SHARDLEASE_DELIVER_EMPTY_BATCHES``.
+
+    Lanes (docs/worker.md, "Parallelism: key-ordered lanes"):
+
+    parallelism: lanes per shard, 1–256 (1: one batch at a time, KCL's behaviour). With more, the records of a shard
+      are dealt to lanes by key, each lane delivers its records in order, and lanes run concurrently: records of one
+      key keep their order, records of different keys do not. ``SHARDLEASE_PARALLELISM``.
+    lane_key: what keeps records in one lane: ``partition-key`` (default; a KPL aggregate's user records by their
+      own keys), ``explicit-hash-key`` (its explicit hash key, else its partition key), or a function
+      ``key(record) -> str`` (``module:attr`` in the variable). ``SHARDLEASE_LANE_KEY``.
+    max_records_in_flight: records read but not yet done, per shard, before the reader waits (10 000): the memory
+      bound. ``SHARDLEASE_MAX_RECORDS_IN_FLIGHT``.
+    lane_checkpoint_interval_ms: with lanes the consumer checkpoints the watermark (every record before it done)
+      itself, at most this often (1 000), and at every stop, hand-off and shard end.
+      ``SHARDLEASE_LANE_CHECKPOINT_INTERVAL_MS``.
+    lane_drain_timeout_ms: at a stop, hand-off or lost lease, how long lanes in flight may finish before the
+      watermark is checkpointed and the lease moves (10 000). ``SHARDLEASE_LANE_DRAIN_TIMEOUT_MS``.
     """
 
     parent_poll_interval_ms: int = setting(10_000, "SHARDLEASE_PARENT_POLL_INTERVAL_MS")
     shard_end_retry_interval_ms: int = 5_000
     error_backoff_ms: int = 1_000
     deliver_empty_batches: bool = setting(False, "SHARDLEASE_DELIVER_EMPTY_BATCHES")
+    parallelism: int = setting(1, "SHARDLEASE_PARALLELISM")
+    lane_key: str | LaneKeyFunction = setting(PARTITION_KEY, "SHARDLEASE_LANE_KEY")  # noqa: RUF009 (a field specifier)
+    max_records_in_flight: int = setting(10_000, "SHARDLEASE_MAX_RECORDS_IN_FLIGHT")
+    lane_checkpoint_interval_ms: int = setting(1_000, "SHARDLEASE_LANE_CHECKPOINT_INTERVAL_MS")
+    lane_drain_timeout_ms: int = setting(10_000, "SHARDLEASE_LANE_DRAIN_TIMEOUT_MS")
 
     def __post_init__(self) -> None:
-        for name in ("parent_poll_interval_ms", "shard_end_retry_interval_ms"):
+        for name in ("parent_poll_interval_ms", "shard_end_retry_interval_ms", "max_records_in_flight"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.error_backoff_ms < 0:
             raise ConfigError("error_backoff_ms must not be negative")
+        if not 1 <= self.parallelism <= MAX_PARALLELISM:
+            raise ConfigError(f"parallelism={self.parallelism} must be within 1..{MAX_PARALLELISM}")
+        for name in ("lane_checkpoint_interval_ms", "lane_drain_timeout_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative")
+        object.__setattr__(self, "lane_key", resolve_lane_key(self.lane_key))
+
+    @property
+    def key_of(self) -> LaneKeyFunction:
+        """The lane key of a record (``lane_key`` resolved)."""
+        return cast(LaneKeyFunction, self.lane_key)

@@ -22,6 +22,7 @@ on the lease counter. The processor is told ``shutdown_requested`` or ``lease_lo
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import threading
@@ -39,11 +40,13 @@ from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.config import ConsumerConfig
 from worker_lib.processing.delivery import Deliveries, DeliveryContext, FailureHandling, ShardMark
 from worker_lib.processing.failures import Delivered, FailureStats, one_line
+from worker_lib.processing.lanes import LaneLoop, LaneResult, Lanes, is_async_processor
 from worker_lib.processing.lifecycle import ProcessorLifecycle, ShardIdentity
 from worker_lib.processing.processor import KinesisRecord, ProcessorFailedError, RecordProcessor, ShutdownError
 from worker_lib.retrieval import RecordBatch, RecordSource, RecordSources
 from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
+from worker_lib.telemetry.names import WorkerMetric
 
 __all__ = ["ConsumerOutcome", "ConsumerState", "FailureHandling", "ShardConsumer"]
 
@@ -110,17 +113,25 @@ class ShardConsumer:
         on_records: RecordsSink | None = None,
         sources: RecordSources | None = None,
         failures: FailureHandling | None = None,
+        lane_loop: LaneLoop | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.lease_key = lease_key
         self.stream = stream
         stream_identifier, self.shard_id = split_lease_key(lease_key)
         shard = ShardIdentity(lease_key=lease_key, stream=stream, shard_id=self.shard_id)
-        self._lifecycle = ProcessorLifecycle(processor, shard, stream_identifier)
+        self._config = config or ConsumerConfig()
+        # Lanes (processing/lanes.py) with parallelism > 1, and for an async processor (its lanes are event-loop
+        # tasks; with parallelism 1, one lane: one batch at a time, as without lanes).
+        self._async = is_async_processor(processor)
+        self._own_loop = lane_loop is None and self._async
+        self._loop = (LaneLoop(f"lanes-{lease_key}") if self._own_loop else lane_loop) if self._async else None
+        self._laned = self._async or self._config.parallelism > 1
+        run_coroutine = self._loop.run if self._loop is not None else asyncio.run
+        self._lifecycle = ProcessorLifecycle(processor, shard, stream_identifier, run_coroutine=run_coroutine)
         self._holder = holder
         self._store = store
         self._list_shards = list_shards
-        self._config = config or ConsumerConfig()
         self._sources = sources or RecordSources(
             retrieval or RetrievalConfig(), kinesis_client=kinesis_client, clock=clock
         )
@@ -157,6 +168,10 @@ class ShardConsumer:
         self._parents = ParentsEnded(store)
         self._checkpointer: LeaseCheckpointer | None = None  # from INITIALIZING on
         self._source: RecordSource | None = None  # from INITIALIZING on
+        self._lanes: Lanes | None = None  # from INITIALIZING on, with lanes
+        self._lanes_settled = False
+        self._read_to_end = False  # with lanes: the shard's last batch was dealt
+        self._next_watermark_write = 0.0
         self._children: tuple[str, ...] = ()  # at SHARD_END: the shard's children
         self.records_delivered = 0
         self.bytes_delivered = 0
@@ -170,6 +185,18 @@ class ShardConsumer:
     def request_stop(self) -> None:
         """Worker shutdown: finish the batch in flight, let the processor checkpoint, give the lease up."""
         self._stop.set()
+        if self._lanes is not None:
+            self._lanes.wake()
+
+    @property
+    def records_in_flight(self) -> int:
+        """Records read and not yet done (with lanes; one lane: none between batches)."""
+        return 0 if self._lanes is None else self._lanes.watermark.in_flight
+
+    @property
+    def watermark_lag_ms(self) -> int:
+        """How long the first record not yet done has waited (with lanes; 0 without)."""
+        return 0 if self._lanes is None else int(self._lanes.watermark.lag_s() * 1000)
 
     # --- the machine ----------------------------------------------------------------------------------------
 
@@ -186,6 +213,10 @@ class ShardConsumer:
                     self.state = step
             return outcome
         finally:
+            if self._lanes is not None:
+                self._lanes.shutdown()
+            if self._own_loop and self._loop is not None:
+                self._loop.close()
             if self._source is not None:
                 self._source.close()
             if self._on_bytes is not None:
@@ -238,9 +269,19 @@ class ShardConsumer:
     def _initialize(self) -> Step:
         lease = self._lease
         assert lease is not None
-        self._checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint)
+        checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint, watermark=self._laned)
+        self._checkpointer = checkpointer
         timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
         self._source = self._sources.open(self.stream, lease.shard_id, start=lease.checkpoint, timestamp=timestamp)
+        if self._laned:
+            self._lanes = Lanes(
+                parallelism=self._config.parallelism,
+                key_of=self._config.key_of,
+                context=self._deliveries.context,
+                written=lambda: checkpointer.last_checkpoint,
+                loop=self._loop,
+                clock=self._clock,
+            )
         try:
             self._lifecycle.initialize(lease)
         except ProcessorFailedError as exc:
@@ -249,12 +290,31 @@ class ShardConsumer:
 
     def _process(self) -> Step:
         """One read, and the delivery of what it returned."""
+        if self._lanes is not None:
+            return self._process_in_lanes(self._lanes)
         source, checkpointer = self._source, self._checkpointer
         assert source is not None and checkpointer is not None
         delay = source.seconds_until_next_call()
         if delay > 0:  # wait here, where the guard runs after it, not inside fetch()
             self._pause.wait(delay)
             return ConsumerState.PROCESSING
+        batch = self._read(source)
+        if not isinstance(batch, RecordBatch):
+            return batch
+        if batch.records or (self._config.deliver_empty_batches and not batch.end_of_shard):
+            checkpointer.largest_permitted = source.last_delivered
+            step = self._deliver(batch, checkpointer)
+            if step is not None:
+                return step
+        elif batch.millis_behind_latest is not None:
+            self.millis_behind_latest = batch.millis_behind_latest
+        if batch.end_of_shard:
+            self._children = tuple(batch.child_shards)
+            return ConsumerState.SHARD_END
+        return ConsumerState.PROCESSING
+
+    def _read(self, source: RecordSource) -> RecordBatch | Step:
+        """One read; where a failed read leads, or where the guard leads once it returned."""
         try:
             batch = source.fetch()
         except StreamMissingError as exc:
@@ -269,20 +329,113 @@ class ShardConsumer:
             return self._read_failed(exc)
         # Never deliver what we may no longer own; a batch read as a stop or a hand-off arrived is left to the next
         # owner, who reads it from the checkpoint.
-        interrupted = self._guard()
-        if interrupted is not None:
-            return interrupted
-        if batch.records or (self._config.deliver_empty_batches and not batch.end_of_shard):
-            checkpointer.largest_permitted = source.last_delivered
-            step = self._deliver(batch, checkpointer)
-            if step is not None:
-                return step
+        return self._guard() or batch
+
+    def _process_in_lanes(self, lanes: Lanes) -> Step:
+        """One step with lanes: take in what lanes finished, checkpoint the watermark when due, read one batch and
+        deal it (unless the shard was read to its end or too many records are in flight), or wait for lanes."""
+        source = self._source
+        assert source is not None
+        step = self._take_lane_results(lanes) or self._write_watermark(lanes, due_only=True)
+        if step is not None:
+            return step
+        tick = max(0.01, min(0.5, self._next_watermark_write - self._clock.monotonic()))
+        if self._read_to_end:
+            if lanes.watermark.in_flight:
+                lanes.wait_for_progress(tick)
+                return ConsumerState.PROCESSING
+            return self._write_watermark(lanes, due_only=False) or ConsumerState.SHARD_END
+        if lanes.watermark.in_flight >= self._config.max_records_in_flight:
+            lanes.wait_for_progress(tick)  # backpressure: the reader waits for lanes to catch up
+            return ConsumerState.PROCESSING
+        delay = source.seconds_until_next_call()
+        if delay > 0:
+            lanes.wait_for_progress(min(delay, tick))
+            return ConsumerState.PROCESSING
+        batch = self._read(source)
+        if not isinstance(batch, RecordBatch):
+            return batch
+        if batch.records:
+            lanes.deal(batch)
         elif batch.millis_behind_latest is not None:
             self.millis_behind_latest = batch.millis_behind_latest
         if batch.end_of_shard:
             self._children = tuple(batch.child_shards)
-            return ConsumerState.SHARD_END
+            self._read_to_end = True
+        metrics = self._deliveries.context.failures.metrics
+        metrics.add(WorkerMetric.RECORDS_IN_FLIGHT, lanes.watermark.in_flight, aggregation="max")
+        metrics.add(WorkerMetric.WATERMARK_LAG, self.watermark_lag_ms, unit="Milliseconds", aggregation="max")
         return ConsumerState.PROCESSING
+
+    def _take_lane_results(self, lanes: Lanes) -> Step | None:
+        """Count what lanes finished; where a lane that ended otherwise than done leads (None: read on)."""
+        step: Step | None = None
+        for result in lanes.results():
+            self._deliveries.count(result.stats)
+            if result.delivered is Delivered.DONE:
+                self._delivered(result.batch, result.records)
+            elif step is None:
+                step = self._lane_ended(result)
+        return step
+
+    def _lane_ended(self, result: LaneResult) -> Step | None:
+        """A lane's delivery ended otherwise than done: the lease goes as the policy (or the error) says."""
+        error = result.error
+        if result.delivered is Delivered.INTERRUPTED:
+            return None  # only once the consumer closed its lanes: it is leaving already
+        if isinstance(error, ShutdownError):
+            return ConsumerState.LEASE_LOST
+        self._settle_lanes(write=True)
+        if result.delivered is Delivered.STOP_SHARD and result.delivery is not None:
+            self._deliveries.stop_shard(result.delivery)
+            return ConsumerOutcome.STOPPED
+        if isinstance(error, ProcessorFailedError):
+            return self._processor_failed(error)
+        if error is not None:
+            log.error("a lane of %s failed: %s", self.lease_key, one_line(error))
+        self._holder.evict(self.lease_key)
+        return ConsumerOutcome.GAVE_UP
+
+    def _write_watermark(self, lanes: Lanes, *, due_only: bool) -> Step | None:
+        """Checkpoint the watermark if it moved (and, with ``due_only``, the interval has passed)."""
+        checkpointer = self._checkpointer
+        assert checkpointer is not None
+        position = lanes.watermark.position
+        if position is None or checkpointer.largest_permitted == SHARD_END:
+            return None
+        checkpointer.largest_permitted = position  # also what the processor's own checkpoint() records
+        now = self._clock.monotonic()
+        if position == checkpointer.last_checkpoint or (due_only and now < self._next_watermark_write):
+            return None
+        self._next_watermark_write = now + self._config.lane_checkpoint_interval_ms / 1000
+        try:
+            checkpointer.checkpoint()
+        except ShutdownError:
+            return ConsumerState.LEASE_LOST
+        except DependencyError as exc:
+            log.warning("checkpointing the watermark of %s failed: %s", self.lease_key, exc)
+        return None
+
+    def _settle_lanes(self, *, write: bool) -> None:
+        """Before the lease moves: start no new delivery, let those in flight end (within the drain timeout), take
+        in what they did and (``write``) checkpoint the watermark."""
+        lanes = self._lanes
+        if lanes is None or self._lanes_settled:
+            return
+        self._lanes_settled = True
+        lanes.close()
+        if not lanes.drain(self._config.lane_drain_timeout_ms / 1000):
+            log.warning(
+                "lanes of %s still delivering after %d ms: the lease moves from the watermark",
+                self.lease_key,
+                self._config.lane_drain_timeout_ms,
+            )
+        for result in lanes.results():
+            self._deliveries.count(result.stats)
+            if result.delivered is Delivered.DONE:
+                self._delivered(result.batch, result.records)
+        if write:
+            self._write_watermark(lanes, due_only=False)
 
     def _read_failed(self, exc: Exception) -> Step:
         log.warning("reading %s failed: %s", self.lease_key, exc)
@@ -306,15 +459,19 @@ class ShardConsumer:
             return ConsumerOutcome.GAVE_UP
         if delivered is Delivered.STOP_SHARD:
             return ConsumerOutcome.STOPPED  # the lease was given up marked stopped
-        size = batch.data_bytes
-        self.records_delivered += len(batch.records)
+        self._delivered(batch, batch.records)
+        return None
+
+    def _delivered(self, batch: RecordBatch, records: Sequence[KinesisRecord]) -> None:
+        """``records`` (of ``batch``) were delivered: count them."""
+        size = sum(len(r.data) for r in records)
+        self.records_delivered += len(records)
         self.bytes_delivered += size
         self.millis_behind_latest = batch.millis_behind_latest
         if self._on_bytes is not None:
             self._on_bytes(self.lease_key, size)
         if self._on_records is not None:
-            self._on_records(self.lease_key, batch.records, batch.millis_behind_latest)
-        return None
+            self._on_records(self.lease_key, records, batch.millis_behind_latest)
 
     def _end_shard(self) -> Step:
         """One attempt at the shard's end: child leases, childShardIds, ``shard_ended`` (which must checkpoint
@@ -356,6 +513,7 @@ class ShardConsumer:
     # --- ending states --------------------------------------------------------------------------------------
 
     def _shut_down(self) -> Step:
+        self._settle_lanes(write=True)
         self._lifecycle.shutdown_requested(self._checkpointer)
         self._close_source()
         self._holder.evict(self.lease_key)
@@ -363,6 +521,7 @@ class ShardConsumer:
         return ConsumerOutcome.SHUTDOWN
 
     def _hand_off(self) -> Step:
+        self._settle_lanes(write=True)
         self._lifecycle.shutdown_requested(self._checkpointer)
         self._close_source()
         self._holder.complete_handoff(self.lease_key)
@@ -370,11 +529,14 @@ class ShardConsumer:
 
     def _lose_lease(self) -> Step:
         log.info("lease lost lease=%s: stopping processing", self.lease_key)
+        self._settle_lanes(write=False)  # the processor hears of the loss once no lane delivers any more
         self._lifecycle.lease_lost()
         return ConsumerOutcome.LOST
 
     def _processor_failed(self, exc: ProcessorFailedError) -> ConsumerOutcome:
-        """The processor can do nothing more: no retry, no checkpoint; the lease goes back to the leader at once."""
+        """The processor can do nothing more: no retry, no checkpoint (but the watermark's); the lease goes back to
+        the leader at once."""
+        self._settle_lanes(write=True)
         log.error(
             "%s; lease %s given up without checkpointing: it resumes from checkpoint %s",
             exc,

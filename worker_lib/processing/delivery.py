@@ -14,11 +14,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Protocol
 
 from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.clock import Clock
 from worker_lib.core.errors import ConfigError, DependencyError
-from worker_lib.core.models import ShardBlock
+from worker_lib.core.models import Checkpoint, ShardBlock
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.config import FailureConfig
@@ -34,9 +35,11 @@ from worker_lib.processing.failures import (
 )
 from worker_lib.processing.lifecycle import ProcessorLifecycle
 from worker_lib.processing.processor import (
+    Checkpointer,
     KinesisRecord,
     ProcessorFailedError,
     ProcessRecordsInput,
+    RecordProcessor,
     ShutdownError,
 )
 from worker_lib.retrieval import RecordBatch
@@ -126,10 +129,16 @@ class DeliveryContext:
     wait: Wait
 
 
+class BatchCheckpointer(Checkpointer, Protocol):
+    """The checkpointer a delivery hands the processor: the lease's (one lane), or a lane's."""
+
+    largest_permitted: Checkpoint | None  # what a checkpoint without arguments records
+
+
 class DeliveryPorts:
     """One batch's I/O for the failure policy (:class:`~worker_lib.processing.failures.BatchPorts`)."""
 
-    def __init__(self, context: DeliveryContext, *, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> None:
+    def __init__(self, context: DeliveryContext, *, batch: RecordBatch, checkpointer: BatchCheckpointer) -> None:
         self._context = context
         self._shard = context.lifecycle.shard
         self._clock = context.clock
@@ -137,29 +146,44 @@ class DeliveryPorts:
         self._checkpointer = checkpointer
         self._attempt = 0
 
+    @property
+    def processor(self) -> RecordProcessor:
+        return self._context.lifecycle.processor
+
     def process(self, records: Sequence[KinesisRecord], *, at_shard_end: bool) -> Failure | None:
+        given = self.input_for(records, at_shard_end=at_shard_end)
+        try:
+            result = self._context.lifecycle.processor.process_records(given)
+        except (ShutdownError, ProcessorFailedError):
+            raise
+        except Exception as exc:
+            return self.judge(records, error=exc)
+        return self.judge(records, result=result)
+
+    def input_for(self, records: Sequence[KinesisRecord], *, at_shard_end: bool) -> ProcessRecordsInput:
+        """What ``process_records`` is given for ``records``; counts the delivery."""
         batch = self._batch
         now = datetime.fromtimestamp(self._clock.wall(), timezone.utc)
         entry = now if batch.received_at is None else datetime.fromtimestamp(batch.received_at, timezone.utc)
         if records:  # a checkpoint without arguments means "this sub-batch's last record"
             self._checkpointer.largest_permitted = records[-1].checkpoint
         self._attempt += 1
-        try:
-            result = self._context.lifecycle.processor.process_records(
-                ProcessRecordsInput(
-                    shard_id=self._shard.shard_id,
-                    records=records,
-                    checkpointer=self._checkpointer,
-                    millis_behind_latest=batch.millis_behind_latest,
-                    cache_entry_time=entry,
-                    cache_exit_time=now,
-                    is_at_shard_end=at_shard_end,
-                )
-            )
-        except (ShutdownError, ProcessorFailedError):
-            raise
-        except Exception as exc:
-            failure = failure_from_exception(exc, records)
+        return ProcessRecordsInput(
+            shard_id=self._shard.shard_id,
+            records=records,
+            checkpointer=self._checkpointer,
+            millis_behind_latest=batch.millis_behind_latest,
+            cache_entry_time=entry,
+            cache_exit_time=now,
+            is_at_shard_end=at_shard_end,
+        )
+
+    def judge(
+        self, records: Sequence[KinesisRecord], *, result: object = None, error: Exception | None = None
+    ) -> Failure | None:
+        """How ``process_records`` ended on ``records`` (what it returned, or raised) as the policy sees it."""
+        if error is not None:
+            failure = failure_from_exception(error, records)
         else:
             found = failure_from_result(result, records)
             if found is None:
@@ -249,6 +273,7 @@ class Deliveries:
 
     def __init__(self, context: DeliveryContext) -> None:
         self._context = context
+        self.context = context  # what lanes deliver with, their own wait in place
         self._shard = context.lifecycle.shard
         self._failures = context.failures
         self.stats = FailureStats()  # summed over the lease's batches
@@ -269,12 +294,13 @@ class Deliveries:
         except Interrupted:
             delivered = Delivered.INTERRUPTED
         finally:
-            self._count(delivery.stats)
+            self.count(delivery.stats)
         if delivered is Delivered.STOP_SHARD:
-            self._stop_shard(delivery)
+            self.stop_shard(delivery)
         return delivered
 
-    def _stop_shard(self, delivery: BatchDelivery) -> None:
+    def stop_shard(self, delivery: BatchDelivery) -> None:
+        """The policy stopped the shard at ``delivery.stopped_at``: tell the processor, give the lease up marked."""
         at, failure = delivery.stopped_at, delivery.last_failure
         assert at is not None and failure is not None
         self._context.lifecycle.lease_lost()
@@ -291,7 +317,7 @@ class Deliveries:
             self._shard.lease_key,
         )
 
-    def _count(self, stats: FailureStats) -> None:
+    def count(self, stats: FailureStats) -> None:
         """Add one delivery's counts to the lease's and publish them (nothing to do for a clean batch)."""
         if not stats:
             return

@@ -29,10 +29,10 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 from worker_lib.core.errors import ShardleaseError
 from worker_lib.core.models import KinesisRecord
@@ -148,12 +148,47 @@ class BatchPorts(Protocol):
         ...
 
 
+class AsyncBatchPorts(Protocol):
+    """:class:`BatchPorts` with awaitable methods (a lane of an async processor)."""
+
+    async def process(self, records: Sequence[KinesisRecord], *, at_shard_end: bool) -> Failure | None: ...
+
+    async def checkpoint(self, record: KinesisRecord) -> None: ...
+
+    async def record(
+        self, records: Sequence[KinesisRecord], *, condition: str, attempts: int, error: Failure | None
+    ) -> None: ...
+
+    async def wait(self, seconds: float) -> bool: ...
+
+    async def blocked(self, records: Sequence[KinesisRecord], *, attempts: int, failure: Failure | None) -> None: ...
+
+
+class PortCall(NamedTuple):
+    """One call the policy makes on its ports: a :class:`BatchPorts` method's name and its arguments."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = {}
+
+
+def _call(name: str, *args: Any, **kwargs: Any) -> PortCall:
+    return PortCall(name, args, kwargs)
+
+
+Steps = Generator[PortCall, Any, Delivered]  # the policy's calls on its ports, each answered with the call's result
+
+
 @dataclass
 class BatchDelivery:
-    """Delivers one batch under the failure policy; see the module documentation."""
+    """Delivers one batch under the failure policy; see the module documentation.
+
+    The rules are one generator (:meth:`steps`) of calls on the ports; :meth:`run` answers them with ``ports``
+    (the consumer's thread), :meth:`run_async` with awaitable ports (a lane of an async processor), so a thread and a
+    coroutine follow the same rules."""
 
     config: FailureConfig
-    ports: BatchPorts
+    ports: BatchPorts | None
     lease_key: str
     now: float  # wall-clock seconds at delivery, for the record-age rule
     stats: FailureStats = field(default_factory=FailureStats)
@@ -161,26 +196,51 @@ class BatchDelivery:
     last_failure: Failure | None = None
 
     def run(self, records: Sequence[KinesisRecord], *, at_shard_end: bool = False) -> Delivered:
+        """The rules on ``records``, through ``ports``; what a port raises propagates."""
+        ports = self.ports
+        assert ports is not None, "run() needs ports; run_async() takes its own"
+        steps = self.steps(records, at_shard_end=at_shard_end)
+        result: Any = None
+        while True:
+            try:
+                call = steps.send(result)
+            except StopIteration as done:
+                return cast(Delivered, done.value)
+            result = getattr(ports, call.name)(*call.args, **call.kwargs)
+
+    async def run_async(self, records: Sequence[KinesisRecord], ports: AsyncBatchPorts) -> Delivered:
+        """:meth:`run`, with every port call awaited."""
+        steps = self.steps(records)
+        result: Any = None
+        while True:
+            try:
+                call = steps.send(result)
+            except StopIteration as done:
+                return cast(Delivered, done.value)
+            result = await getattr(ports, call.name)(*call.args, **call.kwargs)
+
+    def steps(self, records: Sequence[KinesisRecord], *, at_shard_end: bool = False) -> Steps:
+        """The policy's calls for ``records``; its value is how the delivery ended."""
         pending: deque[Sequence[KinesisRecord]] = deque([records]) if records else deque()
         blocked = False
         while pending:
-            sub = self._expire(pending.popleft())
+            sub = yield from self._expire(pending.popleft())
             if not sub:
                 continue
             attempts = 0
             while True:
-                failure = self.ports.process(sub, at_shard_end=at_shard_end and not pending)
+                failure = yield _call("process", sub, at_shard_end=at_shard_end and not pending)
                 if failure is None:
                     break
                 self.stats.failures += 1
                 self.last_failure = failure
                 if failure.first_failed > 0:  # a partial result: what came before it is done
-                    self.ports.checkpoint(sub[failure.first_failed - 1])
+                    yield _call("checkpoint", sub[failure.first_failed - 1])
                     sub = sub[failure.first_failed :]
                 attempts += 1
                 if not blocked:
                     blocked = True
-                    self.ports.blocked(sub, attempts=attempts, failure=failure)
+                    yield _call("blocked", sub, attempts=attempts, failure=failure)
                 if self.config.bisects and len(sub) > 1:
                     # A named record is the culprit: isolate it; otherwise halve. No backoff, no attempt used.
                     named = failure.first_failed > 0 or isinstance(failure.error, PartialBatchFailure)
@@ -191,21 +251,21 @@ class BatchDelivery:
                     attempts = 0
                     continue
                 if attempts >= self.config.max_attempts:
-                    outcome = self._exhausted(sub, attempts, failure)
+                    outcome = yield from self._exhausted(sub, attempts, failure)
                     if outcome is not None:
                         return outcome  # the shard stays marked: the next owner, status and the leader see it
                     break
-                if not self.ports.wait(self.config.retry_backoff_s(attempts)):
+                if not (yield _call("wait", self.config.retry_backoff_s(attempts))):
                     return Delivered.INTERRUPTED
                 self.stats.retries += 1
-                sub = self._expire(sub)
+                sub = yield from self._expire(sub)
                 if not sub:
                     break
         # Through: remove the mark (ours, or one a previous owner left while the shard was failing).
-        self.ports.blocked((), attempts=0, failure=None)
+        yield _call("blocked", (), attempts=0, failure=None)
         return Delivered.DONE
 
-    def _expire(self, sub: Sequence[KinesisRecord]) -> Sequence[KinesisRecord]:
+    def _expire(self, sub: Sequence[KinesisRecord]) -> Generator[PortCall, Any, Sequence[KinesisRecord]]:
         """Send the leading records older than the maximum age to the destination; the rest."""
         limit = self.config.max_record_age_s
         if not limit or not sub:
@@ -225,21 +285,23 @@ class BatchDelivery:
             self.lease_key,
             limit,
         )
-        self.ports.record(sub[:old], condition=RECORD_AGE_EXCEEDED, attempts=0, error=None)
+        yield _call("record", sub[:old], condition=RECORD_AGE_EXCEEDED, attempts=0, error=None)
         self.stats.expired += old
-        self.ports.checkpoint(sub[old - 1])
+        yield _call("checkpoint", sub[old - 1])
         return sub[old:]
 
-    def _exhausted(self, sub: Sequence[KinesisRecord], attempts: int, failure: Failure) -> Delivered | None:
+    def _exhausted(
+        self, sub: Sequence[KinesisRecord], attempts: int, failure: Failure
+    ) -> Generator[PortCall, Any, Delivered | None]:
         """Attempts spent on ``sub``: the policy's action. None to go on with the next records."""
         action = self.config.on_failure
         where = f"{self.lease_key} records {sub[0].checkpoint}..{sub[-1].checkpoint} ({len(sub)})"
         error = one_line(failure.error)
         if action is FailureAction.SKIP_AND_RECORD:
             log.error("%s failed %d times (%s): sent to the failure destination, shard goes on", where, attempts, error)
-            self.ports.record(sub, condition=RETRIES_EXHAUSTED, attempts=attempts, error=failure)
+            yield _call("record", sub, condition=RETRIES_EXHAUSTED, attempts=attempts, error=failure)
             self.stats.recorded += len(sub)
-            self.ports.checkpoint(sub[-1])
+            yield _call("checkpoint", sub[-1])
             return None
         if action is FailureAction.SKIP:
             log.error("%s failed %d times (%s): skipped (policy skip, not recorded)", where, attempts, error)
@@ -248,7 +310,7 @@ class BatchDelivery:
         if action is FailureAction.STOP_SHARD:  # the consumer logs the one line, once the lease is marked
             self.stopped_at = sub[0]
             self.stats.stopped += 1
-            self.ports.blocked(sub, attempts=attempts, failure=failure)
+            yield _call("blocked", sub, attempts=attempts, failure=failure)
             return Delivered.STOP_SHARD
         log.error(
             "%s failed %d times (%s): lease given up without checkpointing (policy retry); the batch is read "

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeAlias, cast, runtime_checkable
@@ -36,6 +36,9 @@ from worker_lib.core.models import Checkpoint, KinesisRecord
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "AsyncCheckpointer",
+    "AsyncFunctionProcessor",
+    "AsyncHandleFunction",
     "CheckpointError",
     "Checkpointer",
     "FunctionProcessor",
@@ -134,6 +137,15 @@ class Checkpointer(Protocol):
     def last_checkpoint(self) -> Checkpoint | None:
         """The last checkpoint this lease has (from the table at start, then every successful write)."""
         ...
+
+
+@runtime_checkable
+class AsyncCheckpointer(Checkpointer, Protocol):
+    """A :class:`Checkpointer` an async processor can await: the same rules, without blocking the event loop."""
+
+    async def acheckpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None: ...
+
+    async def acheckpoint_record(self, record: KinesisRecord) -> None: ...
 
 
 def validate_checkpoint_value(
@@ -237,7 +249,9 @@ class ShutdownRequestedInput:
 class RecordProcessor(Protocol):
     """What a record processor implements (KCL's ``ShardRecordProcessor``)."""
 
-    def initialize(self, input: InitializationInput) -> None: ...
+    def initialize(self, input: InitializationInput) -> object:
+        """Returns None (or, in an async processor, is a coroutine: any of these methods may be)."""
+        ...
 
     def process_records(self, input: ProcessRecordsInput) -> object:
         """Process one batch. Return None, or — a partial batch result — raise
@@ -246,15 +260,16 @@ class RecordProcessor(Protocol):
         checkpointed and the rest is retried under the failure policy (docs/failures.md)."""
         ...
 
-    def lease_lost(self, input: LeaseLostInput) -> None: ...
+    def lease_lost(self, input: LeaseLostInput) -> object: ...
 
-    def shard_ended(self, input: ShardEndedInput) -> None: ...
+    def shard_ended(self, input: ShardEndedInput) -> object: ...
 
-    def shutdown_requested(self, input: ShutdownRequestedInput) -> None: ...
+    def shutdown_requested(self, input: ShutdownRequestedInput) -> object: ...
 
 
 ProcessorFactory: TypeAlias = Callable[[], RecordProcessor]
 HandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Checkpointer], object]
+AsyncHandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Checkpointer], Awaitable[object]]
 
 _PROCESSOR_METHODS = ("initialize", "process_records", "lease_lost", "shard_ended", "shutdown_requested")
 
@@ -291,12 +306,15 @@ class FunctionProcessor:
     def process_records(self, input: ProcessRecordsInput) -> object:
         if not input.records:
             return None
-        result = self.handle(input.records, input.checkpointer)
+        return self._handled(input, self.handle(input.records, input.checkpointer))
+
+    def _handled(self, input: ProcessRecordsInput, result: object) -> object:
         if isinstance(result, Mapping) and result.get("batchItemFailures"):
             return result  # a partial batch result: the consumer checkpoints what came before the failure
-        self._done = input.records[-1]
+        done = input.records[-1]  # (this batch's: with lanes, another lane may have set _done meanwhile)
+        self._done = done
         if self.checkpoint_every_batch:
-            self._checkpoint_done(input.checkpointer)
+            self._checkpoint(input.checkpointer, done)
         return None
 
     def lease_lost(self, input: LeaseLostInput) -> None:
@@ -309,14 +327,35 @@ class FunctionProcessor:
         self._checkpoint_done(input.checkpointer)
 
     def _checkpoint_done(self, checkpointer: Checkpointer) -> None:
-        done = self._done
-        if done is None or done is self._checkpointed:
+        if self._done is not None:
+            self._checkpoint(checkpointer, self._done)
+
+    def _checkpoint(self, checkpointer: Checkpointer, done: KinesisRecord) -> None:
+        if done is self._checkpointed:
             return
         last = checkpointer.last_checkpoint
         if last is not None and not last.is_sentinel and not done.checkpoint.is_after(last):
             return  # the function already checkpointed this far (or further)
         checkpointer.checkpoint_record(done)
         self._checkpointed = done
+
+
+class AsyncFunctionProcessor(FunctionProcessor):
+    """:class:`FunctionProcessor` for a coroutine function ``async def handle(records, checkpointer)``: it runs on
+    the worker's event loop, its lanes as tasks (docs/worker.md, "Async processors"); the checkpointer's awaitable
+    methods (``await checkpointer.acheckpoint()``) never block the loop."""
+
+    def __init__(self, handle: AsyncHandleFunction, *, checkpoint_every_batch: bool = False) -> None:
+        super().__init__(cast(HandleFunction, handle), checkpoint_every_batch=checkpoint_every_batch)
+        self.async_handle = handle
+
+    def __repr__(self) -> str:
+        return f"AsyncFunctionProcessor({_qualname(self.handle)})"
+
+    async def process_records(self, input: ProcessRecordsInput) -> object:
+        if not input.records:
+            return None
+        return self._handled(input, await self.async_handle(input.records, input.checkpointer))
 
 
 # --- loading a processor from "module:attr" ------------------------------------------------------------------
@@ -353,8 +392,7 @@ def load_processor(spec: str) -> ProcessorFactory:
     if _accepts(target, 0):
         return _CheckedFactory(target, spec)
     if _accepts(target, 2):
-        handle: HandleFunction = target
-        return _FunctionProcessorFactory(handle)
+        return _FunctionProcessorFactory(target)
     raise ConfigError(
         f"invalid processor {spec!r}: {attr_path} takes neither no arguments (a factory) nor "
         "(records, checkpointer) (a handle function)"
@@ -383,13 +421,15 @@ class _CheckedFactory:
 
 
 class _FunctionProcessorFactory:
-    def __init__(self, handle: HandleFunction) -> None:
+    def __init__(self, handle: Callable[..., object]) -> None:
         self.handle = handle
 
     def __repr__(self) -> str:
         return f"function {_qualname(self.handle)}"
 
     def __call__(self) -> RecordProcessor:
+        if inspect.iscoroutinefunction(self.handle):
+            return AsyncFunctionProcessor(self.handle)
         return FunctionProcessor(self.handle)
 
 

@@ -69,6 +69,9 @@ class WorkerMetric:
     CHECKPOINT_FAILURES: Final = "CheckpointFailures"  # Count (worker)
     LEASES_LOST: Final = "LeasesLost"  # Count: leases taken away or expired under the worker (worker)
     MILLIS_BEHIND_LATEST: Final = "MillisBehindLatest"  # Milliseconds, maximum over the worker's shards (worker)
+    # Lanes (parallelism > 1 or an async processor; docs/worker.md), maximum over the worker's shards:
+    RECORDS_IN_FLIGHT: Final = "RecordsInFlight"  # Count: records read and not yet done on a shard
+    WATERMARK_LAG: Final = "WatermarkLag"  # Milliseconds: how long a shard's first record not yet done has waited
     # The failure policy (docs/failures.md), per worker:
     PROCESSOR_FAILURES: Final = "ProcessorFailures"  # Count: deliveries that raised or reported a failed record
     BATCH_RETRIES: Final = "BatchRetries"  # Count: deliveries again after a backoff
