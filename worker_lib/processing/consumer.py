@@ -339,7 +339,10 @@ class ShardConsumer:
         step = self._take_lane_results(lanes) or self._write_watermark(lanes, due_only=True)
         if step is not None:
             return step
-        tick = max(0.01, min(0.5, self._next_watermark_write - self._clock.monotonic()))
+        # wake for the next watermark write when one is due, else twice a second (lanes finishing wake it anyway)
+        position, written = lanes.watermark.position, self._checkpointer.last_checkpoint if self._checkpointer else None
+        due_in = self._next_watermark_write - self._clock.monotonic() if position not in (None, written) else 0.5
+        tick = max(0.01, min(0.5, due_in))
         if self._read_to_end:
             if lanes.watermark.in_flight:
                 lanes.wait_for_progress(tick)

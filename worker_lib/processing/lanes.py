@@ -29,7 +29,7 @@ from typing import Any
 from worker_lib.core.clock import Clock, wait_for
 from worker_lib.core.models import Checkpoint, KinesisRecord
 from worker_lib.processing.config import LaneKeyFunction
-from worker_lib.processing.delivery import DeliveryContext, DeliveryPorts, ShardMark
+from worker_lib.processing.delivery import DeliveryContext, DeliveryPorts, Interrupted, ShardMark
 from worker_lib.processing.failures import BatchDelivery, Delivered, Failure, FailureStats
 from worker_lib.processing.processor import (
     InvalidCheckpointError,
@@ -282,9 +282,12 @@ class LaneLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self._name} is closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
@@ -301,6 +304,7 @@ class LaneLoop:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -436,13 +440,14 @@ class Lanes:
     # --- the lanes' side -------------------------------------------------------------------------------------
 
     def _start(self, lane: _Lane) -> None:
-        if self._loop is not None:
-            self._loop.submit(self._run_async(lane))
-        else:
-            assert self._pool is not None
-            try:
+        try:
+            if self._loop is not None:
+                self._loop.submit(self._run_async(lane))
+            else:
+                assert self._pool is not None
                 self._pool.submit(self._run(lane))
-            except RuntimeError:  # the pool was shut down: the consumer has ended
+        except RuntimeError:  # the pool or the loop was shut down: the consumer has ended
+            with self._lock:
                 lane.running = False
 
     def _take(self, lane: _Lane) -> tuple[tuple[tuple[int, KinesisRecord], ...], RecordBatch] | None:
@@ -486,6 +491,8 @@ class Lanes:
                 try:
                     delivered: Delivered | None = delivery.run(records)
                     error: BaseException | None = None
+                except Interrupted:  # a destination's retries were cut short: the consumer is leaving
+                    delivered, error = Delivered.INTERRUPTED, None
                 except Exception as exc:
                     delivered, error = None, exc
                 self._report(lane, LaneResult(lane.index, records, batch, delivered, delivery.stats, delivery, error))
@@ -502,6 +509,8 @@ class Lanes:
                     records, AsyncLanePorts(ports, closing=self.closing, clock=self._clock)
                 )
                 error: BaseException | None = None
+            except Interrupted:
+                delivered, error = Delivered.INTERRUPTED, None
             except Exception as exc:
                 delivered, error = None, exc
             self._report(lane, LaneResult(lane.index, records, batch, delivered, delivery.stats, delivery, error))

@@ -161,6 +161,9 @@ class WorkerConfig:
       "embedded"``), each from its ``from_env()`` as the Lambda reads them; it also takes ``lease`` (lease
       duration, liveness mode, hand-off timeout) and ``table_layout`` from here. Left out, ``assignment`` judges
       the workers' reports by this worker's ``worker_metrics.report_interval_ms``.
+    parallelism: short for ``consumer``'s lanes per shard (1–256; docs/worker.md, "Parallelism: key-ordered lanes"):
+      when given, it wins over ``consumer.parallelism`` (``SHARDLEASE_PARALLELISM``); left out (None), the consumer's
+      setting stands.
     """
 
     app: str
@@ -190,6 +193,7 @@ class WorkerConfig:
     leader_lock: LeaderLockConfig = LEFT_OUT
     assignment: AssignmentConfig = LEFT_OUT
     scaling: ScalingConfig = LEFT_OUT
+    parallelism: int | None = None
     environment: InitVar[Mapping[str, str] | None] = None
 
     def __post_init__(self, environment: Mapping[str, str] | None) -> None:
@@ -214,6 +218,9 @@ class WorkerConfig:
         object.__setattr__(self, "stream", selection.names[0] if len(selection.names) == 1 else "")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", default_owner())
+        if self.parallelism is not None and self.parallelism != self.consumer.parallelism:
+            # ConsumerConfig validates it (1..256), as it does the variable's value.
+            object.__setattr__(self, "consumer", replace(self.consumer, parallelism=self.parallelism))
         self._validate()
 
     def _validate(self) -> None:

@@ -26,6 +26,7 @@ from worker_lib.leases.renewer import RenewalReport
 from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
 from worker_lib.processing.delivery import FailureHandling
+from worker_lib.processing.lanes import LaneLoop
 from worker_lib.processing.processor import ProcessorFactory, RecordProcessor
 from worker_lib.retrieval import RecordSources
 from worker_lib.shardsync.detector import KinesisShardDetector
@@ -92,6 +93,8 @@ class LeaseCoordinator:
         self._detectors: dict[str, KinesisShardDetector] = {}  # per stream: a multi-stream worker reads several
         self._shard_cache: dict[str, tuple[float, list[ShardInfo]]] = {}
         self._next_flush = clock.monotonic() + config.metrics.flush_interval_ms / 1000
+        # Async processors' lanes, on one event loop for the whole worker (started at its first use)
+        self._lane_loop = LaneLoop(f"lanes-{self.worker_id}")
         self.outcomes: dict[str, ConsumerOutcome] = {}
         self.keeper = LeaseKeeper(
             store,
@@ -152,6 +155,7 @@ class LeaseCoordinator:
 
     def close(self) -> None:
         self.keeper.close()
+        self._lane_loop.close()
 
     # --- the keeper's hooks -----------------------------------------------------------------------------------
 
@@ -198,6 +202,7 @@ class LeaseCoordinator:
             on_records=self._on_records,
             sources=self._sources,
             failures=self._failures,
+            lane_loop=self._lane_loop,
             clock=self._clock,
         )
         entry = _Running(consumer=consumer, thread=threading.Thread(target=lambda: None))
