@@ -1,9 +1,12 @@
-"""Worker metrics publishing: EMF documents, and PutMetricData against a moto server through a real Worker."""
+"""Worker metrics publishing: EMF documents, PutMetricData against a moto server through a real Worker, and the
+lanes a worker reports in its worker-metrics item."""
 
 from __future__ import annotations
 
 import io
 import json
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -14,15 +17,20 @@ from tests.support.recording import (
     stream_with_leases,
 )
 from tests.support.stalls import eventually, hang_bound_s
+from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import KinesisRecord, LaneStats
 from worker_lib.leases.config import LeaseConfig
+from worker_lib.processing.processor import Checkpointer, FunctionProcessor
 from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.telemetry.publisher import EmfPublisher, MetricsConfig, make_publisher
 from worker_lib.worker.worker import Worker, WorkerConfig
+from worker_lib.workermetrics.config import WorkerMetricsConfig
+from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 READ_MS, DISCOVERY_MS, FLUSH_MS = 100, 200, 1_000  # the publishing worker's timings
 
@@ -90,3 +98,67 @@ def test_a_worker_publishes_put_metric_data_to_cloudwatch(moto_aws: AwsConfig, a
     assert {"RecordsProcessed", "BytesProcessed", "LeasesHeld"} <= names
     dims = next(m["Dimensions"] for m in metrics if m["MetricName"] == "RecordsProcessed")
     assert {d["Name"]: d["Value"] for d in dims} == {"Application": app_name, "WorkerId": "w1"}
+
+
+REPORT_MS = 200  # the lanes worker's metrics report interval
+
+
+def test_a_worker_reports_the_records_in_flight_and_watermark_lag_of_its_shard_in_lanes_and_status_shows_them(
+    moto_aws: AwsConfig, app_name: str
+) -> None:
+    # GIVEN one shard read in 4 lanes whose first record (key "held") is held by the processor, 10 others after it
+    ddb: Any = aws.client("dynamodb", moto_aws)
+    kinesis: Any = aws.client("kinesis", moto_aws)
+    ensure_tables(app_name, ddb)
+    stream, _, (lease_key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    keys = ["held", *(f"k{n}" for n in range(10))]
+    kinesis.put_records(StreamName=stream, Records=[{"Data": key.encode(), "PartitionKey": key} for key in keys])
+    bound_s = hang_bound_s((DISCOVERY_MS + READ_MS + 2 * REPORT_MS) / 1000)
+    release = threading.Event()
+
+    def handle(records: Sequence[KinesisRecord], checkpointer: Checkpointer) -> None:
+        if any(record.partition_key == "held" for record in records):
+            release.wait(bound_s)  # a missed release ends in a failed assertion, never a hang
+
+    config = WorkerConfig(
+        app=app_name,
+        stream=stream,
+        worker_id="w1",
+        parallelism=4,
+        lease=LeaseConfig(failover_time_ms=3_000),
+        retrieval=RetrievalConfig(idle_time_between_reads_ms=READ_MS),
+        discovery_interval_ms=DISCOVERY_MS,
+        worker_metrics=WorkerMetricsConfig(
+            sample_interval_ms=REPORT_MS, report_interval_ms=REPORT_MS, first_report_delay_ms=REPORT_MS
+        ),
+    )
+    worker = Worker(config, lambda: FunctionProcessor(handle), aws_config=moto_aws, dynamodb=ddb, kinesis=kinesis)
+    store = WorkerMetricsStore(app_name, client=ddb)
+
+    def reported() -> LaneStats | None:
+        row = store.get("w1")
+        return row.lanes.get(lease_key) if row is not None else None
+
+    worker.start()
+    try:
+        # WHEN every record was read and the held one is not done
+        eventually(
+            lambda: (lane := reported()) is not None and lane.in_flight == len(keys) and lane.watermark_lag_ms > 0,
+            bound_s=bound_s,
+            what="the held shard's lanes reported",
+        )
+        # THEN status shows them beside the shard's lag (the lanes that finished reported it)
+        (lag,) = collect(app_name, ddb).lags
+        assert (lag.lease, lag.in_flight) == (lease_key, len(keys)) and (lag.watermark_lag_ms or 0) > 0
+        assert f"in flight {len(keys)}, watermark lag" in render(collect(app_name, ddb))
+        # WHEN the held record is let go
+        release.set()
+        # THEN nothing is in flight any more, and the watermark waits for nothing
+        eventually(
+            lambda: reported() == LaneStats(in_flight=0, watermark_lag_ms=0),
+            bound_s=bound_s,
+            what="the shard's lanes reported empty",
+        )
+    finally:
+        release.set()
+        worker.shutdown(timeout_s=hang_bound_s(FLUSH_MS / 1000))

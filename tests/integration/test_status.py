@@ -16,7 +16,7 @@ from worker_lib.cli.status import collect, render
 from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.models import SHARD_END, Lease, WorkerMetricStats
+from worker_lib.core.models import SHARD_END, LaneStats, Lease, WorkerMetricStats
 from worker_lib.leader.lock import DynamoDBLeaderLock
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.tables.admin import ensure_tables
@@ -231,3 +231,51 @@ def test_the_leaders_desired_workers_are_stored_continued_by_a_new_leader_and_sh
     # AND status shows the number, the reason and its age
     text = render(collect(app_name, ddb, clock=clock))
     assert "desired workers 5" in text and "scale out: cpu demand 2.70 workers" in text
+
+
+def test_status_shows_records_in_flight_and_watermark_lag_beside_the_lag_of_a_shard_in_lanes_the_owners_only(
+    fleet: tuple[Any, ManualClock], app_name: str
+) -> None:
+    # GIVEN a/1 reading shard-0 and shard-1 (in lanes), a/2 reading shard-2 (in lanes, idle) and still reporting the
+    # lanes of shard-1, which it no longer owns
+    ddb, clock = fleet
+    metrics = WorkerMetricsStore(app_name, client=ddb)
+    now = int(clock.wall())
+    metrics.put(
+        WorkerMetricStats(
+            worker_id="a/1",
+            last_update_epoch_s=now,
+            lag_ms={"shard-0": 1_500, "shard-1": 90_000},
+            lanes={"shard-1": LaneStats(in_flight=1_200, watermark_lag_ms=3_400)},
+        )
+    )
+    metrics.put(
+        WorkerMetricStats(
+            worker_id="a/2",
+            last_update_epoch_s=now,
+            lag_ms={"shard-2": 5},
+            lanes={
+                "shard-1": LaneStats(in_flight=7, watermark_lag_ms=99_000),
+                "shard-2": LaneStats(in_flight=0, watermark_lag_ms=0),
+            },
+        )
+    )
+    # WHEN status is collected and rendered
+    status = collect(app_name, ddb, clock=clock)
+    text = render(status)
+    # THEN each shard in lanes carries its owner's figures, a shard without lanes none
+    assert [(lag.lease, lag.in_flight, lag.watermark_lag_ms) for lag in status.lags] == [
+        ("shard-1", 1_200, 3_400),
+        ("shard-0", None, None),
+        ("shard-2", 0, 0),
+    ]
+    assert "in flight 1,200, watermark lag 3.4 s" in text and "in flight 0, watermark lag 0.0 s" in text
+    assert "99.0 s" not in text and text.count("in flight") == 2
+    # WHEN a/1 reports again without lanes (its lease left them), and a/2 with neither lags nor lanes
+    metrics.put(WorkerMetricStats(worker_id="a/1", last_update_epoch_s=now, lag_ms={"shard-1": 80_000}))
+    metrics.put(WorkerMetricStats(worker_id="a/2", last_update_epoch_s=now))
+    # THEN the stored items hold none of the old lanes (nor a/2's old lag), and status shows none
+    rows = {row.worker_id: row for row in metrics.list_all(consistent=True)}
+    assert (rows["a/1"].lag_ms, rows["a/1"].lanes) == ({"shard-1": 80_000}, {})
+    assert (rows["a/2"].lag_ms, rows["a/2"].lanes) == ({}, {})
+    assert [(lag.lease, lag.in_flight) for lag in collect(app_name, ddb, clock=clock).lags] == [("shard-1", None)]

@@ -12,7 +12,7 @@ import pytest
 from tests.support.stalls import eventually, hang_bound_s
 from worker_lib.core.clock import ManualClock, SystemClock
 from worker_lib.core.errors import ConfigError
-from worker_lib.core.models import WorkerMetricStats
+from worker_lib.core.models import MAX_REPORTED_LAGS, LaneStats, WorkerMetricStats
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.reporter import NO_SAMPLES, WorkerMetricsReporter, WorkerMetricsSink
 
@@ -335,3 +335,44 @@ def test_capacity_is_read_at_each_report_and_left_out_when_it_cannot_be_read() -
     other.tick()
     _run(other, clock, 1)
     assert plain.items[0].capacity is None
+
+
+def test_lanes_are_read_at_each_report_the_worst_watermark_lags_kept_and_left_out_when_unreadable() -> None:
+    # GIVEN a worker with more leases in lanes than a report carries, then lanes that cannot be read, then none
+    clock = ManualClock()
+    sink = ListSink()
+    many = {f"shard-{n:03d}": LaneStats(in_flight=n, watermark_lag_ms=10 * n) for n in range(MAX_REPORTED_LAGS + 5)}
+    tied = {
+        "b": LaneStats(in_flight=1, watermark_lag_ms=50),
+        "a": LaneStats(in_flight=1, watermark_lag_ms=50),
+        "c": LaneStats(in_flight=9, watermark_lag_ms=50),
+    }
+    readings: list[dict[str, LaneStats] | Exception] = [many, tied, RuntimeError("consumer gone"), {}]
+
+    def lanes() -> dict[str, LaneStats]:
+        value = readings.pop(0)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    reporter = WorkerMetricsReporter(
+        "w1",
+        [ScriptedMetric([5.0] * 200)],
+        sink,
+        clock=clock,
+        lanes=lanes,
+        config=WorkerMetricsConfig(report_interval_ms=1000, first_report_delay_ms=1000),
+    )
+    reporter.tick()
+    # WHEN four reports are written
+    _run(reporter, clock, 4)
+    # THEN the first carries the worst watermark lags only, as read
+    first = sink.items[0].lanes
+    assert len(first) == MAX_REPORTED_LAGS
+    assert first == {key: lane for key, lane in many.items() if lane.in_flight >= 5}
+    # AND ties go to the most records in flight, then to the lease key
+    assert list(sink.items[1].lanes) == ["c", "a", "b"]
+    # AND lanes that cannot be read, or none, write none
+    assert [item.lanes for item in sink.items[2:]] == [{}, {}]
+    # AND a reporter without lanes writes none
+    assert WorkerMetricsReporter("w", [], ListSink(), clock=clock).snapshot().lanes == {}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from worker_lib.core.errors import CorruptItemError
-from worker_lib.core.models import Checkpoint, WorkerMetricStats
+from worker_lib.core.models import Checkpoint, LaneStats, WorkerMetricStats
 from worker_lib.workermetrics.stats_serializer import from_item, is_foreign, key_of, number, to_item
 
 # An item as KCL 3.x writes it: wid, lut (epoch s), sts and opr maps of number lists (−1 = window without samples).
@@ -160,6 +160,52 @@ def test_capacity_round_trips_as_cap_and_is_absent_from_a_kcl_item() -> None:
 def test_a_capacity_that_is_not_a_positive_number_is_read_as_not_reported(raw: dict[str, Any]) -> None:
     # GIVEN an item whose cap another writer got wrong WHEN read THEN the item is kept, without a capacity
     assert from_item({**KCL_ITEM, "cap": raw}).capacity is None
+
+
+def test_lanes_round_trip_as_a_map_per_lease_and_are_absent_from_a_kcl_item() -> None:
+    # GIVEN a worker processing one lease in lanes: 1 200 records in flight, the first waiting for 3.4 s
+    stats = WorkerMetricStats(
+        worker_id="w", last_update_epoch_s=5, lanes={"shard-1": LaneStats(in_flight=1_200, watermark_lag_ms=3_400)}
+    )
+    # WHEN written and read THEN it is the `lanes` map of `rif` / `wml` numbers, and it reads back unchanged
+    item = to_item(stats)
+    assert item["lanes"] == {"M": {"shard-1": {"M": {"rif": {"N": "1200"}, "wml": {"N": "3400"}}}}}
+    assert from_item(item) == stats
+    # AND KCL's item has no lanes, and none are written back
+    assert from_item(KCL_ITEM).lanes == {} and "lanes" not in to_item(from_item(KCL_ITEM))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"N": "3"},
+        "raw",
+        {"NULL": True},
+        {"M": {"rif": {"N": "2"}}},
+        {"M": {"wml": {"N": "2"}}},
+        {"M": {"rif": {"S": "2"}, "wml": {"N": "1"}}},
+        {"M": {"rif": {"N": "x"}, "wml": {"N": "1"}}},
+        {"M": {"rif": {"N": "1"}, "wml": {"N": "NaN"}}},
+        {"M": {"rif": {"N": "1"}, "wml": {"N": "Infinity"}}},
+        {"M": {"rif": {"N": "-1"}, "wml": {"N": "1"}}},
+        {"M": {"rif": {"N": "1"}, "wml": {"N": "-5"}}},
+        {"M": "raw"},
+    ],
+)
+def test_a_lane_entry_another_writer_got_wrong_is_left_out_and_the_others_kept(entry: Any) -> None:
+    # GIVEN an item whose lanes hold one good entry and one another writer got wrong
+    good = {"M": {"rif": {"N": "2"}, "wml": {"N": "40"}, "extra": {"S": "ignored"}}}
+    item = {**KCL_ITEM, "lanes": {"M": {"good": good, "bad": entry}}}
+    # WHEN read THEN the item is kept, with the good entry alone
+    stats = from_item(item)
+    assert stats.lanes == {"good": LaneStats(in_flight=2, watermark_lag_ms=40)}
+    assert stats.stats == from_item(KCL_ITEM).stats
+
+
+@pytest.mark.parametrize("raw", [{"S": "x"}, {"L": []}, {"NULL": True}, {"M": "raw"}, "raw", {"N": "1"}])
+def test_a_lanes_attribute_that_is_not_a_map_reads_as_no_lanes(raw: Any) -> None:
+    # GIVEN an item whose lanes attribute is not a map WHEN read THEN the item is kept, without lanes
+    assert from_item({**KCL_ITEM, "lanes": raw}) == from_item(KCL_ITEM)
 
 
 def test_a_spark_batch_end_carries_its_shards_lag_and_an_older_item_reads_as_unknown() -> None:

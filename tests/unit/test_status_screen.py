@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
-from worker_lib.cli.status import FleetStatus, Screen, WorkerRow, cluster_of, load_bar
+from worker_lib.cli.status import FleetStatus, Screen, ShardLag, WorkerRow, cluster_of, load_bar, render
 
 
 def status(leases: int) -> FleetStatus:
@@ -75,3 +76,22 @@ def test_a_load_bar_fills_half_at_the_mean_and_all_at_twice_the_mean() -> None:
     assert load_bar(1.0).startswith("█" * 10 + "░" * 10) and load_bar(1.0).endswith("1.00×")
     assert load_bar(3.0).startswith("█" * 20)
     assert load_bar(None).strip() == "-"
+
+
+def test_a_shard_in_lanes_shows_its_records_in_flight_and_watermark_lag_beside_its_lag_and_others_do_not() -> None:
+    # GIVEN two lagging shards, the first processed in lanes
+    lags = [
+        ShardLag(lease="shard-1", owner="w1", millis_behind=90_000, in_flight=1_200, watermark_lag_ms=3_400),
+        ShardLag(lease="shard-2", owner="w1", millis_behind=12),
+    ]
+    fleet = replace(status(2), lags=lags)
+    # WHEN rendered as text and as JSON
+    lines = render(fleet).splitlines()
+    frame = json.loads(json.dumps(fleet.to_dict()))
+    # THEN the shard in lanes shows both beside its lag, the other nothing more than its lag
+    (first,) = [line for line in lines if "shard-1" in line]
+    (second,) = [line for line in lines if "shard-2" in line]
+    assert first.split() == ["shard-1", "90,000", "ms", "w1", "in", "flight", "1,200,", "watermark", "lag", "3.4", "s"]
+    assert second.split() == ["shard-2", "12", "ms", "w1"]
+    # AND JSON carries them, null for the shard without lanes
+    assert [(lag["in_flight"], lag["watermark_lag_ms"]) for lag in frame["lags"]] == [(1_200, 3_400), (None, None)]

@@ -4,10 +4,11 @@ Per worker: leases, CPU (latest ``sts.C``), throughput (sum of its leases' ``thr
 fleet mean (CPU where reported, else throughput: what the leader acts on), last report age; per cluster (the
 worker-id prefix before the first ``/``, so ``eu-a/host:1`` and ``eu-a/host:2`` form cluster ``eu-a``; ids without
 one are in cluster ``-``): workers and leases; the current leader; per shard, how far behind the tip its last batch
-was (``MillisBehindLatest`` from each worker's report), worst first; the leader's latest decisions with their
-reasons; unassigned leases; leases whose owner no longer reports (orphaned); and, with ``--watch``, leases whose
-counter has stood still for half the lease duration (expiring) and expired leases (counter unchanged for the lease
-duration across refreshes, judged exactly as the leader does with
+was (``MillisBehindLatest`` from each worker's report), worst first, and for a shard processed in lanes its records
+in flight and its watermark's lag; the leader's latest decisions with their reasons; unassigned leases; leases whose
+owner no longer reports (orphaned); and, with ``--watch``, leases whose counter has stood still for half the lease
+duration (expiring) and expired leases (counter unchanged for the lease duration across refreshes, judged exactly
+as the leader does with
 :class:`~worker_lib.assignment.snapshot.ExpiryTracker`; in ``worker`` liveness mode only for leases of owners that
 do not heartbeat — the others are not renewed and are judged by their heartbeat). It shows the liveness mode and, in
 ``worker`` mode, *foreign owners*: lease owners without a heartbeat (a KCL worker, or heartbeats off), which cannot
@@ -61,6 +62,8 @@ class ShardLag:
     lease: str
     owner: str
     millis_behind: int
+    in_flight: int | None = None  # with lanes: records read and not yet done
+    watermark_lag_ms: int | None = None  # with lanes: how long the first record not yet done has waited
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,8 +165,19 @@ def collect(
         entry["leases"] += row.leases
     cap = cap_item.get("cap") if cap_item else None
     owner_of = {lease.lease_key: lease.actual_owner for lease in live}
+    # As for lags, only the owner's report counts: a former owner's is stale
+    lanes = {key: lane for m in metrics.values() for key, lane in m.lanes.items() if owner_of.get(key) == m.worker_id}
     lags = sorted(
-        (ShardLag(lease=key, owner=owner, millis_behind=ms) for key, owner, ms in owners_lags(live, metrics.values())),
+        (
+            ShardLag(
+                lease=key,
+                owner=owner,
+                millis_behind=ms,
+                in_flight=lanes[key].in_flight if key in lanes else None,
+                watermark_lag_ms=lanes[key].watermark_lag_ms if key in lanes else None,
+            )
+            for key, owner, ms in owners_lags(live, metrics.values())
+        ),
         key=lambda lag: (-lag.millis_behind, lag.lease),
     )
     expiring: list[str] = []
@@ -254,6 +268,13 @@ def _age(at_ms: Any, now: datetime) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
+def _lanes(lag: ShardLag) -> str:
+    """``  in flight 120, watermark lag 3.2 s`` for a shard processed in lanes; nothing for one without."""
+    if lag.in_flight is None or lag.watermark_lag_ms is None:
+        return ""
+    return f"  in flight {lag.in_flight:,}, watermark lag {lag.watermark_lag_ms / 1000:,.1f} s"
+
+
 def render(status: FleetStatus, *, watch: bool = False, lag_rows: int = 10, decision_rows: int = 5) -> str:
     now = datetime.fromisoformat(status.time) if status.time else datetime.now(timezone.utc)
     lines = [
@@ -285,7 +306,9 @@ def render(status: FleetStatus, *, watch: bool = False, lag_rows: int = 10, deci
         lines.append("desired workers: not computed yet (the leader computes it each full cycle)")
     if status.lags:
         lines.append(f"lag (MillisBehindLatest, worst {min(lag_rows, len(status.lags))} of {len(status.lags)}):")
-        lines += [f"  {lag.lease:<44} {lag.millis_behind:>10,} ms  {lag.owner}" for lag in status.lags[:lag_rows]]
+        lines += [
+            f"  {lag.lease:<44} {lag.millis_behind:>10,} ms  {lag.owner}{_lanes(lag)}" for lag in status.lags[:lag_rows]
+        ]
     else:
         lines.append("lag: none reported yet")
     stopped = [b for b in status.blocked if b.state == "stopped"]

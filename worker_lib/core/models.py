@@ -244,7 +244,16 @@ class WorkerHeartbeat:
 
 
 MAX_REPORTED_LAGS = 100
-"""A worker reports the lag of at most this many leases (its worst): the item stays small."""
+"""A worker reports the lag of at most this many leases (its worst), and the lanes of as many: the item stays
+small."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneStats:
+    """A lease processed in lanes, as its worker last reported it (ours, ``lanes``; docs/attributes.md)."""
+
+    in_flight: int  # records read and not yet done
+    watermark_lag_ms: int  # how long the first record not yet done has waited
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +273,8 @@ class WorkerMetricStats:
       in proportion to it (docs/assignment.md).
     lag_ms: per lease this worker reads, how far behind the tip its last batch was (``MillisBehindLatest``; ours,
       ``lag``; at most :data:`MAX_REPORTED_LAGS` leases, the worst): what ``shardlease status`` shows per shard.
+    lanes: per lease this worker processes in lanes, its records in flight and its watermark's lag (ours, ``lanes``;
+      at most :data:`MAX_REPORTED_LAGS` leases, the worst watermark lags): shown by ``shardlease status`` too.
     """
 
     worker_id: str
@@ -277,6 +288,7 @@ class WorkerMetricStats:
     handoff_requests: tuple[str, ...] = ()
     capacity: float | None = None
     lag_ms: Mapping[str, int] = field(default_factory=dict)
+    lanes: Mapping[str, LaneStats] = field(default_factory=dict)
 
     @property
     def state(self) -> WorkerState:

@@ -189,6 +189,11 @@ class ShardConsumer:
             self._lanes.wake()
 
     @property
+    def laned(self) -> bool:
+        """True once the consumer processes in lanes (from INITIALIZING on, with lanes)."""
+        return self._lanes is not None
+
+    @property
     def records_in_flight(self) -> int:
         """Records read and not yet done (with lanes; one lane: none between batches)."""
         return 0 if self._lanes is None else self._lanes.watermark.in_flight

@@ -76,6 +76,9 @@ class WorkerMetricsAttr:
     HANDOFF_REQUESTS = "hrq"
     CAPACITY = "cap"  # CPUs the worker can spend on its leases (docs/assignment.md, light-fleet evening)
     LAG = "lag"  # per lease: MillisBehindLatest of its last batch (docs/operations.md, shardlease status)
+    LANES = "lanes"  # per lease processed in lanes: a map of the two below (docs/operations.md, shardlease status)
+    LANE_IN_FLIGHT = "rif"  # in a ``lanes`` entry: records read and not yet done
+    LANE_WATERMARK_LAG = "wml"  # in a ``lanes`` entry: ms the first record not yet done has waited
 
 
 WORKER_METRICS_ENTITY_TYPE = "WORKER_METRIC_STATS"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker_lib.core.clock import Clock
-from worker_lib.core.models import KinesisRecord, Lease, ShardInfo
+from worker_lib.core.models import KinesisRecord, LaneStats, Lease, ShardInfo
 from worker_lib.core.streams import stream_name_of
 from worker_lib.leases.keeper import KeeperOptions, LeaseKeeper, ThroughputTracker
 from worker_lib.leases.mode_store import LivenessModeSource
@@ -120,6 +120,17 @@ class LeaseCoordinator:
     def lags(self) -> dict[str, int]:
         """MillisBehindLatest of each lease's last batch, for the worker-metrics report (``shardlease status``)."""
         return dict(self._lags)
+
+    def lanes(self) -> dict[str, LaneStats]:
+        """Records in flight and the watermark's lag of each running lease processed in lanes, for the
+        worker-metrics report (``shardlease status``)."""
+        with self._guard:
+            running = [(key, entry) for key, entry in self._running.items() if entry.thread.is_alive()]
+        return {
+            key: LaneStats(in_flight=entry.consumer.records_in_flight, watermark_lag_ms=entry.consumer.watermark_lag_ms)
+            for key, entry in running
+            if entry.consumer.laned
+        }
 
     def start(self) -> None:
         self.keeper.start(name=f"worker-{self.worker_id}")

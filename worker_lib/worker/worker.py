@@ -30,7 +30,7 @@ from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import SupersededError
-from worker_lib.core.models import KinesisRecord
+from worker_lib.core.models import KinesisRecord, LaneStats
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeper import ThroughputTracker
 from worker_lib.leases.mode_store import LivenessModeStore
@@ -114,6 +114,7 @@ class Worker:
                 clock=clock,
                 capacity=functools.partial(available_cpus, cpu),
                 lags=self._current_lags,  # the coordinator is made below; read at each report
+                lanes=self._current_lanes,
             )
         self._metrics = metrics_publisher or make_publisher(
             config.metrics, app=config.app, worker_id=config.worker_id, aws_config=aws_config, clock=clock
@@ -170,6 +171,9 @@ class Worker:
 
     def _current_lags(self) -> dict[str, int]:
         return self._coordinator.lags()
+
+    def _current_lanes(self) -> dict[str, LaneStats]:
+        return self._coordinator.lanes()
 
     def _latest_cpu(self) -> float | None:
         """The CPU the last worker-metrics window measured (published as WorkerCpuUtilization), if any."""

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
-from worker_lib.core.models import MAX_REPORTED_LAGS, WorkerMetricStats
+from worker_lib.core.models import MAX_REPORTED_LAGS, LaneStats, WorkerMetricStats
 from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.cpu import WorkerMetric
 
@@ -55,10 +55,13 @@ class WorkerMetricsReporter:
         clock: Clock = SYSTEM_CLOCK,
         capacity: Callable[[], float | None] | None = None,
         lags: Callable[[], Mapping[str, int]] | None = None,
+        lanes: Callable[[], Mapping[str, LaneStats]] | None = None,
     ) -> None:
         """``capacity``: read at each report, the CPUs the worker can spend on its leases (written as ``cap``;
         ``None`` or a failing callable writes nothing). ``lags``: read at each report, MillisBehindLatest per lease
-        (written as ``lag``, the :data:`MAX_REPORTED_LAGS` worst)."""
+        (written as ``lag``, the :data:`MAX_REPORTED_LAGS` worst). ``lanes``: read at each report, records in flight
+        and the watermark's lag per lease processed in lanes (written as ``lanes``, the :data:`MAX_REPORTED_LAGS`
+        worst watermark lags). A failing callable writes nothing."""
         if not worker_id:
             raise ValueError("worker_id must not be empty")
         codes = [m.code for m in metrics]
@@ -68,6 +71,7 @@ class WorkerMetricsReporter:
         self._metrics = tuple(metrics)
         self._capacity = capacity
         self._lags = lags
+        self._lanes = lanes
         self._sink = sink
         self._config = config or WorkerMetricsConfig()
         self._clock = clock
@@ -160,6 +164,7 @@ class WorkerMetricsReporter:
             operating_range={m.code: (float(m.operating_range_max),) for m in self._metrics},
             capacity=self._current_capacity(),
             lag_ms=self._current_lags(),
+            lanes=self._current_lanes(),
         )
 
     def _current_lags(self) -> dict[str, int]:
@@ -171,6 +176,16 @@ class WorkerMetricsReporter:
             return {}
         worst = sorted(lags.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_REPORTED_LAGS]
         return {key: int(ms) for key, ms in worst}
+
+    def _current_lanes(self) -> dict[str, LaneStats]:
+        if self._lanes is None:
+            return {}
+        try:
+            lanes = dict(self._lanes())
+        except Exception:  # lanes that cannot be read are simply not reported
+            return {}
+        worst = sorted(lanes.items(), key=lambda kv: (-kv[1].watermark_lag_ms, -kv[1].in_flight, kv[0]))
+        return dict(worst[:MAX_REPORTED_LAGS])
 
     def _current_capacity(self) -> float | None:
         if self._capacity is None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker_lib.core.errors import CorruptItemError
-from worker_lib.core.models import WorkerHeartbeat, WorkerMetricStats, WorkerState
+from worker_lib.core.models import LaneStats, WorkerHeartbeat, WorkerMetricStats, WorkerState
 from worker_lib.tables.schema import WORKER_METRICS_ENTITY_TYPE, WorkerMetricsAttr
 
 A = WorkerMetricsAttr
@@ -56,6 +56,18 @@ def to_item(stats: WorkerMetricStats) -> Item:
         item[A.CAPACITY] = number(stats.capacity)
     if stats.lag_ms:
         item[A.LAG] = {"M": {key: number(int(ms)) for key, ms in stats.lag_ms.items()}}
+    if stats.lanes:
+        item[A.LANES] = {
+            "M": {
+                key: {
+                    "M": {
+                        A.LANE_IN_FLIGHT: number(int(lane.in_flight)),
+                        A.LANE_WATERMARK_LAG: number(int(lane.watermark_lag_ms)),
+                    }
+                }
+                for key, lane in stats.lanes.items()
+            }
+        }
     return item
 
 
@@ -130,6 +142,7 @@ def from_item(item: Mapping[str, Any]) -> WorkerMetricStats:
         handoff_requests=_strings(item.get(A.HANDOFF_REQUESTS)),
         capacity=_capacity(item.get(A.CAPACITY)),
         lag_ms=_lags(item.get(A.LAG)),
+        lanes=_lanes(item.get(A.LANES)),
     )
 
 
@@ -143,6 +156,25 @@ def _lags(raw: Any) -> dict[str, int]:
             out[str(key)] = int(_finite(value))
         except ValueError:
             continue
+    return out
+
+
+def _lanes(raw: Any) -> dict[str, LaneStats]:
+    """Lenient, as :func:`_lags`: an entry that is not a map of two numbers ≥ 0 is left out."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("M"), Mapping):
+        return {}
+    out: dict[str, LaneStats] = {}
+    for key, value in raw["M"].items():
+        fields = value.get("M") if isinstance(value, Mapping) else None
+        if not isinstance(fields, Mapping):
+            continue
+        try:
+            in_flight = _finite(fields.get(A.LANE_IN_FLIGHT))
+            lag_ms = _finite(fields.get(A.LANE_WATERMARK_LAG))
+        except ValueError:
+            continue
+        if in_flight >= 0 and lag_ms >= 0:
+            out[str(key)] = LaneStats(in_flight=int(in_flight), watermark_lag_ms=int(lag_ms))
     return out
 
 

@@ -55,9 +55,11 @@ class WorkerMetricsStore(TableStore):
         names = {f"#a{i}": name for i, name in enumerate(item)}
         values = {f":a{i}": value for i, value in enumerate(item.values())}
         expression = "SET " + ", ".join(f"#a{i} = :a{i}" for i in range(len(item)))
-        if A.LAG not in item:  # no lease read any more: drop the last report's lags
-            names["#lag"] = A.LAG
-            expression += " REMOVE #lag"
+        # No lease read (in lanes) any more: drop the last report's lags (lanes)
+        gone = [attr for attr in (A.LAG, A.LANES) if attr not in item]
+        names.update({f"#r{i}": attr for i, attr in enumerate(gone)})
+        if gone:
+            expression += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(gone)))
         with aws.translated("dynamodb UpdateItem", self.table_name):
             self._client.update_item(
                 TableName=self.table_name,
