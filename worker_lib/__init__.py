@@ -43,6 +43,8 @@ _EXPORTS: dict[str, str] = {
     "StreamIdentifier": "worker_lib.core.streams",
     "split_lease_key": "worker_lib.core.streams",
     "FunctionProcessor": "worker_lib.processing.processor",
+    "AsyncFunctionProcessor": "worker_lib.processing.processor",
+    "AsyncCheckpointer": "worker_lib.processing.processor",
     "RecordProcessor": "worker_lib.processing.processor",
     "Checkpointer": "worker_lib.processing.processor",
     "KinesisRecord": "worker_lib.core.models",
@@ -73,6 +75,8 @@ _EXPORTS: dict[str, str] = {
 # A literal list, so that type checkers and IDEs see the public names without running __getattr__.
 __all__ = [
     "AssignmentConfig",
+    "AsyncCheckpointer",
+    "AsyncFunctionProcessor",
     "AwsConfig",
     "CheckpointError",
     "Checkpointer",
@@ -146,6 +150,8 @@ if TYPE_CHECKING:
     from worker_lib.processing.config import ConsumerConfig, FailureAction, FailureConfig
     from worker_lib.processing.failures import RecordFailedError
     from worker_lib.processing.processor import (
+        AsyncCheckpointer,
+        AsyncFunctionProcessor,
         Checkpointer,
         CheckpointError,
         FunctionProcessor,

@@ -158,6 +158,10 @@ def test_a_one_mib_record_is_processed_whole(rig: Rig) -> None:
         ("SHARDLEASE_HEARTBEAT_INTERVAL_MS", "5", "heartbeat_interval_ms=5 must be 0 (off) or between 100"),
         ("SHARDLEASE_HEARTBEAT_INTERVAL_MS", "often", "SHARDLEASE_HEARTBEAT_INTERVAL_MS='often' is not a whole"),
         ("SHARDLEASE_DISCOVERY_INTERVAL_MS", "1", "discovery_interval_ms must be at least 100"),
+        ("SHARDLEASE_PARALLELISM", "0", "parallelism=0 must be within 1..256"),
+        ("SHARDLEASE_PARALLELISM", "many", "SHARDLEASE_PARALLELISM='many' is not a whole number"),
+        ("SHARDLEASE_LANE_KEY", "nope", "invalid lane key 'nope'"),
+        ("SHARDLEASE_LANE_KEY", "no.such.module:f", "invalid lane key 'no.such.module:f': no module named 'no'"),
     ],
 )
 def test_an_invalid_configuration_value_is_one_line_and_exit_2(name: str, value: str, fragment: str) -> None:
@@ -310,6 +314,10 @@ def test_status_watch_piped_into_head_exits_1_without_a_traceback(
         (["--failure-destination", "https://example.com/q"], "invalid failure destination"),
         (["--max-attempts", "0"], "max_attempts=0 must be within 1..10000"),
         (["--max-record-age", "60"], "max_record_age_s needs a failure destination"),
+        (["--parallelism", "0"], "parallelism=0 must be within 1..256"),
+        (["--parallelism", "257"], "parallelism=257 must be within 1..256"),
+        (["--parallelism", "x"], "argument --parallelism: 'x' is not a whole number"),
+        (["--lane-key", "no.such.module:f"], "invalid lane key 'no.such.module:f': no module named 'no'"),
     ],
 )
 def test_an_invalid_failure_policy_flag_is_one_line_and_exit_2(flags: list[str], fragment: str) -> None:

@@ -1,4 +1,5 @@
-"""Configuration read from the environment: CPU metric choice, shard-sync flags, booleans, regions, worker defaults."""
+"""Configuration read from the environment: CPU metric choice, shard-sync flags, booleans, regions, worker defaults,
+lanes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.errors import ConfigError
+from worker_lib.core.models import KinesisRecord
 from worker_lib.workermetrics.cpu import ProcessCpu, cpu_metric_from_env
 
 
@@ -298,3 +300,82 @@ def test_a_worker_config_carries_its_embedded_leaders_settings_from_the_one_envi
     # AND a position given to the worker is its embedded leader's too
     given = WorkerConfig(app="orders", initial_position=InitialPosition.LATEST, environment=env)
     assert given.shard_sync.initial_position is InitialPosition.LATEST and given.shard_sync.interval_ms == 60_000
+
+
+def customer_of(record: KinesisRecord) -> str:
+    """A lane key function named by ``SHARDLEASE_LANE_KEY`` in the test below: the customer before the first '/'."""
+    return record.partition_key.split("/", 1)[0]
+
+
+def test_the_consumer_reads_its_lane_settings_from_the_environment() -> None:
+    # GIVEN every lane variable set, the lane key a function named module:attr
+    from worker_lib.processing.config import ConsumerConfig
+
+    env = {
+        "SHARDLEASE_PARALLELISM": "8",
+        "SHARDLEASE_LANE_KEY": "tests.unit.test_config_env:customer_of",
+        "SHARDLEASE_MAX_RECORDS_IN_FLIGHT": "500",
+        "SHARDLEASE_LANE_CHECKPOINT_INTERVAL_MS": "250",
+        "SHARDLEASE_LANE_DRAIN_TIMEOUT_MS": "4000",
+    }
+    # WHEN the consumer's settings are read
+    config = ConsumerConfig.from_env(env)
+    # THEN each is the variable's, and the lane key is the function it names
+    assert (config.parallelism, config.max_records_in_flight) == (8, 500)
+    assert (config.lane_checkpoint_interval_ms, config.lane_drain_timeout_ms) == (250, 4000)
+    record = KinesisRecord(data=b"", partition_key="c42/order-7", sequence_number="1", explicit_hash_key="99")
+    assert config.key_of is customer_of and config.key_of(record) == "c42"
+    # AND the named keys pick the record's field; left out, it is one lane per shard by partition key
+    assert ConsumerConfig.from_env({"SHARDLEASE_LANE_KEY": "Explicit-Hash-Key"}).key_of(record) == "99"
+    default = ConsumerConfig.from_env({})
+    assert (default.parallelism, default.key_of(record), default.max_records_in_flight) == (1, "c42/order-7", 10_000)
+    assert (default.lane_checkpoint_interval_ms, default.lane_drain_timeout_ms) == (1_000, 10_000)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("SHARDLEASE_PARALLELISM", "0", "parallelism=0 must be within 1..256"),
+        ("SHARDLEASE_PARALLELISM", "257", "parallelism=257 must be within 1..256"),
+        ("SHARDLEASE_PARALLELISM", "x", "SHARDLEASE_PARALLELISM='x' is not a whole number"),
+        (
+            "SHARDLEASE_LANE_KEY",
+            "nope",
+            "invalid lane key 'nope': expected partition-key, explicit-hash-key or a function module:attr",
+        ),
+        ("SHARDLEASE_LANE_KEY", "no.such.module:f", "invalid lane key 'no.such.module:f': no module named 'no'"),
+        ("SHARDLEASE_MAX_RECORDS_IN_FLIGHT", "0", "max_records_in_flight must be positive"),
+        ("SHARDLEASE_LANE_DRAIN_TIMEOUT_MS", "-1", "lane_drain_timeout_ms must not be negative"),
+    ],
+)
+def test_a_bad_lane_setting_is_one_config_error_line(name: str, value: str, message: str) -> None:
+    from worker_lib.processing.config import ConsumerConfig
+
+    # GIVEN one lane variable that cannot work WHEN the consumer's settings are read THEN one line says why
+    with pytest.raises(ConfigError) as err:
+        ConsumerConfig.from_env({name: value})
+    assert str(err.value) == message
+
+
+def test_a_worker_configs_parallelism_is_short_for_its_consumers() -> None:
+    # GIVEN an environment with consumer settings, lanes among them
+    from worker_lib.processing.config import ConsumerConfig
+    from worker_lib.worker import WorkerConfig
+
+    env = {"SHARDLEASE_PARALLELISM": "2", "SHARDLEASE_MAX_RECORDS_IN_FLIGHT": "300"}
+    # WHEN a worker is configured with parallelism, beside the environment or beside its own consumer settings
+    from_env = WorkerConfig(app="orders", stream="s", parallelism=8, environment=env)
+    given = WorkerConfig(
+        app="orders", stream="s", consumer=ConsumerConfig(error_backoff_ms=5), parallelism=16, environment=env
+    )
+    # THEN the consumer has that parallelism, and every other setting of its own
+    assert (from_env.consumer.parallelism, from_env.consumer.max_records_in_flight) == (8, 300)
+    assert (given.consumer.parallelism, given.consumer.error_backoff_ms) == (16, 5)
+    # AND left out, the consumer's setting stands; a copy keeps it
+    assert WorkerConfig(app="orders", stream="s", environment=env).consumer.parallelism == 2
+    assert dataclasses.replace(from_env, worker_id="w9").consumer.parallelism == 8
+    # AND a value out of range is the consumer's one-line error
+    for bad in (0, 257):
+        with pytest.raises(ConfigError) as err:
+            WorkerConfig(app="orders", stream="s", parallelism=bad, environment=env)
+        assert str(err.value) == f"parallelism={bad} must be within 1..256"

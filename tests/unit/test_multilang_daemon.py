@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from worker_lib.core.errors import ConfigError
 from worker_lib.multilang import daemon
 from worker_lib.multilang.daemon import MultiLangOverrides, run_multilang
 from worker_lib.multilang.processor import ChildSpec
@@ -54,3 +55,22 @@ def test_the_daemon_configures_worker_and_children_without_writing_the_environme
     assert spec.env["SHARDLEASE_FAILOVER_TIME_MS"] == "20000" and spec.env["PATH"] == os.environ["PATH"]
     # AND the process environment is as it was
     assert dict(os.environ) == before
+
+
+def test_the_daemon_refuses_lanes_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a MultiLang application whose environment asks for 4 lanes per shard
+    path = tmp_path / "app.properties"
+    path.write_text("executableName = python3 app.py\napplicationName = orders-app\nstreamName = orders\n")
+    started: list[str] = []
+    monkeypatch.setattr("worker_lib.worker.worker.Worker", lambda *args: started.append("worker"))
+    monkeypatch.setattr("worker_lib.tables.admin.ensure_tables", lambda *args, **kwargs: started.append("tables"))
+    environment = {**os.environ, "SHARDLEASE_PARALLELISM": "4"}
+    # WHEN the daemon starts
+    with pytest.raises(ConfigError) as err:
+        run_multilang(path, MultiLangOverrides(), environment=environment)
+    # THEN one line says why (a child is its shard's one processor, as in KCL), before any table or worker
+    assert str(err.value) == (
+        "SHARDLEASE_PARALLELISM=4: parallelism applies to Python processors; MultiLang runs one child process per "
+        "shard, as KCL's protocol defines"
+    )
+    assert started == []

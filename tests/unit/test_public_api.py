@@ -21,8 +21,10 @@ PROMISED = {
     "Worker",
     "WorkerConfig",
     "FunctionProcessor",
+    "AsyncFunctionProcessor",
     "RecordProcessor",
     "Checkpointer",
+    "AsyncCheckpointer",
     "KinesisRecord",
     "InitialPosition",
     "ShardleaseError",
@@ -128,3 +130,21 @@ def test_importing_the_package_imports_neither_boto3_nor_the_worker() -> None:
     # THEN nothing heavy was imported, before or after
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["none", "False"]
+
+
+def test_docs_api_lists_every_variable_of_the_exported_configuration_classes() -> None:
+    # GIVEN every SHARDLEASE_* variable a public configuration class reads (ScalingConfig's: docs/autoscaling.md)
+    from worker_lib.core.env import _VARIABLE, EnvSettings
+
+    text = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    classes = [getattr(worker_lib, name) for name in worker_lib.__all__ if name.endswith("Config")]
+    variables = {
+        field.metadata[_VARIABLE][0]
+        for cls in classes
+        if issubclass(cls, EnvSettings) and cls.__name__ != "ScalingConfig"
+        for field in dataclasses.fields(cls)
+        if _VARIABLE in field.metadata
+    }
+    # WHEN compared with the page THEN each is there (lanes, the failure policy, ... among them)
+    assert {"SHARDLEASE_PARALLELISM", "SHARDLEASE_FAILURE_POLICY", "SHARDLEASE_FAILOVER_TIME_MS"} <= variables
+    assert sorted(v for v in variables if f"`{v}`" not in text) == []

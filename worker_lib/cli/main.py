@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from worker_lib import __version__
+from worker_lib.cli import flags
 from worker_lib.core.errors import ConfigError, ShardleaseError
 from worker_lib.core.streams import StreamSelection
 from worker_lib.tools import demo as demo_bounds
@@ -37,45 +38,6 @@ class _Parser(argparse.ArgumentParser):
 def _add_aws(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint-url", metavar="URL", help="point every AWS client at this endpoint (emulators)")
     parser.add_argument("--region", metavar="R", help="AWS region (default: AWS_REGION or us-east-1)")
-
-
-_FAILURE_FLAGS = {  # flag dest -> the variable it stands for in FailureConfig.from_env (a flag wins over it)
-    "failure_policy": "SHARDLEASE_FAILURE_POLICY",
-    "max_attempts": "SHARDLEASE_MAX_ATTEMPTS",
-    "bisect": "SHARDLEASE_BISECT",
-    "max_record_age": "SHARDLEASE_MAX_RECORD_AGE_S",
-    "failure_destination": "SHARDLEASE_FAILURE_DESTINATION",
-}
-
-
-def _add_failures(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("failure policy (docs/failures.md; default: the SHARDLEASE_* variables)")
-    group.add_argument(
-        "--failure-policy",
-        choices=["retry", "skip-and-record", "stop-shard", "skip"],
-        help="once a failing batch has used its attempts (default retry: read it again, KCL's behaviour)",
-    )
-    group.add_argument("--max-attempts", metavar="N", help="deliveries of a failing batch in all (3)")
-    group.add_argument(
-        "--bisect",
-        action=argparse.BooleanOptionalAction,
-        help="split a failing batch down to the failing record (default: on with skip-and-record and stop-shard)",
-    )
-    group.add_argument("--max-record-age", metavar="S", help="send records older than S seconds to the destination")
-    group.add_argument(
-        "--failure-destination", metavar="ARN|S3URL", help="SQS queue ARN, SNS topic ARN or s3://bucket/prefix"
-    )
-
-
-def _environment(args: argparse.Namespace) -> dict[str, str]:
-    """This process's environment with the failure-policy flags given laid over their variables: the mapping the
-    command's configuration is built from (``os.environ`` itself is never written)."""
-    env = dict(os.environ)
-    for dest, variable in _FAILURE_FLAGS.items():
-        value = getattr(args, dest, None)
-        if value is not None:
-            env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
 
 
 def _app_command(sub: Any, name: str, func: _Command, *, help: str, stream: bool = False) -> argparse.ArgumentParser:
@@ -221,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "else polling",
     )
     _add_position(worker)
-    _add_failures(worker)
+    flags.add_failures(worker)
+    flags.add_lanes(worker)
 
     multilang = sub.add_parser(
         "multilang", help="run a KCL MultiLang application (kclpy, aws-kcl, ...) from its properties file"
@@ -233,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     multilang.add_argument("--stream", metavar="STREAM", help="stream name (default: streamArn or streamName)")
     multilang.add_argument("--worker-id", metavar="ID", help="this worker's lease-owner name (default: workerId)")
     _add_position(multilang)
-    _add_failures(multilang)
+    flags.add_failures(multilang)
     _add_aws(multilang)
     multilang.set_defaults(func=_cmd_multilang)
 
@@ -361,7 +324,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
     factory = load_processor(args.processor)
     config = WorkerConfig.from_env(
-        _environment(args),
+        flags.environment(args),
         app=args.app,
         streams=_streams(args).names,
         multi_stream=args.multi_stream or None,
@@ -385,7 +348,7 @@ def _cmd_multilang(args: argparse.Namespace) -> int:
 
     # Each field of MultiLangOverrides is the flag of the same name.
     overrides = MultiLangOverrides(**{flag.name: getattr(args, flag.name) for flag in fields(MultiLangOverrides)})
-    run_multilang(Path(args.properties), overrides, environment=_environment(args))
+    run_multilang(Path(args.properties), overrides, environment=flags.environment(args))
     return EXIT_OK
 
 

@@ -146,6 +146,11 @@ def run_multilang(
         streams=(overrides.stream or props.stream,),
         worker_id=overrides.worker_id or props.worker_id,
     )
+    if config.consumer.parallelism > 1:  # a child is its shard's one processor: records cannot be dealt to lanes
+        raise ConfigError(
+            f"SHARDLEASE_PARALLELISM={config.consumer.parallelism}: parallelism applies to Python processors; "
+            "MultiLang runs one child process per shard, as KCL's protocol defines"
+        )
     created = ensure_tables(config.app, aws.client("dynamodb", config.aws), layout=config.table_layout)
     for table in (name for name, new in created.items() if new):
         log.info("created table %s (KCL's daemon creates its tables too)", table)

@@ -40,13 +40,13 @@ from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.config import ConsumerConfig
 from worker_lib.processing.delivery import Deliveries, DeliveryContext, FailureHandling, ShardMark
 from worker_lib.processing.failures import Delivered, FailureStats, one_line
+from worker_lib.processing.lane_driver import LaneDriver
 from worker_lib.processing.lanes import LaneLoop, LaneResult, Lanes, is_async_processor
 from worker_lib.processing.lifecycle import ProcessorLifecycle, ShardIdentity
 from worker_lib.processing.processor import KinesisRecord, ProcessorFailedError, RecordProcessor, ShutdownError
 from worker_lib.retrieval import RecordBatch, RecordSource, RecordSources
 from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.shardsync.children import ParentsEnded, ensure_child_leases
-from worker_lib.telemetry.names import WorkerMetric
 
 __all__ = ["ConsumerOutcome", "ConsumerState", "FailureHandling", "ShardConsumer"]
 
@@ -168,10 +168,7 @@ class ShardConsumer:
         self._parents = ParentsEnded(store)
         self._checkpointer: LeaseCheckpointer | None = None  # from INITIALIZING on
         self._source: RecordSource | None = None  # from INITIALIZING on
-        self._lanes: Lanes | None = None  # from INITIALIZING on, with lanes
-        self._lanes_settled = False
-        self._read_to_end = False  # with lanes: the shard's last batch was dealt
-        self._next_watermark_write = 0.0
+        self._lanes: LaneDriver | None = None  # from INITIALIZING on, with lanes
         self._children: tuple[str, ...] = ()  # at SHARD_END: the shard's children
         self.records_delivered = 0
         self.bytes_delivered = 0
@@ -186,7 +183,7 @@ class ShardConsumer:
         """Worker shutdown: finish the batch in flight, let the processor checkpoint, give the lease up."""
         self._stop.set()
         if self._lanes is not None:
-            self._lanes.wake()
+            self._lanes.lanes.wake()
 
     @property
     def laned(self) -> bool:
@@ -196,12 +193,12 @@ class ShardConsumer:
     @property
     def records_in_flight(self) -> int:
         """Records read and not yet done (with lanes; one lane: none between batches)."""
-        return 0 if self._lanes is None else self._lanes.watermark.in_flight
+        return 0 if self._lanes is None else self._lanes.in_flight
 
     @property
     def watermark_lag_ms(self) -> int:
         """How long the first record not yet done has waited (with lanes; 0 without)."""
-        return 0 if self._lanes is None else int(self._lanes.watermark.lag_s() * 1000)
+        return 0 if self._lanes is None else self._lanes.lag_ms
 
     # --- the machine ----------------------------------------------------------------------------------------
 
@@ -219,7 +216,7 @@ class ShardConsumer:
             return outcome
         finally:
             if self._lanes is not None:
-                self._lanes.shutdown()
+                self._lanes.lanes.shutdown()
             if self._own_loop and self._loop is not None:
                 self._loop.close()
             if self._source is not None:
@@ -279,12 +276,21 @@ class ShardConsumer:
         timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
         self._source = self._sources.open(self.stream, lease.shard_id, start=lease.checkpoint, timestamp=timestamp)
         if self._laned:
-            self._lanes = Lanes(
+            lanes = Lanes(
                 parallelism=self._config.parallelism,
                 key_of=self._config.key_of,
                 context=self._deliveries.context,
                 written=lambda: checkpointer.last_checkpoint,
                 loop=self._loop,
+                clock=self._clock,
+            )
+            self._lanes = LaneDriver(
+                lanes,
+                lease_key=self.lease_key,
+                checkpointer=checkpointer,
+                deliveries=self._deliveries,
+                config=self._config,
+                delivered=self._delivered,
                 clock=self._clock,
             )
         try:
@@ -336,61 +342,41 @@ class ShardConsumer:
         # owner, who reads it from the checkpoint.
         return self._guard() or batch
 
-    def _process_in_lanes(self, lanes: Lanes) -> Step:
+    def _process_in_lanes(self, lanes: LaneDriver) -> Step:
         """One step with lanes: take in what lanes finished, checkpoint the watermark when due, read one batch and
         deal it (unless the shard was read to its end or too many records are in flight), or wait for lanes."""
         source = self._source
         assert source is not None
-        step = self._take_lane_results(lanes) or self._write_watermark(lanes, due_only=True)
-        if step is not None:
-            return step
-        # wake for the next watermark write when one is due, else twice a second (lanes finishing wake it anyway)
-        position, written = lanes.watermark.position, self._checkpointer.last_checkpoint if self._checkpointer else None
-        due_in = self._next_watermark_write - self._clock.monotonic() if position not in (None, written) else 0.5
-        tick = max(0.01, min(0.5, due_in))
-        if self._read_to_end:
-            if lanes.watermark.in_flight:
-                lanes.wait_for_progress(tick)
+        ended = lanes.finished()
+        if ended is not None:
+            return self._lane_ended(ended)
+        if not lanes.write_watermark(due_only=True):
+            return ConsumerState.LEASE_LOST
+        if lanes.read_to_end:
+            if lanes.in_flight:
+                lanes.wait()
                 return ConsumerState.PROCESSING
-            return self._write_watermark(lanes, due_only=False) or ConsumerState.SHARD_END
-        if lanes.watermark.in_flight >= self._config.max_records_in_flight:
-            lanes.wait_for_progress(tick)  # backpressure: the reader waits for lanes to catch up
+            return ConsumerState.SHARD_END if lanes.write_watermark(due_only=False) else ConsumerState.LEASE_LOST
+        if lanes.full:
+            lanes.wait()  # backpressure: the reader waits for lanes to catch up
             return ConsumerState.PROCESSING
         delay = source.seconds_until_next_call()
         if delay > 0:
-            lanes.wait_for_progress(min(delay, tick))
+            lanes.wait(delay)
             return ConsumerState.PROCESSING
         batch = self._read(source)
         if not isinstance(batch, RecordBatch):
             return batch
-        if batch.records:
-            lanes.deal(batch)
-        elif batch.millis_behind_latest is not None:
+        lanes.deal(batch)
+        if not batch.records and batch.millis_behind_latest is not None:
             self.millis_behind_latest = batch.millis_behind_latest
         if batch.end_of_shard:
             self._children = tuple(batch.child_shards)
-            self._read_to_end = True
-        metrics = self._deliveries.context.failures.metrics
-        metrics.add(WorkerMetric.RECORDS_IN_FLIGHT, lanes.watermark.in_flight, aggregation="max")
-        metrics.add(WorkerMetric.WATERMARK_LAG, self.watermark_lag_ms, unit="Milliseconds", aggregation="max")
         return ConsumerState.PROCESSING
 
-    def _take_lane_results(self, lanes: Lanes) -> Step | None:
-        """Count what lanes finished; where a lane that ended otherwise than done leads (None: read on)."""
-        step: Step | None = None
-        for result in lanes.results():
-            self._deliveries.count(result.stats)
-            if result.delivered is Delivered.DONE:
-                self._delivered(result.batch, result.records)
-            elif step is None:
-                step = self._lane_ended(result)
-        return step
-
-    def _lane_ended(self, result: LaneResult) -> Step | None:
+    def _lane_ended(self, result: LaneResult) -> Step:
         """A lane's delivery ended otherwise than done: the lease goes as the policy (or the error) says."""
         error = result.error
-        if result.delivered is Delivered.INTERRUPTED:
-            return None  # only once the consumer closed its lanes: it is leaving already
         if isinstance(error, ShutdownError):
             return ConsumerState.LEASE_LOST
         self._settle_lanes(write=True)
@@ -404,46 +390,9 @@ class ShardConsumer:
         self._holder.evict(self.lease_key)
         return ConsumerOutcome.GAVE_UP
 
-    def _write_watermark(self, lanes: Lanes, *, due_only: bool) -> Step | None:
-        """Checkpoint the watermark if it moved (and, with ``due_only``, the interval has passed)."""
-        checkpointer = self._checkpointer
-        assert checkpointer is not None
-        position = lanes.watermark.position
-        if position is None or checkpointer.largest_permitted == SHARD_END:
-            return None
-        checkpointer.largest_permitted = position  # also what the processor's own checkpoint() records
-        now = self._clock.monotonic()
-        if position == checkpointer.last_checkpoint or (due_only and now < self._next_watermark_write):
-            return None
-        self._next_watermark_write = now + self._config.lane_checkpoint_interval_ms / 1000
-        try:
-            checkpointer.checkpoint()
-        except ShutdownError:
-            return ConsumerState.LEASE_LOST
-        except DependencyError as exc:
-            log.warning("checkpointing the watermark of %s failed: %s", self.lease_key, exc)
-        return None
-
     def _settle_lanes(self, *, write: bool) -> None:
-        """Before the lease moves: start no new delivery, let those in flight end (within the drain timeout), take
-        in what they did and (``write``) checkpoint the watermark."""
-        lanes = self._lanes
-        if lanes is None or self._lanes_settled:
-            return
-        self._lanes_settled = True
-        lanes.close()
-        if not lanes.drain(self._config.lane_drain_timeout_ms / 1000):
-            log.warning(
-                "lanes of %s still delivering after %d ms: the lease moves from the watermark",
-                self.lease_key,
-                self._config.lane_drain_timeout_ms,
-            )
-        for result in lanes.results():
-            self._deliveries.count(result.stats)
-            if result.delivered is Delivered.DONE:
-                self._delivered(result.batch, result.records)
-        if write:
-            self._write_watermark(lanes, due_only=False)
+        if self._lanes is not None:
+            self._lanes.settle(write=write)
 
     def _read_failed(self, exc: Exception) -> Step:
         log.warning("reading %s failed: %s", self.lease_key, exc)
