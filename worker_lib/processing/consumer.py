@@ -32,7 +32,7 @@ from datetime import datetime
 from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError, StreamMissingError
-from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardInfo
+from worker_lib.core.models import SHARD_END, Checkpoint, LaneStats, Lease, ShardInfo
 from worker_lib.core.streams import split_lease_key
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
@@ -41,7 +41,7 @@ from worker_lib.processing.config import ConsumerConfig
 from worker_lib.processing.delivery import Deliveries, DeliveryContext, FailureHandling, ShardMark
 from worker_lib.processing.failures import Delivered, FailureStats, one_line
 from worker_lib.processing.lane_driver import LaneDriver
-from worker_lib.processing.lanes import LaneLoop, LaneResult, Lanes, is_async_processor
+from worker_lib.processing.lanes import LaneLoop, LaneResult, loop_for
 from worker_lib.processing.lifecycle import ProcessorLifecycle, ShardIdentity
 from worker_lib.processing.processor import KinesisRecord, ProcessorFailedError, RecordProcessor, ShutdownError
 from worker_lib.retrieval import RecordBatch, RecordSource, RecordSources
@@ -121,12 +121,9 @@ class ShardConsumer:
         stream_identifier, self.shard_id = split_lease_key(lease_key)
         shard = ShardIdentity(lease_key=lease_key, stream=stream, shard_id=self.shard_id)
         self._config = config or ConsumerConfig()
-        # Lanes (processing/lanes.py) with parallelism > 1, and for an async processor (its lanes are event-loop
-        # tasks; with parallelism 1, one lane: one batch at a time, as without lanes).
-        self._async = is_async_processor(processor)
-        self._own_loop = lane_loop is None and self._async
-        self._loop = (LaneLoop(f"lanes-{lease_key}") if self._own_loop else lane_loop) if self._async else None
-        self._laned = self._async or self._config.parallelism > 1
+        # Lanes (processing/lanes.py) with parallelism > 1 and for an async processor (event-loop tasks)
+        self._loop, self._own_loop = loop_for(processor, lane_loop, name=f"lanes-{lease_key}")
+        self._laned = self._loop is not None or self._config.parallelism > 1
         run_coroutine = self._loop.run if self._loop is not None else asyncio.run
         self._lifecycle = ProcessorLifecycle(processor, shard, stream_identifier, run_coroutine=run_coroutine)
         self._holder = holder
@@ -186,19 +183,10 @@ class ShardConsumer:
             self._lanes.lanes.wake()
 
     @property
-    def laned(self) -> bool:
-        """True once the consumer processes in lanes (from INITIALIZING on, with lanes)."""
-        return self._lanes is not None
-
-    @property
-    def records_in_flight(self) -> int:
-        """Records read and not yet done (with lanes; one lane: none between batches)."""
-        return 0 if self._lanes is None else self._lanes.in_flight
-
-    @property
-    def watermark_lag_ms(self) -> int:
-        """How long the first record not yet done has waited (with lanes; 0 without)."""
-        return 0 if self._lanes is None else self._lanes.lag_ms
+    def lane_stats(self) -> LaneStats | None:
+        """Records read and not yet done, and how long the first of them has waited (None: no lanes)."""
+        lanes = self._lanes
+        return None if lanes is None else LaneStats(in_flight=lanes.in_flight, watermark_lag_ms=lanes.lag_ms)
 
     # --- the machine ----------------------------------------------------------------------------------------
 
@@ -276,21 +264,13 @@ class ShardConsumer:
         timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
         self._source = self._sources.open(self.stream, lease.shard_id, start=lease.checkpoint, timestamp=timestamp)
         if self._laned:
-            lanes = Lanes(
-                parallelism=self._config.parallelism,
-                key_of=self._config.key_of,
-                context=self._deliveries.context,
-                written=lambda: checkpointer.last_checkpoint,
-                loop=self._loop,
-                clock=self._clock,
-            )
-            self._lanes = LaneDriver(
-                lanes,
-                lease_key=self.lease_key,
+            self._lanes = LaneDriver.open(
+                self.lease_key,
+                config=self._config,
                 checkpointer=checkpointer,
                 deliveries=self._deliveries,
-                config=self._config,
                 delivered=self._delivered,
+                loop=self._loop,
                 clock=self._clock,
             )
         try:
@@ -437,7 +417,7 @@ class ShardConsumer:
         assert checkpointer is not None
         children = list(self._children)
         try:
-            ready = self._child_leases_ready(children)
+            ready = ensure_child_leases(self._store, self.lease_key, children, self._list_shards)
             if ready and children:
                 self._holder.update_child_shard_ids(self.lease_key, children)
             if ready:
@@ -461,28 +441,24 @@ class ShardConsumer:
         self._pause.wait(self._config.shard_end_retry_interval_ms / 1000)
         return ConsumerState.SHARD_END
 
-    def _child_leases_ready(self, children: Sequence[str]) -> bool:
-        if not children:
-            return True
-        shards = {shard.shard_id: shard for shard in self._list_shards()}
-        return ensure_child_leases(self._store, self.lease_key, children, shards)
-
     # --- ending states --------------------------------------------------------------------------------------
 
     def _shut_down(self) -> Step:
-        self._settle_lanes(write=True)
-        self._lifecycle.shutdown_requested(self._checkpointer)
-        self._close_source()
+        self._let_go()
         self._holder.evict(self.lease_key)
         log.info("lease given up at shutdown lease=%s checkpoint=%s", self.lease_key, self._last_checkpoint())
         return ConsumerOutcome.SHUTDOWN
 
     def _hand_off(self) -> Step:
+        self._let_go()
+        self._holder.complete_handoff(self.lease_key)
+        return ConsumerOutcome.HANDED_OFF
+
+    def _let_go(self) -> None:
+        """Before a stop or a hand-off moves the lease: lanes settled, the processor's last checkpoint, no source."""
         self._settle_lanes(write=True)
         self._lifecycle.shutdown_requested(self._checkpointer)
         self._close_source()
-        self._holder.complete_handoff(self.lease_key)
-        return ConsumerOutcome.HANDED_OFF
 
     def _lose_lease(self) -> Step:
         log.info("lease lost lease=%s: stopping processing", self.lease_key)

@@ -13,7 +13,7 @@ from worker_lib.processing.checkpointer import LeaseCheckpointer
 from worker_lib.processing.config import ConsumerConfig
 from worker_lib.processing.delivery import Deliveries
 from worker_lib.processing.failures import Delivered
-from worker_lib.processing.lanes import LaneResult, Lanes
+from worker_lib.processing.lanes import LaneLoop, LaneResult, Lanes
 from worker_lib.processing.processor import ShutdownError
 from worker_lib.retrieval import RecordBatch
 from worker_lib.telemetry.names import WorkerMetric
@@ -47,6 +47,37 @@ class LaneDriver:
         self._next_write = 0.0
         self._settled = False
         self.read_to_end = False  # the shard's last batch was dealt
+
+    @classmethod
+    def open(
+        cls,
+        lease_key: str,
+        *,
+        config: ConsumerConfig,
+        checkpointer: LeaseCheckpointer,
+        deliveries: Deliveries,
+        delivered: DeliveredSink,
+        loop: LaneLoop | None,
+        clock: Clock,
+    ) -> LaneDriver:
+        """The lanes of ``lease_key`` (``loop``: an async processor's event loop; None: threads)."""
+        lanes = Lanes(
+            parallelism=config.parallelism,
+            key_of=config.key_of,
+            context=deliveries.context,
+            written=lambda: checkpointer.last_checkpoint,
+            loop=loop,
+            clock=clock,
+        )
+        return cls(
+            lanes,
+            lease_key=lease_key,
+            checkpointer=checkpointer,
+            deliveries=deliveries,
+            config=config,
+            delivered=delivered,
+            clock=clock,
+        )
 
     @property
     def in_flight(self) -> int:

@@ -313,6 +313,14 @@ class LaneLoop:
                 loop.close()
 
 
+def loop_for(processor: object, given: LaneLoop | None, *, name: str) -> tuple[LaneLoop | None, bool]:
+    """Where an async processor's lanes run: ``given`` (the worker's loop), else a loop of its own (True: the
+    caller closes it); (None, False) for a processor that is not async."""
+    if not is_async_processor(processor):
+        return None, False
+    return (given, False) if given is not None else (LaneLoop(name), True)
+
+
 # --- the lanes of one shard --------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ child back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from worker_lib.core.models import TRIM_HORIZON, Lease, ShardInfo
 from worker_lib.core.streams import related_lease_key, split_lease_key
@@ -42,17 +42,21 @@ class ParentsEnded:
 
 
 def ensure_child_leases(
-    store: LeaseStore, parent_key: str, children: Sequence[str], shards: Mapping[str, ShardInfo]
+    store: LeaseStore, parent_key: str, children: Sequence[str], list_shards: Callable[[], Iterable[ShardInfo]]
 ) -> bool:
-    """True when every child of ``parent_key`` has a lease (creating what is missing); False to retry later.
+    """True when every child of ``parent_key`` has a lease (creating what is missing); False to retry later. The
+    stream's shards are listed only when a child lease is missing.
 
     ``children`` and the shards' parents are bare shard ids; in a multi-stream application their leases carry the
     parent's stream prefix (:func:`~worker_lib.core.streams.related_lease_key`)."""
     parent_shard = split_lease_key(parent_key)[1]
+    shards: dict[str, ShardInfo] | None = None
     for child_id in children:
         child_key = related_lease_key(parent_key, child_id)
         if store.get_lease(child_key) is not None:
             continue
+        if shards is None:
+            shards = {shard.shard_id: shard for shard in list_shards()}
         shard = shards.get(child_id)
         if shard is None:
             log.warning("child shard %s of %s is not listed yet; retrying", child_id, parent_key)

@@ -468,7 +468,5 @@ class SparkLeaseCoordinator:
 
     def _child_leases_ready(self, lease_key: str, children: tuple[str, ...]) -> bool:
         """The consumer's rule (:func:`~worker_lib.shardsync.children.ensure_child_leases`)."""
-        if not children:
-            return True
-        shards = self._list_shards(stream_name_of(lease_key, self.options.stream))
-        return ensure_child_leases(self._store, lease_key, children, shards)
+        stream = stream_name_of(lease_key, self.options.stream)
+        return ensure_child_leases(self._store, lease_key, children, lambda: self._list_shards(stream).values())

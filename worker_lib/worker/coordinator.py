@@ -126,11 +126,8 @@ class LeaseCoordinator:
         worker-metrics report (``shardlease status``)."""
         with self._guard:
             running = [(key, entry) for key, entry in self._running.items() if entry.thread.is_alive()]
-        return {
-            key: LaneStats(in_flight=entry.consumer.records_in_flight, watermark_lag_ms=entry.consumer.watermark_lag_ms)
-            for key, entry in running
-            if entry.consumer.laned
-        }
+        stats = {key: entry.consumer.lane_stats for key, entry in running}
+        return {key: lanes for key, lanes in stats.items() if lanes is not None}
 
     def start(self) -> None:
         self.keeper.start(name=f"worker-{self.worker_id}")
