@@ -320,7 +320,7 @@ def test_status_watch_piped_into_head_exits_1_without_a_traceback(
         (["--lane-key", "no.such.module:f"], "invalid lane key 'no.such.module:f': no module named 'no'"),
     ],
 )
-def test_an_invalid_failure_policy_flag_is_one_line_and_exit_2(flags: list[str], fragment: str) -> None:
+def test_an_invalid_worker_flag_is_one_line_and_exit_2(flags: list[str], fragment: str) -> None:
     # GIVEN a failure-policy flag that cannot work WHEN `shardlease worker` starts THEN one line, exit 2, no I/O
     args = ["worker", "--app", "app-x", "--stream", "s", "--processor", "tests.support.chaos:ChaosProcessor"]
     assert_one_line_usage_error(
