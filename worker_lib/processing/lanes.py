@@ -171,26 +171,34 @@ class LaneCheckpointer:
 
 
 class LaneMark:
-    """The shard's failure mark shared by its lanes: it names the earliest record a lane is held at, and goes only
-    once no lane is held."""
+    """The shard's failure mark shared by its lanes: it names the earliest record a lane is held at, and goes once
+    no lane is held (a mark a previous owner left included)."""
 
     def __init__(self, mark: ShardMark) -> None:
         self._mark = mark
         self._lock = threading.Lock()
-        self._held: dict[int, Checkpoint] = {}
+        self._held: dict[int, tuple[Sequence[KinesisRecord], int, Failure]] = {}  # lane -> what it is held at
+        self._named: int | None = None  # the lane whose record the mark names
 
     def blocked(self, lane: int, records: Sequence[KinesisRecord], *, attempts: int, failure: Failure | None) -> None:
         with self._lock:
             if failure is None or not records:
-                if self._held.pop(lane, None) is None or self._held:
-                    return
-                self._mark.blocked((), attempts=0, failure=None)
+                self._held.pop(lane, None)
+                if not self._held:
+                    self._named = None
+                    self._mark.blocked((), attempts=0, failure=None)  # no write when there is no mark
+                elif self._named == lane:
+                    self._name(min(self._held, key=lambda held: _order(self._held[held][0][0].checkpoint)))
                 return
-            at = records[0].checkpoint
-            earliest = min(self._held.values(), key=_order, default=None)
-            self._held[lane] = at
-            if earliest is None or _order(at) <= _order(earliest):
-                self._mark.blocked(records, attempts=attempts, failure=failure)
+            self._held[lane] = (records, attempts, failure)
+            named = self._held.get(self._named) if self._named is not None else None
+            if named is None or _order(records[0].checkpoint) <= _order(named[0][0].checkpoint):
+                self._name(lane)
+
+    def _name(self, lane: int) -> None:
+        records, attempts, failure = self._held[lane]
+        self._named = lane
+        self._mark.blocked(records, attempts=attempts, failure=failure)
 
 
 def _order(checkpoint: Checkpoint) -> tuple[int, int]:
