@@ -17,8 +17,10 @@ from worker_lib.core.models import Checkpoint, KinesisRecord, ShardBlock
 from worker_lib.processing.config import FailureConfig
 from worker_lib.processing.delivery import ShardMark
 from worker_lib.processing.failures import BatchDelivery, Delivered, Failure, PortCall, RecordFailedError
-from worker_lib.processing.lanes import LaneCheckpointer, LaneMark, Watermark, lane_of
+from worker_lib.processing.lane_ports import LaneMark
+from worker_lib.processing.lanes import lane_of
 from worker_lib.processing.processor import InvalidCheckpointError
+from worker_lib.processing.watermark import LaneCheckpointer, Watermark
 
 
 def record(sequence: int, key: str = "k") -> KinesisRecord:
