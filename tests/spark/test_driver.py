@@ -10,8 +10,10 @@ those timings give (tests/support/stalls.py).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -200,6 +202,48 @@ def test_a_stopped_driver_gives_its_leases_up_and_says_stopped(env: Env, drivers
     # THEN every lease is unowned at once and its row says STOPPED (the leader moves nothing by waiting)
     assert all(lease.lease_owner is None for lease in env.store.list_leases())
     assert row(env).state is WorkerState.STOPPED and driver.held_leases() == []
+
+
+def test_a_second_stop_returns_only_once_the_first_departure_is_done(
+    env: Env, drivers: list[SparkLeaseCoordinator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a driver holding every lease, whose departure is held while it gives its leases up (the source runner's
+    # main thread in reader.stop(), as Spark closes its socket)
+    record_mode(env, LivenessMode.WORKER)
+    assign_all(env, ME)
+    driver = make_driver(env, "worker", drivers)
+    driver.start()
+    journal: list[str] = []
+    giving_up, release = threading.Event(), threading.Event()
+    give_up = driver._keeper.give_up
+
+    def held_give_up(keys: Any) -> Any:
+        giving_up.set()
+        release.wait()
+        result = give_up(keys)
+        journal.append("given up")
+        return result
+
+    monkeypatch.setattr(driver._keeper, "give_up", held_give_up)
+    first = threading.Thread(target=driver.stop)
+    first.start()
+    assert giving_up.wait(hang_bound_s(BEAT_S))
+
+    def second_stop() -> None:  # the SIGTERM handler's departure, which ends the process when stop() returns
+        driver.stop()
+        journal.append("second stop returned")
+
+    # WHEN a second stop comes meanwhile (given the time to return early, were it to)
+    second = threading.Thread(target=second_stop)
+    second.start()
+    second.join(0.5)
+    release.set()
+    first.join(hang_bound_s(BEAT_S))
+    second.join(hang_bound_s(BEAT_S))
+    # THEN it returned only after the first departure gave the leases up, and the row says STOPPED
+    assert journal == ["given up", "second stop returned"]
+    assert all(lease.lease_owner is None for lease in env.store.list_leases())
+    assert row(env).state is WorkerState.STOPPED
 
 
 @pytest.mark.parametrize(("stored", "setting"), [(LivenessMode.WORKER, "lease"), (LivenessMode.LEASE, "worker")])

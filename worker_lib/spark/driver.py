@@ -93,6 +93,7 @@ class SparkLeaseCoordinator:
         # (WorkerMetricsStore.put, also an UpdateItem) each keep the other's attributes.
         self._rows = WorkerMetricsStore(options.app, client=self._dynamodb, clock=clock, layout=options.table_layout)
         self._stop = threading.Event()
+        self._stopping = threading.Lock()
         discovery_s = options.discovery_interval_ms / 1000
         self._keeper = LeaseKeeper(
             self._store,
@@ -206,6 +207,12 @@ class SparkLeaseCoordinator:
         """Leave at once, as a worker's shutdown does without its batch to finish: say DEPARTING (the leader
         assigns us nothing more), give every lease up (uncommitted batches are read again by the next owner),
         then fence and say STOPPED, so the leader moves anything left without waiting for the failover time."""
+        # One departure at a time, and a second caller returns only once the first is done: the runner's SIGTERM
+        # handler ends the process when its stop() returns, which must not cut short one the main thread began.
+        with self._stopping:
+            self._depart()
+
+    def _depart(self) -> None:
         if not self.started or self._stop.is_set():
             return  # stopped already, or stood down for a newer runner under our worker id (the row is its own)
         log.info("spark source %s departing: giving up %d leases", self.worker_id, len(self._holder.held_keys()))
