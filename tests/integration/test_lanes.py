@@ -24,7 +24,7 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.processing.config import ConsumerConfig, FailureConfig
 from worker_lib.processing.destinations import FailureDestination, SqsDestination
 from worker_lib.processing.failures import RecordFailedError
-from worker_lib.processing.lanes import lane_of
+from worker_lib.processing.lanes import lane_count, lane_of
 from worker_lib.processing.processor import AsyncFunctionProcessor, Checkpointer, FunctionProcessor
 from worker_lib.retrieval.config import RetrievalConfig
 from worker_lib.testing.waiting import wait_until
@@ -364,7 +364,8 @@ def test_a_restart_resumes_from_the_watermark_and_delivers_again_only_what_came_
     eventually(lambda: len(first.seen) >= 100, bound_s=FLOW_BOUND_S, what="the first 100 records")
     produced += put_sequenced(kinesis, stream, 100, start=100)
     held = produced[100]
-    other_lanes = {put.data for put in produced if lane_of(put.key, LANES) != lane_of(held.key, LANES)}
+    lanes = lane_count(LANES)
+    other_lanes = {put.data for put in produced if lane_of(put.key, lanes) != lane_of(held.key, lanes)}
     eventually(
         lambda: entered.is_set() and other_lanes <= first.datas(),
         bound_s=FLOW_BOUND_S,
@@ -402,7 +403,7 @@ def test_kpl_aggregates_are_dealt_to_lanes_by_their_user_records_keys(
 ) -> None:
     # GIVEN 12 KPL aggregates of 10 user records each, keyed user-0..user-9 (aws-kinesis-agg), and 8 lanes
     user_keys = [f"user-{i}" for i in range(10)]
-    assert len({lane_of(user_key, LANES) for user_key in user_keys}) > 1  # an aggregate's keys span lanes
+    assert len({lane_of(user_key, lane_count(LANES)) for user_key in user_keys}) > 1  # an aggregate's keys span lanes
     stream, store, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
     parts = [[f"a{a:02d}-u{i}".encode() for i in range(10)] for a in range(12)]
     aggregates = [put_aggregate(kinesis, stream, aggregate) for aggregate in parts]
@@ -421,7 +422,7 @@ def test_kpl_aggregates_are_dealt_to_lanes_by_their_user_records_keys(
     # THEN every user record was delivered once
     assert sorted(record.data for record in delivered) == sorted(data for aggregate in parts for data in aggregate)
     # AND each delivery held one lane's records, and each aggregate's user records came in more than one delivery
-    assert all(len({lane_of(record.partition_key, LANES) for record in call}) == 1 for call in calls)
+    assert all(len({lane_of(record.partition_key, lane_count(LANES)) for record in call}) == 1 for call in calls)
     for sequence in aggregates:
         assert len([call for call in calls if any(r.sequence_number == sequence for r in call)]) > 1, sequence
     # AND each key's user records came in order (sequence, then sub-sequence)

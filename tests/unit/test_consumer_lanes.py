@@ -27,7 +27,7 @@ from worker_lib.core.models import (
 )
 from worker_lib.processing.config import ConsumerConfig
 from worker_lib.processing.consumer import ConsumerOutcome, ConsumerState, ShardConsumer
-from worker_lib.processing.lanes import lane_of
+from worker_lib.processing.lanes import lane_count, lane_of
 from worker_lib.processing.processor import (
     InitializationInput,
     LeaseLostInput,
@@ -49,9 +49,9 @@ def _a_key_per_lane() -> list[str]:
     keys: dict[int, str] = {}
     n = 0
     while len(keys) < LANES:
-        keys.setdefault(lane_of(f"key-{n}", LANES), f"key-{n}")
+        keys.setdefault(lane_of(f"key-{n}", lane_count(LANES)), f"key-{n}")
         n += 1
-    return [keys[lane] for lane in range(LANES)]
+    return list(keys.values())
 
 
 LANE_KEYS = _a_key_per_lane()  # LANE_KEYS[i] is dealt to lane i

@@ -1,9 +1,9 @@
 """Key-ordered lanes: more than one batch of a shard in flight (``parallelism`` > 1, or an async processor).
 
-The consumer deals each batch it reads to lanes by key (:func:`lane_of`); each lane delivers its records in order,
-one delivery at a time, under the failure policy; lanes run concurrently — on threads of a pool of ``parallelism``
-(a processor whose ``process_records`` is a plain function) or as tasks on the worker's one event loop
-(:class:`LaneLoop`; an async processor), never a thread per lane for those.
+The consumer deals each batch it reads to lanes by key (:func:`lane_of`, :func:`lane_count`); each lane delivers
+its records in order, one delivery at a time, under the failure policy; up to ``parallelism`` lanes deliver at
+once — on a pool of ``parallelism`` threads (a processor whose ``process_records`` is a plain function) or as tasks
+on the worker's one event loop (:class:`LaneLoop`; an async processor), never a thread per lane for those.
 
 A record is *done* once its lane's delivery returned without a failure (or the policy recorded or skipped it).
 :class:`Watermark` holds every record read and not yet passed: its position is the last record before which
@@ -105,12 +105,23 @@ def loop_for(processor: object, given: LaneLoop | None, *, name: str) -> tuple[L
 
 # --- the lanes of one shard --------------------------------------------------------------------------------------
 
+LANES_PER_DELIVERY = 64
+"""Lanes per delivery running at once: keys hashed to exactly ``parallelism`` lanes leave the busiest lane with
+about 1.4 × its share at 32 (a shard as fast as that lane); 64 × finer lanes, served by ``parallelism`` runners
+from one queue of ready lanes, keep every runner busy while the keys last (docs/benchmarks.md, "Key-ordered lanes")."""
+
+
+def lane_count(parallelism: int) -> int:
+    """How many lanes (key groups, each delivered in order) a shard has at ``parallelism``."""
+    return 1 if parallelism == 1 else parallelism * LANES_PER_DELIVERY
+
 
 @dataclass
 class _Lane:
     index: int
     queue: deque[tuple[int, KinesisRecord]] = field(default_factory=deque)
     batch: RecordBatch | None = None  # the last batch dealt to it: its lag and receive time
+    ready: bool = False  # waiting in the ready queue
     running: bool = False
     halted: bool = False  # ended otherwise than done: nothing more is delivered in it
 
@@ -130,7 +141,8 @@ class LaneResult:
 
 
 class Lanes:
-    """The lanes of one shard: deals batches, runs lane deliveries, reports how they ended (:meth:`results`)."""
+    """The lanes of one shard: deals batches to lanes by key, runs at most ``parallelism`` lane deliveries at once
+    (each runner takes the lane ready longest), reports how they ended (:meth:`results`)."""
 
     def __init__(
         self,
@@ -148,7 +160,11 @@ class Lanes:
         self._lock = threading.Lock()
         self._progress = threading.Event()
         self._results: deque[LaneResult] = deque()
-        self._lanes = [_Lane(i) for i in range(parallelism)]
+        self._count = lane_count(parallelism)
+        self._lanes: dict[int, _Lane] = {}  # lanes with records waiting, delivering or halted
+        self._ready: deque[_Lane] = deque()
+        self._runners = parallelism
+        self._running = 0
         self._written = written
         self._mark = LaneMark(context.mark)
         self.watermark = Watermark(clock)
@@ -165,21 +181,22 @@ class Lanes:
     # --- the consumer's side ---------------------------------------------------------------------------------
 
     def deal(self, batch: RecordBatch) -> None:
-        """Give each record of ``batch`` to its key's lane, in shard order; start lanes that were idle."""
+        """Give each record of ``batch`` to its key's lane, in shard order; start runners for lanes now ready."""
         indices = self.watermark.admit(batch.records)
-        count = len(self._lanes)
-        start: list[_Lane] = []
         with self._lock:
             for index, record in zip(indices, batch.records, strict=True):
-                lane = self._lanes[lane_of(self._key_of(record), count)]
+                number = lane_of(self._key_of(record), self._count)
+                lane = self._lanes.get(number)
+                if lane is None:
+                    lane = self._lanes[number] = _Lane(number)
                 lane.queue.append((index, record))
                 lane.batch = batch
-            for lane in self._lanes:
-                if lane.queue and not lane.running and not lane.halted and not self.closing.is_set():
-                    lane.running = True
-                    start.append(lane)
-        for lane in start:
-            self._start(lane)
+                self._make_ready(lane)
+            # a runner per ready lane, up to parallelism (those running take ready lanes too, when theirs ends)
+            starting = 0 if self.closing.is_set() else min(self._runners - self._running, len(self._ready))
+            self._running += starting
+        for _ in range(starting):
+            self._start()
 
     def results(self) -> list[LaneResult]:
         """How the lane deliveries that ended since the last call ended."""
@@ -196,12 +213,6 @@ class Lanes:
     def wake(self) -> None:
         self._progress.set()
 
-    @property
-    def busy(self) -> bool:
-        """Whether any lane is delivering or has records waiting."""
-        with self._lock:
-            return any(lane.running or (lane.queue and not lane.halted) for lane in self._lanes)
-
     def close(self) -> None:
         """Start no new delivery; waits inside deliveries end."""
         self.closing.set()
@@ -212,7 +223,7 @@ class Lanes:
         end = self._clock.monotonic() + seconds
         while True:
             with self._lock:
-                running = any(lane.running for lane in self._lanes)
+                running = self._running
             if not running:
                 return True
             left = end - self._clock.monotonic()
@@ -227,35 +238,48 @@ class Lanes:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    # --- the lanes' side -------------------------------------------------------------------------------------
+    # --- the runners' side -----------------------------------------------------------------------------------
 
-    def _start(self, lane: _Lane) -> None:
+    def _make_ready(self, lane: _Lane) -> None:
+        if lane.queue and not (lane.ready or lane.running or lane.halted):
+            lane.ready = True
+            self._ready.append(lane)
+
+    def _start(self) -> None:
         try:
             if self._loop is not None:
-                self._loop.submit(self._run_async(lane))
+                self._loop.submit(self._run_async())
             else:
                 assert self._pool is not None
-                self._pool.submit(self._run(lane))
+                self._pool.submit(self._run)
         except RuntimeError:  # the pool or the loop was shut down: the consumer has ended
             with self._lock:
-                lane.running = False
+                self._running -= 1
 
-    def _take(self, lane: _Lane) -> tuple[tuple[tuple[int, KinesisRecord], ...], RecordBatch] | None:
-        """The lane's waiting records, or None (and the lane stops running) when there are none or it must stop."""
+    def _take(self) -> tuple[_Lane, tuple[tuple[int, KinesisRecord], ...], RecordBatch] | None:
+        """The lane ready longest and its waiting records, or None (and the runner ends) when none is ready or no
+        delivery may start."""
         with self._lock:
-            if not lane.queue or lane.halted or self.closing.is_set():
-                lane.running = False
+            if not self._ready or self.closing.is_set():
+                self._running -= 1
                 self._progress.set()
                 return None
+            lane = self._ready.popleft()
+            lane.ready, lane.running = False, True
             items = tuple(lane.queue)
             lane.queue.clear()
             assert lane.batch is not None
-            return items, lane.batch
+            return lane, items, lane.batch
 
     def _report(self, lane: _Lane, result: LaneResult) -> None:
         with self._lock:
+            lane.running = False
             if result.delivered is not Delivered.DONE:
                 lane.halted = True  # later records of its keys must not pass the one that failed
+            elif lane.queue:
+                self._make_ready(lane)
+            else:
+                del self._lanes[lane.index]  # an idle lane holds no memory
             self._results.append(result)
             self._progress.set()
 
@@ -272,26 +296,23 @@ class Lanes:
         )
         return delivery, ports
 
-    def _run(self, lane: _Lane) -> Callable[[], None]:
-        def run() -> None:
-            while (taken := self._take(lane)) is not None:
-                items, batch = taken
-                records = tuple(record for _, record in items)
-                delivery, _ = self._delivery(lane, items, batch)
-                try:
-                    delivered: Delivered | None = delivery.run(records)
-                    error: BaseException | None = None
-                except Interrupted:  # a destination's retries were cut short: the consumer is leaving
-                    delivered, error = Delivered.INTERRUPTED, None
-                except Exception as exc:
-                    delivered, error = None, exc
-                self._report(lane, LaneResult(lane.index, records, batch, delivered, delivery.stats, delivery, error))
+    def _run(self) -> None:
+        while (taken := self._take()) is not None:
+            lane, items, batch = taken
+            records = tuple(record for _, record in items)
+            delivery, _ = self._delivery(lane, items, batch)
+            try:
+                delivered: Delivered | None = delivery.run(records)
+                error: BaseException | None = None
+            except Interrupted:  # a destination's retries were cut short: the consumer is leaving
+                delivered, error = Delivered.INTERRUPTED, None
+            except Exception as exc:
+                delivered, error = None, exc
+            self._report(lane, LaneResult(lane.index, records, batch, delivered, delivery.stats, delivery, error))
 
-        return run
-
-    async def _run_async(self, lane: _Lane) -> None:
-        while (taken := self._take(lane)) is not None:
-            items, batch = taken
+    async def _run_async(self) -> None:
+        while (taken := self._take()) is not None:
+            lane, items, batch = taken
             records = tuple(record for _, record in items)
             delivery, ports = self._delivery(lane, items, batch)
             try:
