@@ -8,14 +8,21 @@ and a merge while producing, with a random SIGKILL in between in longer runs.
 Both scenarios run in each liveness mode (docs/liveness-modes.md): ``lease`` (every lease renewed) and ``worker``
 (the heartbeat alone proves a worker alive; the frozen worker's shards move once its heartbeat stood still for the
 failover time, and on waking its first heartbeat reply comes after its fence ran out). The mode is recorded with
-``shardlease liveness --set`` before the first process starts, and every process is configured for it.
+``shardlease liveness --set`` before the first process starts, and every process is configured for it. One case
+of each runs key-ordered lanes (docs/worker.md; within CI's time, as cases of the two scenarios, not more of them):
+scenario A in worker mode with parallelism 8 on threads (and a SIGTERM + restart of a busy worker in each round),
+scenario B in lease mode with an async processor at parallelism 8; records then share 24 lane keys
+(``tests.support.chaos:lane_key``), and each delivery takes a while, so that lanes have records waiting.
 
 Invariants (tests/support/chaos.py, ``check_journal``), the same in both modes and exact whatever the load: nothing
 lost; duplicates only after an abnormal ownership change and only past the new session's start checkpoint;
 per-session order; nothing after a session's LOST; children after their parents' END; one owner at a time (once
 another process started a session on a shard, the earlier owner journals there only the batch it had been handed
-before). Every wait is a liveness bound derived from the fleet's configured timings (tests/support/stalls.py); the
-failover and unserved seconds are recorded figures — bench/failover.py measures them (kill, stop, leader).
+before). With lanes: order per key within a session; after a graceful stop, duplicates only of records past the
+watermark it left; the earlier owner's deliveries after the next one's start at most one per lane and parallelism in
+all, each handed over before it. Every wait is a liveness bound derived from the fleet's configured timings
+(tests/support/stalls.py); the failover and unserved seconds are recorded figures — bench/failover.py measures them
+(kill, stop, leader).
 
     SHARDLEASE_CHAOS_SEED=7 SHARDLEASE_CHAOS_ROUNDS=20 .venv/bin/pytest tests/chaos -s   # the longer run
 
@@ -37,17 +44,20 @@ import pytest
 
 from tests.chaos.conftest import App
 from tests.support.chaos import (
+    ASYNC_PROCESSOR,
+    DELIVERY_ENV,
+    LANE_KEY,
+    PROCESSOR,
     Line,
     Timings,
     chaos_rounds,
     chaos_seed,
     failover_s,
-    fenced_after_stop,
     unserved_s,
     worker_liveness,
 )
 from tests.support.chaos_fleet import ChaosFleet
-from tests.support.processes import EMBEDDED_LEADER_ENV, FAST_ENV, LIVENESS_MODES, liveness_env, shardlease_liveness
+from tests.support.processes import EMBEDDED_LEADER_ENV, FAST_ENV, liveness_env, shardlease_liveness
 from tests.support.stalls import eventually, hang_bound_s, stall_note
 from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
@@ -70,17 +80,33 @@ SEED = chaos_seed()
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(120 + 90 * ROUNDS)]
 
+PARALLELISM = 8  # the lanes cases' SHARDLEASE_PARALLELISM
+# With lanes, each delivery takes this long: records wait behind their lane's delivery in flight, and ready lanes for
+# a runner, so a kill, a freeze or a stop finds deliveries in flight and records waiting.
+LANE_DELIVERY_MS = 300
 
-def labels(liveness: str) -> dict[str, Any]:
+
+def labels(liveness: str, parallelism: int, processor: str) -> dict[str, Any]:
     """What each scenario's figures say about its run."""
-    return {"liveness": liveness, "seed": SEED, "rounds": ROUNDS}
+    return {"liveness": liveness, "parallelism": parallelism, "processor": processor, "seed": SEED, "rounds": ROUNDS}
 
 
-def worker_env(journal: Path, liveness: str) -> dict[str, str]:
+def worker_env(journal: Path, liveness: str, parallelism: int = 1) -> dict[str, str]:
+    """Every worker's environment; with ``parallelism`` > 1, lanes keyed by ``lane_key``, slow deliveries."""
+    laned = (
+        {
+            "SHARDLEASE_PARALLELISM": str(parallelism),
+            "SHARDLEASE_LANE_KEY": LANE_KEY,
+            DELIVERY_ENV: str(LANE_DELIVERY_MS),
+        }
+        if parallelism > 1
+        else {}
+    )
     return {
         **liveness_env(liveness),
         "SHARDLEASE_CHAOS_JOURNAL": str(journal),
         **EMBEDDED_LEADER_ENV,
+        **laned,
     }
 
 
@@ -116,13 +142,34 @@ def sigkill_and_restart(fleet: ChaosFleet, rng: random.Random) -> float | None:
     pid = fleet.pid(victim)
     killed_at = fleet.signal(fleet.latest[victim], signal.SIGKILL)
     time.sleep(rng.uniform(0.0, 2.0))  # a real process restarting: nothing to inject a clock into
-    fleet.start_chaos_worker(victim if rng.random() < 0.5 else f"{victim}-r{fleet.starts}")
+    restarted = victim if rng.random() < 0.5 else f"{victim}-r{fleet.starts}"
+    fleet.start_chaos_worker(restarted)
+    fleet.wait_started(restarted)
     eventually(
         lambda: failover_s(fleet.lines(), pid, killed_at) is not None,
         bound_s=hang_bound_s(FAILOVER_EXPECTED_S),
         what=f"seed={SEED}: no failover after SIGKILL of {victim}",
     )
     return failover_s(fleet.lines(), pid, killed_at)
+
+
+def sigterm_and_restart(fleet: ChaosFleet, rng: random.Random) -> tuple[float | None, list[str]]:
+    """SIGTERM a random busy worker (a graceful stop: lanes drained, the watermark written), wait for its exit,
+    restart it under the same worker id; its shards' failover time, and what went wrong (its exit code)."""
+    victim = rng.choice(fleet.busy())
+    pid, name = fleet.pid(victim), fleet.latest[victim]
+    code = fleet.stop_workers([victim])[victim]
+    term_at = fleet.processes[name].sent("SIGTERM")
+    assert term_at is not None
+    fleet.start_chaos_worker(victim)
+    fleet.wait_started(victim)  # (its shards may be served by others at once: the next action may come right away)
+    eventually(
+        lambda: failover_s(fleet.lines(), pid, term_at) is not None,
+        bound_s=hang_bound_s(FAILOVER_EXPECTED_S),
+        what=f"seed={SEED}: shards of the stopped {victim} not served again",
+    )
+    problems = [] if code == 0 else [f"{victim} (pid {pid}) exited {code} after SIGTERM"]
+    return failover_s(fleet.lines(), pid, term_at), problems
 
 
 def sigstop_past_the_lease(
@@ -171,7 +218,7 @@ def sigstop_past_the_lease(
     while time.monotonic() < watch_until:
         sample()
         time.sleep(0.2)
-    problems = fenced_after_stop(fleet.lines(), pid, stopped_at)
+    problems = fleet.fenced_after_stop(pid, stopped_at)
     if sample():
         bound = hang_bound_s(TIMINGS.silent_worker_s)
         first = min(stranded_since.values())
@@ -256,19 +303,26 @@ def judge(
     return problems
 
 
-@pytest.mark.parametrize("liveness", LIVENESS_MODES)
-def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_path: Path, liveness: str) -> None:
+@pytest.mark.parametrize(
+    ("liveness", "parallelism"), [("lease", 1), ("worker", PARALLELISM)], ids=["lease", "worker-lanes-8"]
+)
+def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(
+    app: App, tmp_path: Path, liveness: str, parallelism: int
+) -> None:
     rng = random.Random(SEED)
     app.create_stream(4)
     kills: list[float | None] = []
     stops: list[float | None] = []
+    terms: list[float | None] = []
     problems: list[str] = []
-    with app.fleet(tmp_path, worker_env(app.journal, liveness), labels=labels(liveness)) as fleet:
+    env = worker_env(app.journal, liveness, parallelism)
+    with app.fleet(tmp_path, env, labels=labels(liveness, parallelism, "sync")) as fleet:
         # GIVEN an application in liveness mode `liveness`, and 3 workers with embedded leaders sharing 4 shards
-        # while a producer writes 100 records/s
+        # (with `parallelism` > 1: in lanes keyed by 24 record keys) while a producer writes 100 records/s
         with producing(fleet, app, liveness, shards=4) as producer:
             # WHEN, round after round, a random busy worker is SIGKILLed and restarted, and another is frozen
-            # with SIGSTOP past its lease duration and then resumed (order and victims from the seed)
+            # with SIGSTOP past its lease duration and then resumed (order and victims from the seed); with lanes,
+            # one more is stopped with SIGTERM and restarted
             for _ in range(ROUNDS):
                 actions = rng.choice(
                     [["kill", "stop"], ["stop", "kill"], ["kill"], ["stop"]]
@@ -278,9 +332,15 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_p
                         ["stop", "kill"],
                     ]
                 )
+                if parallelism > 1:
+                    actions.insert(rng.randrange(len(actions) + 1), "term")
                 for action in actions:
                     if action == "kill":
                         kills.append(sigkill_and_restart(fleet, rng))
+                    elif action == "term":
+                        failover, found = sigterm_and_restart(fleet, rng)
+                        terms.append(failover)
+                        problems += found
                     else:
                         failover, found = sigstop_past_the_lease(fleet, rng, app.store)
                         stops.append(failover)
@@ -300,14 +360,18 @@ def test_sigkill_restart_and_sigstop_past_the_lease_lose_nothing(app: App, tmp_p
         served_until=served_until,
         sigkill=len(kills),
         sigstop=len(stops),
+        sigterm=len(terms),
         failover_kill_s=kills,
         failover_stop_s=stops,
+        failover_term_s=terms,
     )
-    # AND the journal and the lease table satisfy every invariant; the fence held for the resumed worker
+    # AND the journal and the lease table satisfy every invariant (with lanes: per-key order, duplicates only past
+    # the watermark); the fence held for the resumed worker
     assert not problems, f"seed={SEED}: {problems[:10]}"
     assert all(code == 0 for code in codes.values()), f"seed={SEED}: exit codes {codes}"
-    # AND every kill and freeze failed over (how fast is recorded above: failover_kill_s, failover_stop_s)
-    assert all(f is not None for f in kills + stops), f"seed={SEED}: failover {kills} {stops}"
+    # AND every kill, freeze and stop failed over (how fast is recorded above: failover_kill_s, failover_stop_s,
+    # failover_term_s)
+    assert all(f is not None for f in kills + stops + terms), f"seed={SEED}: failover {kills} {stops} {terms}"
 
 
 def open_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
@@ -319,19 +383,25 @@ def open_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.kinesalite
-@pytest.mark.parametrize("liveness", LIVENESS_MODES)
-def test_split_and_merge_while_producing_with_worker_processes(
-    kinesalite_endpoint: str, app: App, tmp_path: Path, liveness: str
+@pytest.mark.parametrize(
+    ("liveness", "parallelism", "processor"),
+    [("lease", PARALLELISM, ASYNC_PROCESSOR), ("worker", 1, PROCESSOR)],
+    ids=["lease-async-lanes-8", "worker"],
+)
+def test_split_and_merge_while_producing_with_worker_processes(  # noqa: PLR0917 - pytest passes fixtures and parameters positionally
+    kinesalite_endpoint: str, app: App, tmp_path: Path, liveness: str, parallelism: int, processor: str
 ) -> None:
     rng = random.Random(SEED + 1)
     # (Kinesis on kinesalite: moto keeps routing records to a closed parent after a reshard)
     app = replace(app, kinesis=aws.client("kinesis", AwsConfig(endpoint_url=kinesalite_endpoint, max_attempts=3)))
     app.create_stream(3)
-    env = {**worker_env(app.journal, liveness), "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint}
+    env = {**worker_env(app.journal, liveness, parallelism), "SHARDLEASE_KINESIS_ENDPOINT_URL": kinesalite_endpoint}
     kills: list[float | None] = []
-    with app.fleet(tmp_path, env, labels=labels(liveness)) as fleet:
+    kind = "async" if processor == ASYNC_PROCESSOR else "sync"
+    with app.fleet(tmp_path, env, labels=labels(liveness, parallelism, kind)) as fleet:
+        fleet.processor = processor
         # GIVEN an application in liveness mode `liveness`, 3 worker processes (Kinesis on kinesalite, leases on
-        # moto) and a steady producer
+        # moto) running `processor` (with `parallelism` > 1: in lanes), and a steady producer
         with producing(fleet, app, liveness, shards=3) as producer:
             for _ in range(ROUNDS):
                 # WHEN a random open shard is split while records keep coming
@@ -346,7 +416,7 @@ def test_split_and_merge_while_producing_with_worker_processes(
                 time.sleep(rng.uniform(0.5, 2.0))
             producer.stop()
         produced = producer.produced
-        # THEN every record is processed, children only after their parents ended
+        # THEN every record is processed, children only after their parents ended (with lanes: in order per key)
         drained(fleet, produced)
         served_until = time.monotonic()
         codes = fleet.stop_workers()

@@ -4,29 +4,34 @@ Journal lines (one ``write`` each, O_APPEND, so the file order is the global ord
 
     <monotonic s> <pid> <shard> REC <sequence> <sub-sequence> <data> <delivered s>
     <monotonic s> <pid> <shard> INIT <checkpoint sequence> <checkpoint sub-sequence> -
-    <monotonic s> <pid> <shard> LOST|END|SHUTDOWN - - -
+    <monotonic s> <pid> <shard> SHUTDOWN <checkpoint sequence> <checkpoint sub-sequence> -
+    <monotonic s> <pid> <shard> LOST|END - - -
 
 (``<pid>`` is the worker's tag for in-process workers: several share one process.) Every REC line of one delivery
 (one ``process_records`` call) carries the same stamp and is written in one ``write``: a batch is told by its
 stamp. ``<delivered s>`` is when the consumer handed the batch over (its ``cache_exit_time``, taken right after
-its fence check), on the same clock.
+its fence check; in a lane, when the lane's delivery started), on the same clock. A SHUTDOWN line carries the
+checkpoint the session left (with lanes, the watermark: records past it may be processed again by the next owner).
 
 ``time.monotonic()`` is CLOCK_MONOTONIC on Linux: one clock for every process on the machine, so the test
 process can compare its own readings (when it sent SIGKILL) with the workers' lines. A starved machine makes
 every stamp late, never out of order: the invariants compare stamps only with each other, never with a duration.
 
-``shardlease worker --processor tests.support.chaos:ChaosProcessor`` with ``SHARDLEASE_CHAOS_JOURNAL=/path``.
+``shardlease worker --processor tests.support.chaos:ChaosProcessor`` with ``SHARDLEASE_CHAOS_JOURNAL=/path``
+(``AsyncChaosProcessor``: the same journal from an ``async def process_records``; with
+``SHARDLEASE_LANE_KEY=tests.support.chaos:lane_key`` records share :data:`KEYS` lane keys).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +47,12 @@ from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.mode import LivenessMode
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.leases.store import LeaseStore
+from worker_lib.processing.config import LaneKeyFunction
+from worker_lib.processing.lanes import lane_count, lane_of
 from worker_lib.processing.processor import (
+    AsyncCheckpointer,
     InitializationInput,
+    KinesisRecord,
     LeaseLostInput,
     ProcessRecordsInput,
     ShardEndedInput,
@@ -54,6 +63,10 @@ from worker_lib.workermetrics.stats_store import WorkerMetricsStore
 
 DEFAULT_SEED = 20240607
 PROCESSOR = "tests.support.chaos:ChaosProcessor"
+ASYNC_PROCESSOR = "tests.support.chaos:AsyncChaosProcessor"
+LANE_KEY = "tests.support.chaos:lane_key"
+DELIVERY_ENV = "SHARDLEASE_CHAOS_DELIVERY_MS"
+KEYS = 24  # lane keys of the records with LANE_KEY: each has many records on every shard, and 8 lanes all get some
 
 
 def chaos_seed() -> int:
@@ -69,15 +82,33 @@ def chaos_rounds() -> int:
 # --- the processor (runs inside `shardlease worker`) --------------------------------------------------------------
 
 
-class ChaosProcessor:
-    """Journals every record *before* checkpointing (so a checkpointed record is always in the journal).
+def record_key(data: str) -> str:
+    """The lane key of a producer's record (``r0000047`` -> ``k7``): its number modulo :data:`KEYS`. (The
+    producer's partition key is the record id, one record per key: with it, per-key order would say nothing.)"""
+    digits = "".join(ch for ch in data.split("|", 1)[0] if ch.isdigit())
+    return f"k{int(digits) % KEYS}"
 
-    In a ``shardlease worker`` process it takes the journal from ``$SHARDLEASE_CHAOS_JOURNAL`` and tags its lines
-    with the process id; in-process workers (several in one process) give a journal and a tag of their own."""
+
+def lane_key(record: KinesisRecord) -> str:
+    """``SHARDLEASE_LANE_KEY=tests.support.chaos:lane_key``: :func:`record_key` of the record's data."""
+    return record_key(record.data.decode())
+
+
+def journal_key(key_of: LaneKeyFunction) -> Callable[[str], str]:
+    """A worker's lane key function applied to a journaled record (its data): the producer's records carry their
+    id as data and as partition key."""
+    return lambda data: key_of(KinesisRecord(data=data.encode(), partition_key=data, sequence_number="0"))
+
+
+class _Journaling:
+    """What both chaos processors journal: one ``write`` per call (O_APPEND), from any thread. Each delivery takes
+    ``$SHARDLEASE_CHAOS_DELIVERY_MS`` (default 0) before it journals: records queue up in lanes behind deliveries in
+    flight, as behind a processor that calls a service."""
 
     def __init__(self, path: str | None = None, *, tag: int | None = None) -> None:
         self.path = path if path is not None else os.environ["SHARDLEASE_CHAOS_JOURNAL"]
         self.tag = tag
+        self.delivery_s = env_int(os.environ, DELIVERY_ENV, 0) / 1000
 
     def _append(self, lines: list[str]) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -102,29 +133,27 @@ class ChaosProcessor:
         tail = "" if delivered is None else f" {delivered:.6f}"
         return f"{time.monotonic() if t is None else t:.6f} {tag} {shard} {kind} {a} {b} {c}{tail}\n"
 
+    def _records(self, input: ProcessRecordsInput) -> list[str]:
+        """The delivery's REC lines, one stamp for all of them (the journal tells a delivery by it)."""
+        wall = time.time()
+        now = time.monotonic()
+        delivered = _delivered_at(input, wall=wall, now=now)
+        return [
+            self._line(
+                input.shard_id,
+                "REC",
+                r.sequence_number,
+                str(r.sub_sequence_number),
+                r.data.decode(),
+                t=now,
+                delivered=delivered,
+            )
+            for r in input.records
+        ]
+
     def initialize(self, input: InitializationInput) -> None:
         cp = input.checkpoint
         self._append([self._line(input.shard_id, "INIT", cp.sequence, str(cp.sub_sequence))])
-
-    def process_records(self, input: ProcessRecordsInput) -> None:
-        wall = time.time()
-        now = time.monotonic()  # one stamp for the whole batch: the journal tells a batch by it
-        delivered = _delivered_at(input, wall=wall, now=now)
-        self._append(
-            [
-                self._line(
-                    input.shard_id,
-                    "REC",
-                    r.sequence_number,
-                    str(r.sub_sequence_number),
-                    r.data.decode(),
-                    t=now,
-                    delivered=delivered,
-                )
-                for r in input.records
-            ]
-        )
-        input.checkpointer.checkpoint()
 
     def lease_lost(self, input: LeaseLostInput) -> None:
         self._append([self._line(input.shard_id, "LOST")])
@@ -134,8 +163,43 @@ class ChaosProcessor:
         input.checkpointer.checkpoint()
 
     def shutdown_requested(self, input: ShutdownRequestedInput) -> None:
-        self._append([self._line(input.shard_id, "SHUTDOWN")])
+        # journaled after the checkpoint, with what it left: the next owner starts there (the lease moves only after
+        # this returns)
+        try:
+            input.checkpointer.checkpoint()
+        finally:
+            cp = input.checkpointer.last_checkpoint
+            a, b = ("-", "-") if cp is None else (cp.sequence, str(cp.sub_sequence))
+            self._append([self._line(input.shard_id, "SHUTDOWN", a, b)])
+
+
+class ChaosProcessor(_Journaling):
+    """Journals every record *before* checkpointing (so a checkpointed record is always in the journal).
+
+    In a ``shardlease worker`` process it takes the journal from ``$SHARDLEASE_CHAOS_JOURNAL`` and tags its lines
+    with the process id; in-process workers (several in one process) give a journal and a tag of their own.
+    Thread-safe: with lanes, several deliveries of a shard run at once."""
+
+    def process_records(self, input: ProcessRecordsInput) -> None:
+        lines = self._records(input)
+        if self.delivery_s:
+            time.sleep(self.delivery_s)
+        self._append(lines)
         input.checkpointer.checkpoint()
+
+
+class AsyncChaosProcessor(_Journaling):
+    """:class:`ChaosProcessor` with ``async def process_records``: its lanes are tasks on the worker's event loop;
+    the journal's write and fsync run on a thread, so other lanes go on meanwhile."""
+
+    async def process_records(self, input: ProcessRecordsInput) -> None:
+        lines = self._records(input)
+        if self.delivery_s:
+            await asyncio.sleep(self.delivery_s)
+        await asyncio.to_thread(self._append, lines)
+        checkpointer = input.checkpointer
+        assert isinstance(checkpointer, AsyncCheckpointer)  # an async processor is given the awaitable forms
+        await checkpointer.acheckpoint()
 
 
 def _delivered_at(input: ProcessRecordsInput, *, wall: float, now: float) -> float:
@@ -184,11 +248,12 @@ def _seq_key(sequence: str, sub: str) -> tuple[int, int]:
     return int(sequence), int(sub)
 
 
-def _checkpoint_covers(init: Line, rec: Line) -> bool:
-    """Whether the checkpoint a session started from already includes ``rec`` (then re-processing it is a bug)."""
-    if not init.a.isdigit():
-        return init.a == "SHARD_END"  # TRIM_HORIZON / LATEST / AT_TIMESTAMP cover nothing
-    return _seq_key(init.a, init.b) >= _seq_key(rec.a, rec.b)
+def _checkpoint_covers(at: Line, rec: Line) -> bool:
+    """Whether the checkpoint on ``at`` — a session's INIT (where it started) or SHUTDOWN (where it left) — already
+    includes ``rec`` (then processing it again is a bug)."""
+    if not at.a.isdigit():
+        return at.a == "SHARD_END"  # TRIM_HORIZON / LATEST / AT_TIMESTAMP cover nothing
+    return _seq_key(at.a, at.b) >= _seq_key(rec.a, rec.b)
 
 
 @dataclass
@@ -215,6 +280,8 @@ def check_journal(
     *,
     abnormal_pids: set[int],
     parents: dict[str, list[str]] | None = None,
+    key_of: Callable[[str], str] | None = None,
+    parallelism: int = 1,
 ) -> Verdict:
     """Every invariant of the chaos suite, from one journal; none of them depends on how fast anything ran.
 
@@ -227,12 +294,19 @@ def check_journal(
     * a child shard's first record comes after every parent's END line;
     * one owner at a time (:func:`two_owners`): once another process's session started on a shard, the earlier
       session journals there only the one batch it had been handed before that start.
+
+    With lanes (``key_of``: a record's lane key from its data; ``parallelism``: the workers'), order holds per key
+    within a session, not per shard; a session that ended normally (SHUTDOWN) may have processed records past the
+    checkpoint it left (the watermark: a later lane was done before an earlier one), so those — and only those — may
+    be processed again; and the earlier owner may journal, after the next owner's INIT, the deliveries it had in
+    flight then: one per lane, ``parallelism`` at most (:func:`two_owners`).
     """
     v = Verdict(produced=len(produced))
     session_of: dict[int, int] = {}  # REC line index -> INIT line index
     open_session: dict[tuple[int, str], Line] = {}
     lost_sessions: set[int] = set()
-    last_seq: dict[int, tuple[int, int]] = {}
+    left_at: dict[int, Line] = {}  # session (INIT line index) -> its SHUTDOWN line: the checkpoint it left
+    last_seq: dict[tuple[int, str], tuple[int, int]] = {}  # (session, key; the shard without lanes) -> last record
     first_rec: dict[str, int] = {}
     ended: dict[str, int] = {}
     recs: list[Line] = []
@@ -248,13 +322,17 @@ def check_journal(
                 continue
             session_of[line.index] = init.index
             seq = _seq_key(line.a, line.b)
-            if seq <= last_seq.get(init.index, (-1, -1)):
-                v.violations.append(f"order broken in session {init.index}: {line}")
-            last_seq[init.index] = seq
+            ordered = (init.index, line.shard if key_of is None else key_of(line.c))
+            if seq <= last_seq.get(ordered, (-1, -1)):
+                what = "" if key_of is None else f" for key {ordered[1]}"
+                v.violations.append(f"order broken{what} in session {init.index}: {line}")
+            last_seq[ordered] = seq
             first_rec.setdefault(line.shard, line.index)
             recs.append(line)
         elif line.kind == "LOST" and key in open_session:
             lost_sessions.add(open_session[key].index)
+        elif line.kind == "SHUTDOWN" and key in open_session:
+            left_at.setdefault(open_session[key].index, line)
         if line.kind == "REC" and line.index in session_of and session_of[line.index] in lost_sessions:
             v.violations.append(f"record after its session's LOST line (the fence did not hold): {line}")
         elif line.kind == "END":
@@ -269,7 +347,9 @@ def check_journal(
     if missing:
         v.violations.append(f"{len(missing)} records lost, e.g. {sorted(missing)[:5]}")
     first_seen: dict[str, Line] = {}
-    for rec in recs:
+    # in delivery order, not file order: a frozen owner journals its delivery in flight on waking, after its successor
+    # may have processed the same records (the earlier owner is the one that had them first)
+    for rec in sorted(recs, key=lambda r: (r.handed_over, r.index)):
         earlier = first_seen.get(rec.c)
         if earlier is None:
             first_seen[rec.c] = rec
@@ -280,8 +360,16 @@ def check_journal(
             continue
         if _checkpoint_covers(by_index[s2], rec):
             v.violations.append(f"{rec.c} re-processed although session {s2} started from a checkpoint covering it")
-        if earlier.pid not in abnormal_pids and s1 not in lost_sessions:
+        if earlier.pid in abnormal_pids or s1 in lost_sessions:
+            continue
+        left = left_at.get(s1)
+        if key_of is None or left is None:
             v.violations.append(f"{rec.c} duplicated but its first session {s1} (pid {earlier.pid}) ended normally")
+        elif _checkpoint_covers(left, rec):
+            v.violations.append(
+                f"{rec.c} duplicated although its first session {s1} (pid {earlier.pid}) ended normally at a "
+                f"checkpoint covering it ({left.a} {left.b}, line {left.index})"
+            )
     for child, ps in (parents or {}).items():
         if child not in first_rec:
             continue
@@ -290,7 +378,7 @@ def check_journal(
                 v.violations.append(f"child {child} processed but parent {parent} never ended")
             elif ended[parent] > first_rec[child]:
                 v.violations.append(f"child {child} processed (line {first_rec[child]}) before {parent} ended")
-    owners = two_owners(lines)
+    owners = two_owners(lines, key_of=key_of, parallelism=parallelism)
     v.violations += owners.violations
     v.in_flight_after_successor = owners.in_flight
     v.max_overlap_s = _max_overlap_s(recs, session_of, by_index)
@@ -306,7 +394,14 @@ class Owners:
     in_flight: int = 0
 
 
-def two_owners(lines: list[Line], *, pid: int | None = None, since: float | None = None) -> Owners:
+def two_owners(
+    lines: list[Line],
+    *,
+    pid: int | None = None,
+    since: float | None = None,
+    key_of: Callable[[str], str] | None = None,
+    parallelism: int = 1,
+) -> Owners:
     """One owner at a time, by journal order and the fence: once another process started a session on a shard (its
     INIT line), an earlier session there journals at most one batch after that line — the batch it had been handed
     before that INIT (its delivery stamp precedes the INIT's) — and nothing else until it starts a new session.
@@ -318,6 +413,13 @@ def two_owners(lines: list[Line], *, pid: int | None = None, since: float | None
     flight ends in a checkpoint that fails: the session ends). A killed process journals nothing more; a frozen
     one may journal, when woken, the batch it had been handed before its freeze — the same rule.
 
+    With lanes (``key_of``: a record's lane key from its data; ``parallelism``: the workers') the same rule holds per
+    lane (:func:`~worker_lib.processing.lanes.lane_of` of the key among the shard's
+    :func:`~worker_lib.processing.lanes.lane_count` lanes): a lane delivers one delivery at a time, ``parallelism``
+    lane deliveries run at once, and none starts once the lease ran out — so after that INIT, at most one delivery per
+    lane and ``parallelism`` in all, each handed over (its lane delivery started) before it. (A delivery journaled
+    after that INIT was in flight at it: a delivery journals before it returns.)
+
     The only stamp compared is the delivery's with the INIT's: both are readings of one machine clock, late on a
     starved machine but never out of order. (The delivery stamp is the consumer's ``cache_exit_time``, taken a few
     statements after its fence check: a process frozen exactly between the two, past the whole lease move, would be
@@ -328,7 +430,9 @@ def two_owners(lines: list[Line], *, pid: int | None = None, since: float | None
     found = Owners()
     open_init: dict[tuple[int, str], Line] = {}  # (pid, shard) -> the INIT of its current session
     successor: dict[tuple[int, str], Line] = {}  # (pid, shard) -> the first INIT of another process since then
-    batches: dict[tuple[int, int], set[float]] = {}  # (session INIT, successor INIT) -> batch stamps after it
+    # (session INIT, successor INIT) -> lane -> delivery stamps after it (one lane, 0, without lanes)
+    batches: dict[tuple[int, int], dict[int, set[float]]] = {}
+    lanes = lane_count(parallelism) if key_of is not None else 1
     for line in lines:
         key = (line.pid, line.shard)
         if line.kind == "INIT":
@@ -340,22 +444,31 @@ def two_owners(lines: list[Line], *, pid: int | None = None, since: float | None
                         successor.setdefault((other, shard), line)
         elif line.kind == "REC" and key in successor and (pid is None or line.pid == pid):
             nxt = successor[key]
-            stamps = batches.setdefault((open_init[key].index, nxt.index), set())
+            lane = 0 if key_of is None else lane_of(key_of(line.c), lanes)
+            stamps = batches.setdefault((open_init[key].index, nxt.index), {}).setdefault(lane, set())
             if line.t in stamps:
                 continue  # the rest of a batch already judged
             stamps.add(line.t)
+            deliveries = sum(len(each) for each in batches[(open_init[key].index, nxt.index)].values())
+            where = "" if key_of is None else f" in lane {lane}"
             if line.handed_over >= nxt.t:
                 found.violations.append(
-                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}) handed over to it at "
+                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}){where} handed over to it at "
                     f"{line.handed_over:.3f}, after pid {nxt.pid} had started its session there at {nxt.t:.3f} "
                     f"(line {nxt.index}): two owners at once"
                 )
             elif len(stamps) > 1:
                 found.violations.append(
-                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}) after the one it had in flight when "
-                    f"pid {nxt.pid} started its session there (line {nxt.index}): two owners at once"
+                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}){where} after the one it had in flight "
+                    f"when pid {nxt.pid} started its session there (line {nxt.index}): two owners at once"
                 )
-    found.in_flight = sum(1 for stamps in batches.values() if stamps)
+            elif deliveries > parallelism:
+                found.violations.append(
+                    f"{line.shard}: pid {line.pid} journaled a batch ({line.c}){where}, its delivery number "
+                    f"{deliveries} after pid {nxt.pid} started its session there (line {nxt.index}), more than the "
+                    f"{parallelism} it can have in flight: two owners at once"
+                )
+    found.in_flight = sum(1 for by_lane in batches.values() if by_lane)
     return found
 
 
@@ -379,12 +492,19 @@ def _max_overlap_s(recs: list[Line], session_of: dict[int, int], by_index: dict[
     return worst
 
 
-def fenced_after_stop(lines: list[Line], stopped_pid: int, stopped_at: float) -> list[str]:
+def fenced_after_stop(
+    lines: list[Line],
+    stopped_pid: int,
+    stopped_at: float,
+    *,
+    key_of: Callable[[str], str] | None = None,
+    parallelism: int = 1,
+) -> list[str]:
     """Violations of the fence of a process frozen (SIGSTOP) or cut off (its heartbeats failing) at
     ``stopped_at``: on a shard another process started a session on after ``stopped_at``, the stopped pid journals
-    nothing until it starts a new session of its own there — but the one batch it had been handed before that
-    session started (:func:`two_owners`, for this pid)."""
-    return two_owners(lines, pid=stopped_pid, since=stopped_at).violations
+    nothing until it starts a new session of its own there — but the one batch (with lanes: one per lane, at most
+    ``parallelism``) it had been handed before that session started (:func:`two_owners`, for this pid)."""
+    return two_owners(lines, pid=stopped_pid, since=stopped_at, key_of=key_of, parallelism=parallelism).violations
 
 
 def unserved_s(lines: list[Line], *, cut_at: Mapping[int, Sequence[float]], until: float) -> dict[str, float]:

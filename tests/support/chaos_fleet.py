@@ -9,7 +9,7 @@ what it killed or froze (``abnormal_pids()``, ``cut_at()``), which the journal i
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,15 @@ from tests.support.chaos import (
     Timings,
     Verdict,
     check_journal,
+    fenced_after_stop,
     holding,
+    journal_key,
     read_lines,
     record_figures,
 )
-from tests.support.processes import REPO, repo_env
+from tests.support.processes import PROCESS_START_S, REPO, repo_env
 from tests.support.stalls import eventually, hang_bound_s
+from worker_lib.processing.config import ConsumerConfig
 from worker_lib.testing.processes import ProcessFleet
 from worker_lib.testing.producers import Producer
 
@@ -54,11 +57,19 @@ class ChaosFleet(ProcessFleet):
         self.starts = 0  # worker processes started so far
         self.timings = Timings.of({**self.env, **self.worker_env})
         """What the workers are configured with: the fleet's liveness bounds are derived from it."""
+        consumer = ConsumerConfig.from_env({**self.env, **self.worker_env})
+        self.parallelism = consumer.parallelism
+        """The workers' ``SHARDLEASE_PARALLELISM``: more than one, they run lanes and the journal is judged per key."""
+        self.key_of: Callable[[str], str] | None = journal_key(consumer.key_of) if self.parallelism > 1 else None
+        """A journaled record's lane key (the workers' ``SHARDLEASE_LANE_KEY``), with lanes; None: one lane."""
+        self.processor = PROCESSOR
+        """What :meth:`start_chaos_worker` runs unless told otherwise."""
 
     def start_chaos_worker(
-        self, worker_id: str, *, processor: str = PROCESSOR, env: Mapping[str, str] | None = None
+        self, worker_id: str, *, processor: str | None = None, env: Mapping[str, str] | None = None
     ) -> int:
-        """``shardlease worker --worker-id worker_id`` with ``processor``; its pid."""
+        """``shardlease worker --worker-id worker_id`` with ``processor`` (default :attr:`processor`); its pid."""
+        processor = processor or self.processor
         self.starts += 1
         name = worker_id if worker_id not in self.processes else f"{worker_id}.{self.starts}"
         argv = ["worker", *self.args, "--processor", processor, "--worker-id", worker_id]
@@ -70,6 +81,16 @@ class ChaosFleet(ProcessFleet):
         """``shardlease leader`` holding the lock as ``owner`` (TRIM_HORIZON for new leases); its pid."""
         argv = ["leader", *self.args, "--initial-position", "TRIM_HORIZON", "--worker-id", owner]
         return self.start_shardlease(owner, *argv).pid
+
+    def wait_started(self, worker_id: str) -> None:
+        """Wait until the worker id's latest process says it started (it then handles SIGTERM: a signal before
+        its first lines kills a process still importing) — at most the liveness bound of a process start."""
+        name = self.latest[worker_id]
+        eventually(
+            lambda: "worker started id=" in self.log(name),
+            bound_s=hang_bound_s(PROCESS_START_S),
+            what=f"{name} did not start",
+        )
 
     def pid(self, worker_id: str) -> int:
         """The pid of the worker id's latest process."""
@@ -132,8 +153,20 @@ class ChaosFleet(ProcessFleet):
         parents: dict[str, list[str]] | None = None,
     ) -> Verdict:
         """The suite's journal invariants (tests/support/chaos.py, ``check_journal``); duplicates are allowed only
-        after what this fleet killed or froze."""
-        return check_journal(self.lines(), produced, abnormal_pids=self.abnormal_pids(), parents=parents)
+        after what this fleet killed or froze (with lanes: also past the watermark a graceful stop left)."""
+        return check_journal(
+            self.lines(),
+            produced,
+            abnormal_pids=self.abnormal_pids(),
+            parents=parents,
+            key_of=self.key_of,
+            parallelism=self.parallelism,
+        )
+
+    def fenced_after_stop(self, pid: int, stopped_at: float) -> list[str]:
+        """Violations of the fence of ``pid``, frozen at ``stopped_at`` (``fenced_after_stop``, judged per lane when
+        the workers run lanes)."""
+        return fenced_after_stop(self.lines(), pid, stopped_at, key_of=self.key_of, parallelism=self.parallelism)
 
     def record(self, scenario: str, verdict: Verdict, producer: Producer, **figures: Any) -> None:
         """Record the scenario's figures (``record_figures``): its labels, ``figures``, its runtime since the fleet

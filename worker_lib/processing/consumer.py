@@ -271,6 +271,7 @@ class ShardConsumer:
                 deliveries=self._deliveries,
                 delivered=self._delivered,
                 loop=self._loop,
+                valid=lambda: self._holder.is_valid(self.lease_key),
                 clock=self._clock,
             )
         try:

@@ -58,9 +58,11 @@ class LaneDriver:
         deliveries: Deliveries,
         delivered: DeliveredSink,
         loop: LaneLoop | None,
+        valid: Callable[[], bool],
         clock: Clock,
     ) -> LaneDriver:
-        """The lanes of ``lease_key`` (``loop``: an async processor's event loop; None: threads)."""
+        """The lanes of ``lease_key`` (``loop``: an async processor's event loop; None: threads; ``valid``: whether
+        the lease may be processed now, never waiting)."""
         lanes = Lanes(
             parallelism=config.parallelism,
             key_of=config.key_of,
@@ -68,6 +70,7 @@ class LaneDriver:
             written=lambda: checkpointer.last_checkpoint,
             loop=loop,
             clock=clock,
+            valid=valid,
         )
         return cls(
             lanes,
@@ -113,6 +116,7 @@ class LaneDriver:
 
     def finished(self) -> LaneResult | None:
         """Count what lanes finished; the first delivery that ended otherwise than done (None: read on)."""
+        self.lanes.resume()  # (the consumer's guard just passed: lanes left ready while the lease was not valid)
         ended: LaneResult | None = None
         for result in self.lanes.results():
             self._deliveries.count(result.stats)

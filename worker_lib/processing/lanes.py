@@ -153,7 +153,9 @@ class Lanes:
         written: Callable[[], Checkpoint | None],
         loop: LaneLoop | None,
         clock: Clock,
+        valid: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._valid = valid  # the lease's fence (never waits), checked before every lane delivery starts
         self._key_of = key_of
         self._clock = clock
         self.closing = threading.Event()  # no new delivery starts; lane waits end
@@ -192,7 +194,12 @@ class Lanes:
                 lane.queue.append((index, record))
                 lane.batch = batch
                 self._make_ready(lane)
-            # a runner per ready lane, up to parallelism (those running take ready lanes too, when theirs ends)
+        self.resume()
+
+    def resume(self) -> None:
+        """Start a runner per ready lane, up to ``parallelism`` (those running take ready lanes too, when theirs
+        ends): after a deal, and once the lease is known valid again (a runner ends when it is not)."""
+        with self._lock:
             starting = 0 if self.closing.is_set() else min(self._runners - self._running, len(self._ready))
             self._running += starting
         for _ in range(starting):
@@ -258,9 +265,10 @@ class Lanes:
 
     def _take(self) -> tuple[_Lane, tuple[tuple[int, KinesisRecord], ...], RecordBatch] | None:
         """The lane ready longest and its waiting records, or None (and the runner ends) when none is ready or no
-        delivery may start."""
+        delivery may start (the lanes closed, or the lease no longer valid: the consumer's guard says what next)."""
+        valid = self._valid()
         with self._lock:
-            if not self._ready or self.closing.is_set():
+            if not self._ready or self.closing.is_set() or not valid:
                 self._running -= 1
                 self._progress.set()
                 return None
