@@ -381,6 +381,23 @@ def test_a_lost_lease_is_told_to_the_processor_only_once_lanes_stopped_and_nothi
     assert not [entry for entry in after if entry.startswith(("checkpoint", "deliver"))], after
 
 
+def test_a_lane_starts_no_delivery_once_the_lease_ran_out_even_before_the_consumer_noticed() -> None:
+    # GIVEN record 2's delivery held, with record 5 queued behind it in its lane
+    rig = Rig(batches=[batch(rec(1, 0), rec(2, 1), rec(3, 2), rec(4, 3)), batch(rec(5, 1), rec(6, 0))])
+    held = rig.release(2)
+    running = start(rig)
+    rig.wait_until(lambda: rig.done() == {1, 3, 4, 6} and rig.entered[2].is_set(), "every lane but the held one")
+    # WHEN the lease runs out and record 2's delivery ends at once (a frozen worker waking past its lease: the lane's
+    # runner is free before the consumer's guard runs again)
+    rig.lose()
+    held.set()
+    # THEN the consumer ends LOST and record 5 was never delivered: the runner checked the lease first
+    assert running.outcome() is ConsumerOutcome.LOST
+    assert not rig.entered[5].is_set()
+    after = rig.journal[rig.position("lease invalid") :]
+    assert not [entry for entry in after if entry.startswith("deliver")], after
+
+
 def test_the_reader_waits_while_too_many_records_are_in_flight() -> None:
     # GIVEN at most 10 records in flight, record 1 (lane 0) held, and three batches: 1..5, 6..10, 11..12 (the end)
     rig = Rig(
