@@ -179,6 +179,14 @@ def _call(name: str, *args: Any, **kwargs: Any) -> PortCall:
 Steps = Generator[PortCall, Any, Delivered]  # the policy's calls on its ports, each answered with the call's result
 
 
+def _advance(steps: Steps, result: Any) -> PortCall | Delivered:
+    """The policy's next call on its ports, given the last one's result; or how the delivery ended."""
+    try:
+        return steps.send(result)
+    except StopIteration as done:
+        return cast(Delivered, done.value)
+
+
 @dataclass
 class BatchDelivery:
     """Delivers one batch under the failure policy; see the module documentation.
@@ -200,24 +208,18 @@ class BatchDelivery:
         ports = self.ports
         assert ports is not None, "run() needs ports; run_async() takes its own"
         steps = self.steps(records, at_shard_end=at_shard_end)
-        result: Any = None
-        while True:
-            try:
-                call = steps.send(result)
-            except StopIteration as done:
-                return cast(Delivered, done.value)
-            result = getattr(ports, call.name)(*call.args, **call.kwargs)
+        step = _advance(steps, None)
+        while isinstance(step, PortCall):
+            step = _advance(steps, getattr(ports, step.name)(*step.args, **step.kwargs))
+        return step
 
     async def run_async(self, records: Sequence[KinesisRecord], ports: AsyncBatchPorts) -> Delivered:
         """:meth:`run`, with every port call awaited."""
         steps = self.steps(records)
-        result: Any = None
-        while True:
-            try:
-                call = steps.send(result)
-            except StopIteration as done:
-                return cast(Delivered, done.value)
-            result = await getattr(ports, call.name)(*call.args, **call.kwargs)
+        step = _advance(steps, None)
+        while isinstance(step, PortCall):
+            step = _advance(steps, await getattr(ports, step.name)(*step.args, **step.kwargs))
+        return step
 
     def steps(self, records: Sequence[KinesisRecord], *, at_shard_end: bool = False) -> Steps:
         """The policy's calls for ``records``; its value is how the delivery ended."""
