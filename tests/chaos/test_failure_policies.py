@@ -44,6 +44,7 @@ from worker_lib.core import aws
 from worker_lib.core.config import AwsConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.processing.config import FailureConfig
+from worker_lib.retrieval.stream_arns import stream_arn_of
 from worker_lib.tables.admin import ensure_tables
 from worker_lib.testing.producers import Producer, shard_hash_keys
 from worker_lib.testing.streams import create_stream, record_positions
@@ -112,11 +113,26 @@ def destinations(moto_endpoint: str, app_name: str) -> Destinations:
     )
 
 
-def recorded_sequences(reports: list[dict[str, Any]], records: dict[str, tuple[str, str]]) -> set[tuple[str, str]]:
-    """The (shard, sequence number) of every record the reports cover: each report's range, as the stream holds it."""
+LAMBDA_BATCH_INFO = {  # Lambda's on-failure record for Kinesis, as its documentation shows it
+    "shardId",
+    "startSequenceNumber",
+    "endSequenceNumber",
+    "approximateArrivalOfFirstRecord",
+    "approximateArrivalOfLastRecord",
+    "batchSize",
+    "streamArn",
+}
+
+
+def recorded_sequences(
+    reports: list[dict[str, Any]], records: dict[str, tuple[str, str]], stream_arn: str
+) -> set[tuple[str, str]]:
+    """The (shard, sequence number) of every record the reports cover: each report's range, as the stream holds it.
+    Each report has Lambda's shape and names the stream by its ARN, as a redrive needs it (S3: each record too)."""
     covered: set[tuple[str, str]] = set()
     for report in reports:
         info = report["KinesisBatchInfo"]
+        assert set(info) == LAMBDA_BATCH_INFO and info["streamArn"] == stream_arn
         low, high = int(info["startSequenceNumber"]), int(info["endSequenceNumber"])
         covered |= {(s, q) for s, q in records.values() if s == info["shardId"] and low <= int(q) <= high}
         assert report["requestContext"]["condition"] == "RetryAttemptsExhausted"
@@ -124,6 +140,7 @@ def recorded_sequences(reports: list[dict[str, Any]], records: dict[str, tuple[s
         if "payload" in report:  # S3: the records themselves
             for item in report["payload"]["Records"]:
                 assert base64.b64decode(item["kinesis"]["data"]).decode().startswith("r")
+                assert item["eventSourceARN"] == stream_arn and item["eventSource"] == "aws:kinesis"
     return covered
 
 
@@ -233,10 +250,11 @@ def test_skip_and_record_sends_each_poison_record_to_its_destination_across_a_ki
         poison = {records[r] for r in producer.produced if is_poison(r, seed=seed, every=POISON_EVERY)}
         assert poison, "the seed gave no poison record"
         recorded: dict[str, set[tuple[str, str]]] = {kind: set() for kind in kinds}
+        stream_arn = stream_arn_of(kinesis, stream)
 
         def all_through() -> bool:
             for kind in kinds:
-                recorded[kind] |= recorded_sequences(destinations.reports(kind), records)
+                recorded[kind] |= recorded_sequences(destinations.reports(kind), records, stream_arn)
             return all(f.processed_all(good) and recorded[k] >= poison for k, f in fleets.items())
 
         eventually(

@@ -6,8 +6,9 @@ and its grace period (an injected clock, carried across a change of leader), and
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -22,9 +23,16 @@ from worker_lib.core.streams import StreamIdentifier, StreamSelection, split_lea
 from worker_lib.leader.factory import build_leader
 from worker_lib.leases.config import LeaseConfig
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
+from worker_lib.processing.config import FailureConfig
+from worker_lib.processing.destinations import FailureDestination, SqsDestination
+from worker_lib.processing.failures import RecordFailedError
 from worker_lib.processing.processor import (
+    Checkpointer,
+    FunctionProcessor,
     InitializationInput,
+    KinesisRecord,
     LeaseLostInput,
+    ProcessorFactory,
     ProcessRecordsInput,
     ShardEndedInput,
     ShutdownRequestedInput,
@@ -265,9 +273,17 @@ def recording() -> tuple[Seen, threading.Lock]:
     return [], threading.Lock()
 
 
-def embedded_worker(clients: tuple[Any, Any], seen: Seen, lock: threading.Lock, **settings: Any) -> Worker:
+def embedded_worker(
+    clients: tuple[Any, Any],
+    seen: Seen,
+    lock: threading.Lock,
+    *,
+    processor: ProcessorFactory | None = None,
+    destination: FailureDestination | None = None,
+    **settings: Any,
+) -> Worker:
     """A worker ``w1`` leading too (embedded leader, unless ``settings`` say otherwise), with short timings,
-    recording into ``seen``."""
+    recording into ``seen`` (or running ``processor``)."""
     ddb, kinesis = clients
     settings.setdefault("leader_mode", "embedded")
     config = WorkerConfig(
@@ -280,7 +296,62 @@ def embedded_worker(clients: tuple[Any, Any], seen: Seen, lock: threading.Lock, 
         ),
         **settings,
     )
-    return Worker(config, lambda: StreamRecorder(seen, lock), dynamodb=ddb, kinesis=kinesis)
+    factory = processor or (lambda: StreamRecorder(seen, lock))
+    return Worker(config, factory, dynamodb=ddb, kinesis=kinesis, failure_destination=destination)
+
+
+def test_a_record_sent_to_the_failure_destination_names_its_own_streams_arn(
+    clients: tuple[Any, Any], app_name: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch, moto_aws: AwsConfig
+) -> None:
+    # GIVEN a two-stream application whose processor fails on record 7 of each stream, policy skip-and-record to a
+    # queue
+    _, kinesis = clients
+    names = two_streams(kinesis, app_name, 1)
+    for name in names:
+        kinesis.put_records(
+            StreamName=name, Records=[{"Data": f"{name}/{n}".encode(), "PartitionKey": str(n)} for n in range(10)]
+        )
+    monkeypatch.setenv("SHARDLEASE_INITIAL_POSITION", "TRIM_HORIZON")
+    sqs = aws.client("sqs", moto_aws)
+    queue_url = sqs.create_queue(QueueName=f"{app_name}-failed")["QueueUrl"]
+    queue_arn = f"arn:aws:sqs:us-east-1:123456789012:{app_name}-failed"
+    handled: list[bytes] = []
+
+    def handle(records: Sequence[KinesisRecord], checkpointer: Checkpointer) -> None:
+        for record in records:
+            if record.data.endswith(b"/7"):
+                raise RecordFailedError(record) from ValueError("poison")
+            handled.append(record.data)
+
+    seen, lock = recording()
+    worker = embedded_worker(
+        clients,
+        seen,
+        lock,
+        processor=lambda: FunctionProcessor(handle),
+        destination=SqsDestination(sqs, queue_arn),
+        app=app_name,
+        streams=names,
+        failures=FailureConfig(on_failure="skip-and-record", destination=queue_arn, retry_backoff_ms=10),
+    )
+    workers.append(worker)
+    # WHEN it runs until every other record was handled
+    worker.start()
+    eventually(lambda: len(handled) >= 18, bound_s=READ_BOUND_S, what="18 records handled")
+
+    found: list[dict[str, Any]] = []
+
+    def two_reports() -> bool:
+        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        found.extend(json.loads(m["Body"]) for m in messages.get("Messages", []))
+        return len(found) >= 2
+
+    eventually(two_reports, bound_s=READ_BOUND_S, what="two reports")
+    # THEN each poison record's report names its own stream, by name and by ARN (Lambda's KinesisBatchInfo.streamArn)
+    summaries = {name: kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"] for name in names}
+    arns = {name: summary["StreamARN"] for name, summary in summaries.items()}
+    named = {(r["shardlease"]["streamName"], r["KinesisBatchInfo"]["streamArn"]) for r in found}
+    assert named == set(arns.items())
 
 
 def test_a_worker_with_an_embedded_leader_reads_both_streams_and_tells_the_processor_which(

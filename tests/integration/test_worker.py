@@ -387,6 +387,9 @@ def test_a_function_processor_reports_a_partial_batch_and_the_poison_record_goes
     (report,) = [json.loads(m["Body"]) for m in body]
     assert report["requestContext"]["condition"] == "RetryAttemptsExhausted"
     assert report["KinesisBatchInfo"]["batchSize"] == 1 and report["shardlease"]["workerId"] == "w1"
+    # AND it names the stream by its ARN, as Lambda's on-failure record does (a redrive reads it from there)
+    arn = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
+    assert report["KinesisBatchInfo"]["streamArn"] == arn
 
     # AND the lease's checkpoint moves past it, without a failure mark left behind
     def moved_past() -> bool:

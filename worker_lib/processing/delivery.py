@@ -74,6 +74,7 @@ class FailureHandling:
     application: str = ""
     worker_id: str = ""
     metrics: MetricsPublisher = field(default_factory=NullPublisher)
+    stream_arns: Callable[[str], str | None] | None = None  # a stream's ARN, which the reports name (Lambda's shape)
 
 
 class Interrupted(Exception):
@@ -225,6 +226,7 @@ class DeliveryPorts:
             records=records,
             error_type=error_type,
             error_message=message,
+            stream_arn=None if handling.stream_arns is None else handling.stream_arns(shard.stream),
             at=self._clock.wall(),
         )
         retry = Retry(backoff=DESTINATION_BACKOFF, clock=self._clock)

@@ -44,6 +44,7 @@ from worker_lib.core.config import AwsConfig, InitialPosition
 from worker_lib.core.errors import CredentialsError, DependencyError, StreamMissingError
 from worker_lib.core.models import Checkpoint
 from worker_lib.retrieval.source import RecordBatch, RecordSource, SourceArguments, iterator_start
+from worker_lib.retrieval.stream_arns import stream_arn_of
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; annotations only, so 3.10 runs this module
@@ -110,10 +111,7 @@ class StreamConsumers:
             return self._arns[stream]
 
     def _resolve(self, stream: str) -> str:
-        with aws.translated("kinesis DescribeStreamSummary", stream):
-            stream_arn = str(
-                self._kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
-            )
+        stream_arn = stream_arn_of(self._kinesis, stream)
         deadline = self._clock.monotonic() + self._wait_active_s
         retry = Retry(backoff=_ACTIVE_BACKOFF, clock=self._clock)
         while True:

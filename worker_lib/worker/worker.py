@@ -40,6 +40,7 @@ from worker_lib.processing.delivery import FailureHandling
 from worker_lib.processing.destinations import FailureDestination, make_destination
 from worker_lib.processing.processor import ProcessorFactory
 from worker_lib.retrieval.factory import RecordSources
+from worker_lib.retrieval.stream_arns import StreamArns
 from worker_lib.tables.state_store import CoordinatorStateStore
 from worker_lib.telemetry.publisher import MetricsPublisher, make_publisher
 from worker_lib.worker.config import WorkerConfig
@@ -128,6 +129,7 @@ class Worker:
             application=config.app,
             worker_id=config.worker_id,
             metrics=self._metrics,
+            stream_arns=StreamArns(self._kinesis),
         )
         self._clock = clock
         self._stop = threading.Event()
