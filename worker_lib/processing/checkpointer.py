@@ -71,11 +71,11 @@ class LeaseCheckpointer:
             if last is not None and Checkpoint(sequence=sequence, sub_sequence=sub_sequence) == last:
                 return SHARD_END
             largest = last  # a number beyond the shard's last record is refused, as before the end
-        if self._clamp and largest is None:
-            return None  # no record is done with all before it: nothing to record yet
-        if self._clamp and largest is not None and not largest.is_sentinel and sequence.isdigit():
+        if self._clamp:
+            if largest is None:
+                return None  # no record is done with all before it: nothing to record yet
             asked = Checkpoint(sequence=sequence, sub_sequence=sub_sequence)
-            if asked.is_after(largest):
+            if not largest.is_sentinel and sequence.isdigit() and asked.is_after(largest):
                 return largest
         return validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=largest)
 

@@ -274,16 +274,15 @@ class Deliveries:
     """
 
     def __init__(self, context: DeliveryContext) -> None:
-        self._context = context
-        self.context = context  # what lanes deliver with, their own wait in place
+        self.context = context  # (lanes deliver with it too, their own wait in place)
         self._shard = context.lifecycle.shard
         self._failures = context.failures
         self.stats = FailureStats()  # summed over the lease's batches
 
     def deliver(self, batch: RecordBatch, checkpointer: LeaseCheckpointer) -> Delivered:
-        ports = DeliveryPorts(self._context, batch=batch, checkpointer=checkpointer)
+        ports = DeliveryPorts(self.context, batch=batch, checkpointer=checkpointer)
         delivery = BatchDelivery(
-            config=self._failures.config, ports=ports, lease_key=self._shard.lease_key, now=self._context.clock.wall()
+            config=self._failures.config, ports=ports, lease_key=self._shard.lease_key, now=self.context.clock.wall()
         )
         try:
             if batch.records:
@@ -305,8 +304,8 @@ class Deliveries:
         """The policy stopped the shard at ``delivery.stopped_at``: tell the processor, give the lease up marked."""
         at, failure = delivery.stopped_at, delivery.last_failure
         assert at is not None and failure is not None
-        self._context.lifecycle.lease_lost()
-        block, stopped = self._context.mark.stop(at, attempts=self._failures.config.max_attempts, failure=failure)
+        self.context.lifecycle.lease_lost()
+        block, stopped = self.context.mark.stop(at, attempts=self._failures.config.max_attempts, failure=failure)
         log.error(
             "shard %s STOPPED at record %s after %d failed deliveries (%s; policy stop-shard%s): nothing more is "
             "processed on it until `shardlease resume-shard --app %s --shard %s`",

@@ -107,12 +107,9 @@ class LaneDriver:
     def wait(self, seconds: float = 0.5) -> None:
         """Wait for a lane to finish, up to ``seconds`` or the next watermark write due, whichever comes first."""
         position = self.lanes.watermark.position
-        due_in = self._next_write - self._clock.monotonic() if position not in (None, self._written) else 0.5
+        written = self._checkpointer.last_checkpoint
+        due_in = self._next_write - self._clock.monotonic() if position not in (None, written) else 0.5
         self.lanes.wait_for_progress(max(0.01, min(0.5, seconds, due_in)))
-
-    @property
-    def _written(self) -> object:
-        return self._checkpointer.last_checkpoint
 
     def finished(self) -> LaneResult | None:
         """Count what lanes finished; the first delivery that ended otherwise than done (None: read on)."""

@@ -49,7 +49,7 @@ def lane_of(key: str, lanes: int) -> int:
 def is_async_processor(processor: object) -> bool:
     """Whether ``process_records`` is a coroutine function (it then runs on the worker's event loop)."""
     method = getattr(processor, "process_records", None)
-    return inspect.iscoroutinefunction(method) or bool(getattr(processor, "is_async", False))
+    return inspect.iscoroutinefunction(method)
 
 
 # --- where lanes run ---------------------------------------------------------------------------------------------

@@ -89,13 +89,11 @@ class LaneCheckpointer:
 
     def done_through(self, record: KinesisRecord) -> None:
         """Every record of this lane's delivery up to ``record`` is done."""
-        target = record.checkpoint
-        indices = []
-        for index, item in self._items:
-            indices.append(index)
-            if item.checkpoint == target:
-                break
-        self._watermark.done(indices)
+        self._done_up_to(record.checkpoint)
+
+    def _done_up_to(self, value: Checkpoint) -> None:
+        # (a lane's records are in shard order)
+        self._watermark.done([index for index, record in self._items if not record.checkpoint.is_after(value)])
 
     def checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> None:
         largest = self.largest_permitted
@@ -105,9 +103,7 @@ class LaneCheckpointer:
             value = largest
         else:
             value = validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=None, largest_permitted=largest)
-        target = [record for _, record in self._items if not record.checkpoint.is_after(value)]
-        if target:
-            self.done_through(target[-1])
+        self._done_up_to(value)
 
     def checkpoint_record(self, record: KinesisRecord) -> None:
         self.checkpoint(record.sequence_number, record.sub_sequence_number)

@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.models import MAX_REPORTED_LAGS, LaneStats, WorkerMetricStats
@@ -30,6 +30,21 @@ from worker_lib.workermetrics.config import WorkerMetricsConfig
 from worker_lib.workermetrics.cpu import WorkerMetric
 
 log = logging.getLogger(__name__)
+
+_V = TypeVar("_V")
+
+
+def _worst(read: Callable[[], Mapping[str, _V]] | None, order: Callable[[tuple[str, _V]], Any]) -> dict[str, _V]:
+    """The :data:`MAX_REPORTED_LAGS` first entries ``read`` gives by ``order``; none when it cannot be read (what
+    cannot be read is simply not reported)."""
+    if read is None:
+        return {}
+    try:
+        entries = dict(read())
+    except Exception:
+        return {}
+    return dict(sorted(entries.items(), key=order)[:MAX_REPORTED_LAGS])
+
 
 NO_SAMPLES = -1.0
 """``sts`` value of a window in which a metric produced no sample (KCL)."""
@@ -168,24 +183,11 @@ class WorkerMetricsReporter:
         )
 
     def _current_lags(self) -> dict[str, int]:
-        if self._lags is None:
-            return {}
-        try:
-            lags = dict(self._lags())
-        except Exception:  # lags that cannot be read are simply not reported
-            return {}
-        worst = sorted(lags.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_REPORTED_LAGS]
-        return {key: int(ms) for key, ms in worst}
+        worst = _worst(self._lags, lambda kv: (-kv[1], kv[0]))
+        return {key: int(ms) for key, ms in worst.items()}
 
     def _current_lanes(self) -> dict[str, LaneStats]:
-        if self._lanes is None:
-            return {}
-        try:
-            lanes = dict(self._lanes())
-        except Exception:  # lanes that cannot be read are simply not reported
-            return {}
-        worst = sorted(lanes.items(), key=lambda kv: (-kv[1].watermark_lag_ms, -kv[1].in_flight, kv[0]))
-        return dict(worst[:MAX_REPORTED_LAGS])
+        return _worst(self._lanes, lambda kv: (-kv[1].watermark_lag_ms, -kv[1].in_flight, kv[0]))
 
     def _current_capacity(self) -> float | None:
         if self._capacity is None:
