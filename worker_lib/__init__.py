@@ -57,6 +57,18 @@ _EXPORTS: dict[str, str] = {
     "ShutdownError": "worker_lib.processing.processor",
     "InvalidCheckpointError": "worker_lib.processing.processor",
     "RecordFailedError": "worker_lib.processing.failures",
+    # Exactly-once effects (docs/exactly-once.md)
+    "ExactlyOnceCheckpointer": "worker_lib.processing.processor",
+    "put_item": "worker_lib.processing.outputs",
+    "update_item": "worker_lib.processing.outputs",
+    "delete_item": "worker_lib.processing.outputs",
+    "condition_check": "worker_lib.processing.outputs",
+    "OutputTooLargeError": "worker_lib.processing.outputs",
+    "OutputConditionError": "worker_lib.core.errors",
+    "PositionSink": "worker_lib.processing.positions",
+    "SqlPositions": "worker_lib.processing.positions",
+    "SqlDialect": "worker_lib.processing.positions",
+    "PositionFencedError": "worker_lib.processing.positions",
     "ShardleaseError": "worker_lib.core.errors",
     "ConfigError": "worker_lib.core.errors",
     "DependencyError": "worker_lib.core.errors",
@@ -86,6 +98,7 @@ __all__ = [
     "CredentialsError",
     "DependencyError",
     "EndpointUnreachableError",
+    "ExactlyOnceCheckpointer",
     "FailureAction",
     "FailureConfig",
     "FunctionProcessor",
@@ -100,6 +113,10 @@ __all__ = [
     "LeaseLostInput",
     "MetricsConfig",
     "MissingExtraError",
+    "OutputConditionError",
+    "OutputTooLargeError",
+    "PositionFencedError",
+    "PositionSink",
     "ProcessRecordsInput",
     "RecordFailedError",
     "RecordProcessor",
@@ -111,6 +128,8 @@ __all__ = [
     "ShardleaseError",
     "ShutdownError",
     "ShutdownRequestedInput",
+    "SqlDialect",
+    "SqlPositions",
     "StreamIdentifier",
     "StreamMissingError",
     "SupersededError",
@@ -122,7 +141,11 @@ __all__ = [
     "WorkerConfig",
     "WorkerMetricsConfig",
     "__version__",
+    "condition_check",
+    "delete_item",
+    "put_item",
     "split_lease_key",
+    "update_item",
 ]
 
 if TYPE_CHECKING:
@@ -136,6 +159,7 @@ if TYPE_CHECKING:
         EndpointUnreachableError,
         InvalidStateError,
         MissingExtraError,
+        OutputConditionError,
         ShardleaseError,
         StreamMissingError,
         SupersededError,
@@ -149,11 +173,20 @@ if TYPE_CHECKING:
     from worker_lib.leases.config import LeaseConfig
     from worker_lib.processing.config import ConsumerConfig, FailureAction, FailureConfig
     from worker_lib.processing.failures import RecordFailedError
+    from worker_lib.processing.outputs import (
+        OutputTooLargeError,
+        condition_check,
+        delete_item,
+        put_item,
+        update_item,
+    )
+    from worker_lib.processing.positions import PositionFencedError, PositionSink, SqlDialect, SqlPositions
     from worker_lib.processing.processor import (
         AsyncCheckpointer,
         AsyncFunctionProcessor,
         Checkpointer,
         CheckpointError,
+        ExactlyOnceCheckpointer,
         FunctionProcessor,
         InitializationInput,
         InvalidCheckpointError,

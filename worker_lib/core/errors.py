@@ -73,3 +73,12 @@ class CorruptItemError(ShardleaseError):
 class SupersededError(ShardleaseError):
     """A newer process runs under this worker id (docs/failover.md, "Two processes under one worker id"): this one
     holds nothing and has stopped."""
+
+
+class OutputConditionError(ShardleaseError):
+    """A condition of a processor's own outputs failed: their transaction, checkpoint included, was not applied
+    (docs/exactly-once.md). Raised from the checkpoint call, so the failure policy sees the processor fail."""
+
+    def __init__(self, message: str, *, reasons: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message)
+        self.reasons = reasons or []

@@ -11,13 +11,14 @@ the item already shows exactly the state this write would have produced.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from worker_lib.core import aws
-from worker_lib.core.errors import InvalidStateError
+from worker_lib.core.errors import InvalidStateError, OutputConditionError
 from worker_lib.core.models import SHARD_END, Checkpoint, Lease, ShardBlock
 from worker_lib.leases import serializer
 from worker_lib.leases.dynamodb_reads import BATCH_GET_ATTEMPTS, BATCH_GET_LIMIT, OWNER_INDEX_RETRY_S, LeaseTableReads
@@ -95,9 +96,11 @@ class DynamoDBLeaseStore(LeaseTableReads):
         update.set(A.THROUGHPUT_KBPS, number(throughput_kbps))
         return self._update(lease.lease_key, update, operation="update throughput")
 
-    def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
+    def checkpoint(
+        self, lease: Lease, owner: str, checkpoint: Checkpoint, *, writes: Sequence[Mapping[str, Any]] = ()
+    ) -> Lease | None:
         return self._checkpoint_write(
-            lease, owner, checkpoint, pending=False, stored=lambda cur: cur.checkpoint == checkpoint
+            lease, owner, checkpoint, pending=False, stored=lambda cur: cur.checkpoint == checkpoint, writes=writes
         )
 
     def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
@@ -106,10 +109,19 @@ class DynamoDBLeaseStore(LeaseTableReads):
         )
 
     def _checkpoint_write(
-        self, lease: Lease, owner: str, value: Checkpoint, *, pending: bool, stored: Callable[[Lease], bool]
+        self,
+        lease: Lease,
+        owner: str,
+        value: Checkpoint,
+        *,
+        pending: bool,
+        stored: Callable[[Lease], bool],
+        writes: Sequence[Mapping[str, Any]] = (),
     ) -> Lease | None:
         """A checkpoint (``pending``: the first phase of a two-phase one) by the processing owner, with its
         sub-sequence number beside it; ``stored`` recognises the value in an item read back after a lost reply.
+        With ``writes``, one ``TransactWriteItems``: the processor's outputs and the checkpoint, applied together or
+        not at all (docs/exactly-once.md).
 
         A checkpoint also sets the owner switches back to 0 and removes the pending checkpoint's three attributes
         together, as KCL's updateLease does (application state must not outlive its pending checkpoint); a pending
@@ -137,6 +149,15 @@ class DynamoDBLeaseStore(LeaseTableReads):
                 and (pending or cur.pending_checkpoint is None)
                 and cur.actual_owner == owner
             ),
+            writes=writes,
+            written=lambda base: replace(
+                base,
+                lease_counter=base.lease_counter + 1,
+                checkpoint=value,
+                pending_checkpoint=None,
+                owner_switches_since_checkpoint=0,
+                extra={k: v for k, v in base.extra.items() if k not in _PENDING_ATTRS},
+            ),
         )
 
     def _processing_owner_write(
@@ -147,16 +168,26 @@ class DynamoDBLeaseStore(LeaseTableReads):
         *,
         operation: str,
         applied: Callable[[Lease], bool],
+        writes: Sequence[Mapping[str, Any]] = (),
+        written: Callable[[Lease], Lease] | None = None,
     ) -> Lease | None:
         """A counter-moving write by the owner processing the shard (renewal, checkpoint, prepared checkpoint), with
-        the one re-read and the one retry of the whole checkpoint path.
+        the one re-read and the one retry of the whole checkpoint path. With ``writes`` it is one transaction with
+        them, and ``written`` is the lease it leaves (a transaction returns no item).
 
         After a lost condition the item is read once (consistently), and the write is either recognised as applied
         with its reply lost (``applied``), or — when the leader started a graceful hand-off away from us since our
         view (``leaseOwner`` moved, ``checkpointOwner`` = us, counter untouched) — sent once more as the checkpoint
         owner, on the item as read: we are still the one processing until we complete the hand-off. Anything else
         is the normal outcome of a race: ``None``. The returned lease shows a hand-off in progress by its owners."""
-        result = self._update(lease.lease_key, build(lease), operation=operation)
+
+        def send(base: Lease, what: str) -> Lease | None:
+            if not writes:
+                return self._update(base.lease_key, build(base), operation=what)
+            assert written is not None
+            return written(base) if self._transact(base.lease_key, build(base), writes, operation=what) else None
+
+        result = send(lease, operation)
         if result is not None:
             return result
         # Not a retry of an error (LeaseCheckpointer retries those): only a read tells a lost condition from our own
@@ -174,7 +205,7 @@ class DynamoDBLeaseStore(LeaseTableReads):
             and current.lease_counter == lease.lease_counter
         )
         if handoff_since:  # a new condition (the item as read), sent once: the hand-off is ours to finish
-            return self._update(lease.lease_key, build(current), operation=f"{operation} as checkpoint owner")
+            return send(current, f"{operation} as checkpoint owner")
         return None
 
     def _fenced_by_processing_owner(self, lease: Lease, owner: str) -> LeaseUpdate:
@@ -317,6 +348,45 @@ class DynamoDBLeaseStore(LeaseTableReads):
                 return None
             aws.raise_translated(exc, operation=f"UpdateItem ({operation})", resource=self.table_name)
         return serializer.from_item(response["Attributes"])
+
+    def _transact(
+        self, lease_key: str, update: LeaseUpdate, writes: Sequence[Mapping[str, Any]], *, operation: str
+    ) -> bool:
+        """``writes`` and the lease's update in one transaction; False when the lease's condition failed (nothing
+        was applied). A failed condition of the writes raises :class:`OutputConditionError`."""
+        lease_action = {"Update": update.transaction_item(self.table_name, lease_key)}
+        try:
+            self._client.transact_write_items(TransactItems=[*writes, lease_action])
+        except Exception as exc:
+            if aws.error_code(exc) != "TransactionCanceledException":
+                aws.raise_translated(exc, operation=f"TransactWriteItems ({operation})", resource=self.table_name)
+            reasons = list(getattr(exc, "response", {}).get("CancellationReasons") or [])
+            codes = [str(reason.get("Code", "None")) for reason in reasons]
+            if len(codes) == len(writes) + 1 and codes[-1] == "ConditionalCheckFailed":
+                return False  # the lease moved: the fence refused the whole transaction
+            failed = [i for i, code in enumerate(codes[: len(writes)]) if code == "ConditionalCheckFailed"]
+            if failed:
+                raise OutputConditionError(
+                    f"lease {lease_key}: the condition of output {failed[0] + 1} of {len(writes)} failed; "
+                    "nothing of the transaction was applied",
+                    reasons=reasons,
+                ) from exc
+            aws.raise_translated(exc, operation=f"TransactWriteItems ({operation})", resource=self.table_name)
+        return True
+
+    def key_names(self, table: str) -> tuple[str, ...]:
+        """The key attributes of ``table`` (DescribeTable, once per table)."""
+        names = self._output_keys.get(table)
+        if names is None:
+            with aws.translated("DescribeTable", table):
+                described = self._client.describe_table(TableName=table)["Table"]
+            names = tuple(str(part["AttributeName"]) for part in described["KeySchema"])
+            self._output_keys[table] = names
+        return names
+
+    @functools.cached_property
+    def _output_keys(self) -> dict[str, tuple[str, ...]]:
+        return {}
 
     def _update_or_recognise(
         self, lease: Lease, update: LeaseUpdate, *, operation: str, applied: Callable[[Lease], bool]

@@ -15,9 +15,10 @@ written only when it changed (:meth:`LeaseHolder.refresh_throughput`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.errors import DependencyError
@@ -294,11 +295,20 @@ class LeaseHolder(FencedLeases):
         self._mark_lost(lease_key, f"{what} condition failed")
         return None
 
-    def checkpoint(self, lease_key: str, checkpoint: Checkpoint) -> Lease | None:
-        """Fenced checkpoint; ``None`` means the lease is no longer ours (and it has been dropped)."""
+    def checkpoint(
+        self, lease_key: str, checkpoint: Checkpoint, *, writes: Sequence[Mapping[str, Any]] = ()
+    ) -> Lease | None:
+        """Fenced checkpoint (with ``writes``: in one transaction with them); ``None`` means the lease is no longer
+        ours (and it has been dropped)."""
         return self._fenced_write(
-            lease_key, lambda lease: self._store.checkpoint(lease, self.worker_id, checkpoint), "checkpoint"
+            lease_key,
+            lambda lease: self._store.checkpoint(lease, self.worker_id, checkpoint, writes=writes),
+            "checkpoint with outputs" if writes else "checkpoint",
         )
+
+    def output_key_names(self, table: str) -> tuple[str, ...]:
+        """The key attributes of an output table (:meth:`~worker_lib.leases.store.LeaseStore.key_names`)."""
+        return self._store.key_names(table)
 
     def prepare_checkpoint(self, lease_key: str, pending: Checkpoint) -> Lease | None:
         return self._fenced_write(

@@ -7,9 +7,9 @@ Methods that succeed return the lease as it now is in the table, so callers neve
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from worker_lib.core.models import Checkpoint, Lease, ShardBlock
 
@@ -59,8 +59,15 @@ class LeaseStore(Protocol):
 
     def update_throughput(self, lease: Lease, owner: str, throughput_kbps: float) -> Lease | None: ...
 
-    def checkpoint(self, lease: Lease, owner: str, checkpoint: Checkpoint) -> Lease | None:
-        """Fenced checkpoint by the processing owner: counter must still be ``lease.lease_counter``."""
+    def checkpoint(
+        self, lease: Lease, owner: str, checkpoint: Checkpoint, *, writes: Sequence[Mapping[str, Any]] = ()
+    ) -> Lease | None:
+        """Fenced checkpoint by the processing owner: counter must still be ``lease.lease_counter``. With
+        ``writes`` (``TransactWriteItems`` actions), one transaction: they land with the checkpoint or not at all;
+        a failed condition of theirs raises :class:`~worker_lib.core.errors.OutputConditionError`."""
+
+    def key_names(self, table: str) -> tuple[str, ...]:
+        """The key attribute names of a table the outputs go to (to tell which item a ``Put`` touches)."""
 
     def prepare_checkpoint(self, lease: Lease, owner: str, pending: Checkpoint) -> Lease | None:
         """First phase of a two-phase checkpoint: store ``pendingCheckpoint`` (fenced like ``checkpoint``)."""

@@ -82,3 +82,9 @@ class LeaseUpdate:
         if self.values:
             request["ExpressionAttributeValues"] = self.values
         return request
+
+    def transaction_item(self, table: str, lease_key: str) -> dict[str, Any]:
+        """The same update as one ``TransactWriteItems`` ``Update`` action (which returns no item)."""
+        item = self.request(table, lease_key)
+        del item["ReturnValues"]
+        return item

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker_lib.core.backoff import Backoff, Retry
 from worker_lib.core.errors import DependencyError
 from worker_lib.core.models import SHARD_END, Checkpoint
 from worker_lib.leases.renewer import LeaseHolder
+from worker_lib.processing.outputs import StagedOutputs, Write, plan_commits
 from worker_lib.processing.processor import (
     KinesisRecord,
     PreparedCheckpointer,
     ShutdownError,
     validate_checkpoint_value,
 )
+from worker_lib.telemetry.names import WorkerMetric
+from worker_lib.telemetry.publisher import MetricsPublisher, NullPublisher
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +44,25 @@ class _Prepared:
 class LeaseCheckpointer:
     """The :class:`~worker_lib.processing.processor.Checkpointer` handed to processors for one lease."""
 
-    def __init__(self, holder: LeaseHolder, lease_key: str, *, initial: Checkpoint, watermark: bool = False) -> None:
+    def __init__(
+        self,
+        holder: LeaseHolder,
+        lease_key: str,
+        *,
+        initial: Checkpoint,
+        watermark: bool = False,
+        fencing_token: int = 0,
+        metrics: MetricsPublisher | None = None,
+    ) -> None:
         self._holder = holder
         self._lease_key = lease_key
+        self.lease_key = lease_key
+        # The lease counter when this consumer took the lease: it grows with every change of owner, so a sink that
+        # keeps the largest token it saw refuses an earlier owner's writes (docs/exactly-once.md).
+        self.fencing_token = fencing_token
+        self._metrics = metrics or NullPublisher()
         self._last: Checkpoint | None = initial
+        self.outputs = StagedOutputs(lambda: self._last)  # DynamoDB outputs, committed with the checkpoint
         self.largest_permitted: Checkpoint | None = None  # the last delivered record, or SHARD_END at the end
         # With lanes, the largest permitted is the watermark; a value past it (a record done in a lane with a record
         # before it not yet done) writes the watermark: the processor cannot know where the other lanes are.
@@ -79,9 +98,23 @@ class LeaseCheckpointer:
                 return largest
         return validate_checkpoint_value(sequence, sub_sequence, last_checkpoint=self._last, largest_permitted=largest)
 
+    def stage(self, record: KinesisRecord, *writes: Write) -> None:
+        """Outputs of ``record`` (``TransactWriteItems`` actions: :func:`~worker_lib.put_item`, ...),
+        committed in one transaction with the next checkpoint at or past ``record`` (docs/exactly-once.md)."""
+        self.outputs.stage(record.checkpoint, writes)
+
     def _write(self, value: Checkpoint) -> None:
         if self._last is not None and value == self._last:
             return  # already recorded: spare a write
+        staged = self.outputs.up_to(value) if len(self.outputs) else []
+        if not staged:
+            self._send(value)
+            return
+        for commit in plan_commits(staged, value, key_names=self._holder.output_key_names):
+            self._send(commit.checkpoint, commit.writes)
+            self.outputs.committed(commit.covers)
+
+    def _send(self, value: Checkpoint, writes: Sequence[Write] = ()) -> None:
         # Three layers, one failure each: botocore retries a request (throttling, 5xx, a lost connection); the store
         # re-reads once after a failed condition (botocore's retry of a write that had landed; a hand-off begun
         # meanwhile: written once more as checkpoint owner) — a new condition, not an error retried; this loop
@@ -90,7 +123,7 @@ class LeaseCheckpointer:
         retry = Retry(backoff=CHECKPOINT_BACKOFF, clock=self._holder.clock)
         while True:
             try:
-                written = self._holder.checkpoint(self._lease_key, value)
+                written = self._holder.checkpoint(self._lease_key, value, writes=writes)
                 break
             except DependencyError as exc:
                 if not self._holder.is_valid(self._lease_key):
@@ -101,6 +134,16 @@ class LeaseCheckpointer:
                 log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self._lease_key, delay, exc)
                 retry.wait(delay)
         if written is None:
+            if writes:  # a zombie's outputs: refused by the fence, as its checkpoint is
+                self._metrics.add(WorkerMetric.FENCED_TRANSACTIONS, 1)
+                self.outputs.clear()
+                log.warning(
+                    "transaction refused on %s: the lease moved to another owner; %d outputs and checkpoint %s "
+                    "not applied (fenced)",
+                    self._lease_key,
+                    len(writes),
+                    value,
+                )
             raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
         self._last = value
         self.writes += 1

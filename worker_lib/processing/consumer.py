@@ -43,6 +43,7 @@ from worker_lib.processing.failures import Delivered, FailureStats, one_line
 from worker_lib.processing.lane_driver import LaneDriver
 from worker_lib.processing.lanes import LaneLoop, LaneResult, loop_for
 from worker_lib.processing.lifecycle import ProcessorLifecycle, ShardIdentity
+from worker_lib.processing.positions import PositionSink, later_start
 from worker_lib.processing.processor import KinesisRecord, ProcessorFailedError, RecordProcessor, ShutdownError
 from worker_lib.retrieval import RecordBatch, RecordSource, RecordSources
 from worker_lib.retrieval.config import RetrievalConfig
@@ -114,9 +115,11 @@ class ShardConsumer:
         sources: RecordSources | None = None,
         failures: FailureHandling | None = None,
         lane_loop: LaneLoop | None = None,
+        positions: PositionSink | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.lease_key = lease_key
+        self._positions = positions
         self.stream = stream
         stream_identifier, self.shard_id = split_lease_key(lease_key)
         shard = ShardIdentity(lease_key=lease_key, stream=stream, shard_id=self.shard_id)
@@ -259,10 +262,34 @@ class ShardConsumer:
     def _initialize(self) -> Step:
         lease = self._lease
         assert lease is not None
-        checkpointer = LeaseCheckpointer(self._holder, self.lease_key, initial=lease.checkpoint, watermark=self._laned)
+        checkpointer = LeaseCheckpointer(
+            self._holder,
+            self.lease_key,
+            initial=lease.checkpoint,
+            watermark=self._laned,
+            fencing_token=lease.lease_counter,
+            metrics=self._deliveries.context.failures.metrics,
+        )
         self._checkpointer = checkpointer
-        timestamp = self._initial_timestamp if lease.checkpoint.sequence == "AT_TIMESTAMP" else None
-        self._source = self._sources.open(self.stream, lease.shard_id, start=lease.checkpoint, timestamp=timestamp)
+        start = lease.checkpoint
+        if self._positions is not None:
+            try:
+                held = self._positions.claim(self.lease_key, lease.lease_counter)
+            except ShutdownError as exc:
+                log.warning("%s; lease %s given up", exc, self.lease_key)
+                return ConsumerState.LEASE_LOST
+            except Exception as exc:  # the sink's own errors (connection refused, ...): the lease goes back
+                return self._processor_failed(ProcessorFailedError(f"position sink: {one_line(exc)}"))
+            start = later_start(lease.checkpoint, held)
+            if start != lease.checkpoint:
+                log.info(
+                    "lease %s starts after the sink's position %s (checkpoint %s)",
+                    self.lease_key,
+                    start,
+                    lease.checkpoint,
+                )
+        timestamp = self._initial_timestamp if start.sequence == "AT_TIMESTAMP" else None
+        self._source = self._sources.open(self.stream, lease.shard_id, start=start, timestamp=timestamp)
         if self._laned:
             self._lanes = LaneDriver.open(
                 self.lease_key,

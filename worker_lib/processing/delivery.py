@@ -34,6 +34,7 @@ from worker_lib.processing.failures import (
     one_line,
 )
 from worker_lib.processing.lifecycle import ProcessorLifecycle
+from worker_lib.processing.outputs import StagedOutputs
 from worker_lib.processing.processor import (
     Checkpointer,
     KinesisRecord,
@@ -134,6 +135,7 @@ class BatchCheckpointer(Checkpointer, Protocol):
     """The checkpointer a delivery hands the processor: the lease's (one lane), or a lane's."""
 
     largest_permitted: Checkpoint | None  # what a checkpoint without arguments records
+    outputs: StagedOutputs  # the lease's staged DynamoDB outputs
 
 
 class DeliveryPorts:
@@ -190,6 +192,8 @@ class DeliveryPorts:
             if found is None:
                 return None
             failure = found
+        # what the failed records staged is not their effect: they are delivered again (or recorded, or skipped)
+        self._checkpointer.outputs.discard(record.checkpoint for record in records[failure.first_failed :])
         first = records[failure.first_failed].checkpoint if records else "-"
         log.error(
             "processor failed on %s: %d records from %s (delivery %d of this batch): %s",

@@ -68,6 +68,7 @@ class LaneDriver:
             key_of=config.key_of,
             context=deliveries.context,
             written=lambda: checkpointer.last_checkpoint,
+            lease=checkpointer,
             loop=loop,
             clock=clock,
             valid=valid,

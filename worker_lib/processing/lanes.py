@@ -32,7 +32,7 @@ from worker_lib.processing.config import LaneKeyFunction
 from worker_lib.processing.delivery import DeliveryContext, Interrupted
 from worker_lib.processing.failures import BatchDelivery, Delivered, FailureStats
 from worker_lib.processing.lane_ports import AsyncLanePorts, LaneMark, LanePorts
-from worker_lib.processing.watermark import LaneCheckpointer, Watermark
+from worker_lib.processing.watermark import LaneCheckpointer, LeaseProgress, Watermark
 from worker_lib.retrieval import RecordBatch
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,7 @@ class Lanes:
         key_of: LaneKeyFunction,
         context: DeliveryContext,
         written: Callable[[], Checkpoint | None],
+        lease: LeaseProgress | None = None,
         loop: LaneLoop | None,
         clock: Clock,
         valid: Callable[[], bool] = lambda: True,
@@ -168,6 +169,7 @@ class Lanes:
         self._runners = parallelism
         self._running = 0
         self._written = written
+        self._lease = lease  # the lease's checkpointer: its staged outputs and fencing token
         self._mark = LaneMark(context.mark)
         self.watermark = Watermark(clock)
         self._loop = loop
@@ -294,7 +296,7 @@ class Lanes:
     def _delivery(
         self, lane: _Lane, items: Sequence[tuple[int, KinesisRecord]], batch: RecordBatch
     ) -> tuple[BatchDelivery, LanePorts]:
-        checkpointer = LaneCheckpointer(self.watermark, items, self._written)
+        checkpointer = LaneCheckpointer(self.watermark, items, self._written, lease=self._lease)
         ports = LanePorts(self._context, batch=batch, checkpointer=checkpointer, lane=lane.index, mark=self._mark)
         delivery = BatchDelivery(
             config=self._context.failures.config,

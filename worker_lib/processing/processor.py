@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeAlias, cast, runtime_checkable
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 from worker_lib.core.errors import ConfigError, ShardleaseError
 from worker_lib.core.imports import import_attr
@@ -41,6 +41,7 @@ __all__ = [
     "AsyncHandleFunction",
     "CheckpointError",
     "Checkpointer",
+    "ExactlyOnceCheckpointer",
     "FunctionProcessor",
     "HandleFunction",
     "InitializationInput",
@@ -136,6 +137,20 @@ class Checkpointer(Protocol):
     @property
     def last_checkpoint(self) -> Checkpoint | None:
         """The last checkpoint this lease has (from the table at start, then every successful write)."""
+        ...
+
+
+@runtime_checkable
+class ExactlyOnceCheckpointer(Checkpointer, Protocol):
+    """What the worker's checkpointers also do (docs/exactly-once.md): stage DynamoDB outputs that commit with the
+    checkpoint, and name the lease and its fencing token for a sink that keeps positions."""
+
+    lease_key: str
+    fencing_token: int  # the lease counter at the take: grows with every change of owner
+
+    def stage(self, record: KinesisRecord, *writes: Mapping[str, Any]) -> None:
+        """``TransactWriteItems`` actions that are ``record``'s effects, committed in one transaction with the next
+        checkpoint at or past ``record``; outputs of a record already checkpointed are not staged again."""
         ...
 
 

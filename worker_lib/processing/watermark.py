@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from worker_lib.core.clock import Clock
 from worker_lib.core.models import Checkpoint, KinesisRecord
+from worker_lib.processing.outputs import StagedOutputs, Write
 from worker_lib.processing.processor import (
     InvalidCheckpointError,
     PreparedCheckpointer,
@@ -69,6 +70,14 @@ class Watermark:
         return 0.0 if entry is None else max(0.0, self._clock.monotonic() - entry[1])
 
 
+class LeaseProgress(Protocol):
+    """What a lane's checkpointer shares with the lease's checkpointer."""
+
+    lease_key: str
+    fencing_token: int
+    outputs: StagedOutputs
+
+
 # --- one lane's checkpointer -------------------------------------------------------------------------------------
 
 
@@ -76,11 +85,26 @@ class LaneCheckpointer:
     """What ``process_records`` is given in a lane: a checkpoint marks the lane's records up to it done; the consumer
     writes the watermark (docs/worker.md). It never blocks on I/O; the ``a``-methods are its awaitable forms."""
 
-    def __init__(self, watermark: Watermark, items: Sequence[tuple[int, KinesisRecord]], written: Callable[[], Any]):
+    def __init__(
+        self,
+        watermark: Watermark,
+        items: Sequence[tuple[int, KinesisRecord]],
+        written: Callable[[], Any],
+        *,
+        lease: LeaseProgress | None = None,
+    ):
         self._watermark = watermark
         self._items = items
         self._written = written  # the lease's last written checkpoint
+        # the lease's staged outputs, committed once the watermark passes their records
+        self.outputs = lease.outputs if lease is not None else StagedOutputs(written)
+        self.lease_key = lease.lease_key if lease is not None else ""
+        self.fencing_token = lease.fencing_token if lease is not None else 0
         self.largest_permitted: Checkpoint | None = None  # the last record of the delivery in progress
+
+    def stage(self, record: KinesisRecord, *writes: Write) -> None:
+        """Outputs of ``record``, committed with the watermark's checkpoint once it passes ``record``."""
+        self.outputs.stage(record.checkpoint, writes)
 
     @property
     def last_checkpoint(self) -> Checkpoint | None:

@@ -79,6 +79,8 @@ class WorkerMetric:
     RECORDS_TO_DESTINATION: Final = "FailedRecordsToDestination"  # Count: records sent to the failure destination
     RECORDS_SKIPPED: Final = "FailedRecordsSkipped"  # Count: records skipped without a destination (policy skip)
     DESTINATION_FAILURES: Final = "FailureDestinationErrors"  # Count: sends to the destination that failed
+    # Exactly-once effects (docs/exactly-once.md), per worker:
+    FENCED_TRANSACTIONS: Final = "FencedTransactions"  # Count: output commits refused because the lease had moved
 
 
 ALL_LEADER_METRICS: Final = tuple(v for k, v in vars(LeaderMetric).items() if k.isupper())

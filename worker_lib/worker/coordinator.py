@@ -27,6 +27,7 @@ from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.consumer import ConsumerOutcome, ShardConsumer
 from worker_lib.processing.delivery import FailureHandling
 from worker_lib.processing.lanes import LaneLoop
+from worker_lib.processing.positions import PositionSink
 from worker_lib.processing.processor import ProcessorFactory, RecordProcessor
 from worker_lib.retrieval import RecordSources
 from worker_lib.shardsync.detector import KinesisShardDetector
@@ -72,9 +73,11 @@ class LeaseCoordinator:
         on_superseded: Callable[[], None] | None = None,
         sources: RecordSources | None = None,
         failures: FailureHandling | None = None,
+        positions: PositionSink | None = None,
     ) -> None:
         self.config = config
         self._failures = failures
+        self._positions = positions
         # None: polling with ``kinesis`` (RecordSources.for_application gives an application's fan-out sources)
         self._sources = sources or RecordSources(config.retrieval, kinesis_client=kinesis, clock=clock)
         self._cpu_percent = cpu_percent
@@ -211,6 +214,7 @@ class LeaseCoordinator:
             sources=self._sources,
             failures=self._failures,
             lane_loop=self._lane_loop,
+            positions=self._positions,
             clock=self._clock,
         )
         entry = _Running(consumer=consumer, thread=threading.Thread(target=lambda: None))

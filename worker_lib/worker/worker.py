@@ -29,7 +29,7 @@ import boto3
 from worker_lib.core import aws
 from worker_lib.core.clock import SYSTEM_CLOCK, Clock
 from worker_lib.core.config import AwsConfig
-from worker_lib.core.errors import SupersededError
+from worker_lib.core.errors import ConfigError, SupersededError
 from worker_lib.core.models import KinesisRecord, LaneStats
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.keeper import ThroughputTracker
@@ -38,6 +38,7 @@ from worker_lib.leases.store import LeaseStore
 from worker_lib.processing.consumer import ConsumerOutcome
 from worker_lib.processing.delivery import FailureHandling
 from worker_lib.processing.destinations import FailureDestination, make_destination
+from worker_lib.processing.positions import PositionSink
 from worker_lib.processing.processor import ProcessorFactory
 from worker_lib.retrieval.factory import RecordSources
 from worker_lib.retrieval.stream_arns import StreamArns
@@ -82,8 +83,14 @@ class Worker:
         metrics_publisher: MetricsPublisher | None = None,
         on_records: Callable[[str, Sequence[KinesisRecord], int | None], None] | None = None,
         failure_destination: FailureDestination | None = None,
+        position_sink: PositionSink | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        if position_sink is not None and config.consumer.parallelism > 1:
+            raise ConfigError(
+                "a position sink needs parallelism 1: a lane cannot write the shard's position past records other "
+                "lanes have not done (DynamoDB outputs in the checkpoint's transaction work with lanes)"
+            )
         self.config = config
         self.worker_id = config.worker_id
         aws_config = aws_config or config.aws  # an explicit aws_config wins (tests, the CLI's --endpoint-url)
@@ -165,6 +172,7 @@ class Worker:
             on_superseded=self._on_superseded,
             sources=self._sources,
             failures=failures,
+            positions=position_sink,
         )
         self._leader_thread: threading.Thread | None = None
         self._superseded = False
