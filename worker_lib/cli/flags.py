@@ -24,6 +24,8 @@ LANE_FLAGS = {  # flag dest -> the variable it stands for in ConsumerConfig.from
     "lane_key": "SHARDLEASE_LANE_KEY",
 }
 
+POSITION_SINK = "SHARDLEASE_POSITION_SINK"  # --position-sink: a PositionSink, module:attr (docs/exactly-once.md)
+
 
 def add_failures(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("failure policy (docs/failures.md; default: the SHARDLEASE_* variables)")
@@ -59,6 +61,15 @@ def add_lanes(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_position_sink(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--position-sink",
+        metavar="MODULE:ATTR",
+        help="a PositionSink (or a function making one) whose positions the shards resume after "
+        f"(docs/exactly-once.md; default ${POSITION_SINK})",
+    )
+
+
 def _whole_number(text: str) -> int:
     # Only the syntax here: the range is ConsumerConfig's, the same for the flag and the variable.
     try:
@@ -71,7 +82,7 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     """This process's environment with the flags given laid over their variables: the mapping the command's
     configuration is built from (``os.environ`` itself is never written)."""
     env = dict(os.environ)
-    for dest, variable in {**FAILURE_FLAGS, **LANE_FLAGS}.items():
+    for dest, variable in {**FAILURE_FLAGS, **LANE_FLAGS, "position_sink": POSITION_SINK}.items():
         value = getattr(args, dest, None)
         if value is not None:
             env[variable] = str(value).lower() if isinstance(value, bool) else str(value)

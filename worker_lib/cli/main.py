@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_position(worker)
     flags.add_failures(worker)
     flags.add_lanes(worker)
+    flags.add_position_sink(worker)
 
     multilang = sub.add_parser(
         "multilang", help="run a KCL MultiLang application (kclpy, aws-kcl, ...) from its properties file"
@@ -318,13 +319,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from worker_lib.worker.signals import hold_shutdown_signals
 
     hold_shutdown_signals()  # a SIGTERM while the worker starts stops it cleanly (Worker.run delivers it)
+    from worker_lib.processing.positions import load_position_sink
     from worker_lib.processing.processor import load_processor
     from worker_lib.worker.worker import Worker, WorkerConfig
 
     aws_config, shard_sync = _aws_config(args), _shard_sync_config(args)  # validate before any I/O
     factory = load_processor(args.processor)
+    env = flags.environment(args)
+    sink_spec = env.get(flags.POSITION_SINK, "").strip()
+    position_sink = load_position_sink(sink_spec) if sink_spec else None
     config = WorkerConfig.from_env(
-        flags.environment(args),
+        env,
         app=args.app,
         streams=_streams(args).names,
         multi_stream=args.multi_stream or None,
@@ -333,7 +338,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         initial_timestamp=shard_sync.initial_timestamp,
         retrieval=args.retrieval,
     )
-    Worker(config, factory, aws_config=aws_config).run()  # run() checks tables and stream first (one line if not)
+    # run() checks tables and stream first (one line if not)
+    Worker(config, factory, aws_config=aws_config, position_sink=position_sink).run()
     return EXIT_OK
 
 

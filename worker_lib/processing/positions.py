@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from worker_lib.core.errors import ConfigError
+from worker_lib.core.imports import import_attr
 from worker_lib.core.models import Checkpoint, KinesisRecord
 from worker_lib.processing.processor import ShutdownError
 
@@ -180,6 +181,16 @@ class SqlPositions:
             raise PositionFencedError(
                 f"lease {checkpointer.lease_key}: position not written, a later owner claimed the shard"
             )
+
+
+def load_position_sink(spec: str) -> PositionSink:
+    """``module:attr`` naming a :class:`PositionSink`, or a function that makes one (``shardlease worker
+    --position-sink``, ``SHARDLEASE_POSITION_SINK``)."""
+    found = import_attr(spec, what="position sink", example="mypkg.sinks:positions")
+    sink = found() if callable(found) and not isinstance(found, PositionSink) else found
+    if not isinstance(sink, PositionSink):
+        raise ConfigError(f"position sink {spec!r} is a {type(sink).__name__}, not a PositionSink (it needs claim())")
+    return sink
 
 
 def later_start(lease_checkpoint: Checkpoint, held: Checkpoint | None) -> Checkpoint:
