@@ -207,3 +207,58 @@ def test_a_position_sink_with_lanes_is_refused(moto_aws: AwsConfig) -> None:
             lambda: FunctionProcessor(lambda r, c: None),
             position_sink=SqlPositions(lambda: None, application="a"),
         )
+
+
+class BrokenSink:
+    """A PositionSink whose database cannot be reached, or that a later owner claimed."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.claims = 0
+
+    def claim(self, lease_key: str, fencing_token: int) -> Checkpoint | None:
+        self.claims += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome", "line"),
+    [
+        (ConnectionRefusedError("connection refused"), "gave_up", "position sink: ConnectionRefusedError"),
+        (PositionFencedError("lease x: the position sink holds token 9, later than ours"), "lost", "later than ours"),
+    ],
+    ids=["unreachable", "claimed-by-a-later-owner"],
+)
+def test_a_sink_that_cannot_be_claimed_gives_the_lease_up_with_one_line(  # noqa: PLR0917 - fixtures and parameters
+    moto_aws: AwsConfig,
+    app_name: str,
+    workers: list[Worker],
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+    outcome: str,
+    line: str,
+) -> None:
+    # GIVEN one lease with records, and a position sink whose claim fails
+    ddb, kinesis = aws.client("dynamodb", moto_aws), aws.client("kinesis", moto_aws)
+    ensure_tables(app_name, ddb)
+    stream, _, (key,) = stream_with_leases(app_name, ddb, kinesis, 1, owner="w1")
+    put(kinesis, stream, 0, 5)
+    seen: list[KinesisRecord] = []
+    sink = BrokenSink(error)
+    config = WorkerConfig(app=app_name, stream=stream, worker_id="w1", lease=FAST_LEASES, discovery_interval_ms=200)
+    worker = Worker(
+        config,
+        lambda: FunctionProcessor(lambda records, checkpointer: seen.extend(records)),
+        dynamodb=ddb,
+        kinesis=kinesis,
+        position_sink=sink,
+    )
+    workers.append(worker)
+    # WHEN the worker takes the lease
+    worker.start()
+    # THEN it processes nothing: the consumer ends (given up, or lost to the later owner) with one log line
+    eventually(lambda: key in worker.outcomes, bound_s=READ_BOUND_S, what="the consumer's outcome")
+    assert worker.outcomes[key].value == outcome
+    assert seen == [] and sink.claims >= 1
+    assert line in caplog.text
+    assert "Traceback" not in caplog.text
