@@ -262,3 +262,13 @@ def test_a_sink_that_cannot_be_claimed_gives_the_lease_up_with_one_line(  # noqa
     assert seen == [] and sink.claims >= 1
     assert line in caplog.text
     assert "Traceback" not in caplog.text
+
+
+def test_a_save_without_a_claimed_row_says_the_worker_was_not_given_the_sink(database: tuple[str, Connect]) -> None:
+    # GIVEN a sink whose shard was never claimed (the worker was not given the sink)
+    positions = sink(database, "app")
+    # WHEN a processor saves a position THEN one clear error says what is missing, and nothing lands
+    with pytest.raises(ConfigError, match="position_sink"):
+        write(positions, database[1], Owner("shard-a", 3), [record(1)])
+    assert outputs(database[1]) == []
+    assert positions.refused == 0

@@ -171,6 +171,15 @@ class SqlPositions:
             ),
         )
         if cursor.rowcount != 1:
+            cursor.execute(
+                self.dialect.sql(f"SELECT fencing_token FROM {self.table} WHERE application = ? AND lease_key = ?"),
+                (self.application, checkpointer.lease_key),
+            )
+            if cursor.fetchone() is None:
+                raise ConfigError(
+                    f"no position row for {checkpointer.lease_key} in {self.table}: the worker claims it when it takes "
+                    "the lease, so give it this sink (Worker(position_sink=...) or --position-sink)"
+                )
             self.refused += 1
             log.warning(
                 "transaction refused on %s: the position sink holds a later owner's token than ours (%d); "
