@@ -36,6 +36,8 @@ from worker_lib.core.config import AwsConfig
 from worker_lib.testing.emulators import Emulator, start_dynalite, start_kinesalite, start_kinesis_local, start_moto
 from worker_lib.testing.fanout_proxy import FanOutProxy
 
+pytest_plugins = ["tests.support.postgres"]  # postgres_server, postgres_dsn: a real PostgreSQL (docs/testing.md)
+
 # Emulators accept any credentials; make sure nothing in a test can reach a real account.
 os.environ.update(
     {
