@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_worker import FAST_LEASES, READ_BOUND_S, RENEWAL_BOUND_S, put, w1_worker
+from tests.support.faults import lose_replies
 from tests.support.leases import assigned_lease
 from tests.support.recording import stream_with_leases
 from tests.support.stalls import eventually
@@ -240,3 +241,24 @@ def test_a_worker_commits_outputs_exactly_once_through_bisection_and_skip_and_re
     assert report["KinesisBatchInfo"]["batchSize"] == 1
     last = store.get_lease(key)
     assert last is not None and last.checkpoint == Checkpoint(sequence=last.checkpoint.sequence)
+
+
+def test_a_lost_reply_is_recognised_and_the_outputs_apply_once(ddb: Any, app_name: str) -> None:
+    # GIVEN outputs that count (ADD) staged for two records
+    store, holder = holding(ddb, app_name, "shard-a")
+    table = output_table(ddb, f"{app_name}-out")
+    lease = store.get_lease("shard-a")
+    assert lease is not None
+    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=lease.checkpoint)
+    checkpointer.largest_permitted = record(2).checkpoint
+    for n in (1, 2):
+        checkpointer.stage(record(n), update_item(table, {"pk": f"r{n}"}, "ADD n :one", values={":one": 1}))
+    # WHEN the transaction is applied but its reply is lost (botocore sends it again; the emulator, like DynamoDB
+    # past the idempotency window, refuses the copy on the lease's condition)
+    with lose_replies(ddb, "TransactWriteItems") as lost:
+        checkpointer.checkpoint()
+    # THEN the re-read recognises the checkpoint as ours: no error, and every output applied exactly once
+    assert lost == [1]
+    assert {pk: item["n"]["N"] for pk, item in items(ddb, table).items()} == {"r1": "1", "r2": "1"}
+    after = store.get_lease("shard-a")
+    assert after is not None and after.checkpoint == record(2).checkpoint and holder.is_valid("shard-a")
