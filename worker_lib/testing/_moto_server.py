@@ -17,6 +17,22 @@ import threading
 from pathlib import Path
 
 
+def serialise_dynamodb() -> None:
+    """One DynamoDB request at a time. moto's TransactWriteItems copies every table it touches and, when a condition
+    fails, puts the copies back: a write another request thread made meanwhile would be undone (a lease renewal or
+    checkpoint reverted, outputs left). DynamoDB's transactions are isolated; with this, moto's are too."""
+    from moto.dynamodb.responses import DynamoHandler
+
+    lock = threading.Lock()
+    call_action = DynamoHandler.call_action
+
+    def serialised(self: DynamoHandler) -> object:
+        with lock:
+            return call_action(self)
+
+    DynamoHandler.call_action = serialised  # type: ignore[method-assign]
+
+
 def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     if len(sys.argv) < 2:
@@ -26,6 +42,7 @@ def main() -> int:
     host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
     from moto.server import ThreadedMotoServer
 
+    serialise_dynamodb()
     server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
     with contextlib.redirect_stdout(io.StringIO()):  # moto prints a banner on start
         server.start()
