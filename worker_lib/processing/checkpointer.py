@@ -138,8 +138,8 @@ class LeaseCheckpointer:
                 self._metrics.add(WorkerMetric.FENCED_TRANSACTIONS, 1)
                 self.outputs.clear()
                 log.warning(
-                    "transaction refused on %s: the lease moved to another owner; %d outputs and checkpoint %s "
-                    "not applied (fenced)",
+                    "transaction refused on %s: the lease is no longer ours (moved to another owner, or run out "
+                    "before the commit); %d outputs and checkpoint %s not applied (fenced)",
                     self._lease_key,
                     len(writes),
                     value,
