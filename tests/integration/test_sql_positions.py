@@ -62,7 +62,9 @@ def record(n: int) -> KinesisRecord:
     return KinesisRecord(data=f"d{n}".encode(), partition_key="k", sequence_number=str(500 + n))
 
 
-def write(positions: SqlPositions, connect: Connect, owner: Owner, records: Sequence[KinesisRecord]) -> None:
+def write(
+    positions: SqlPositions, connect: Connect, owner: Owner | ExactlyOnceCheckpointer, records: Sequence[KinesisRecord]
+) -> None:
     """One sink transaction: the records' outputs and the shard's position."""
     connection = connect()
     try:
@@ -134,18 +136,7 @@ def sql_worker(
 
     def handle(records: Sequence[KinesisRecord], checkpointer: ExactlyOnceCheckpointer) -> None:
         seen.extend(r.data for r in records)
-        connection = connect()
-        try:
-            cursor = connection.cursor()
-            for r in records:
-                cursor.execute(
-                    positions.dialect.sql("INSERT INTO outputs (seq, data) VALUES (?, ?)"),
-                    (r.sequence_number, r.data.decode()),
-                )
-            positions.save(cursor, checkpointer, records[-1])
-            connection.commit()
-        finally:
-            connection.close()
+        write(positions, connect, checkpointer, records)
 
     config = WorkerConfig(
         app=app,

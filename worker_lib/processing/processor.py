@@ -283,8 +283,10 @@ class RecordProcessor(Protocol):
 
 
 ProcessorFactory: TypeAlias = Callable[[], RecordProcessor]
-HandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Checkpointer], object]
-AsyncHandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Checkpointer], Awaitable[object]]
+# The checkpointer handed over is an ExactlyOnceCheckpointer (an AsyncCheckpointer too, for an async function): Any,
+# so that a function may annotate it as any of the protocols it uses.
+HandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Any], object]
+AsyncHandleFunction: TypeAlias = Callable[[Sequence[KinesisRecord], Any], Awaitable[object]]
 
 _PROCESSOR_METHODS = ("initialize", "process_records", "lease_lost", "shard_ended", "shutdown_requested")
 

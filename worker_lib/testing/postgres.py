@@ -161,18 +161,8 @@ class PostgresServer:
         log_path = directory / "initdb.log"
         argv = [str(binaries.initdb), "-D", str(directory / "data"), "-U", SUPERUSER, "--auth=trust"]
         argv += ["--encoding=UTF8", "--locale=C", "--no-sync"]  # C locale: no dependency on the machine's locales
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=directory,
-                start_new_session=True,  # its group holds the bootstrap backend it runs: killed with it
-                user=_uid(run_as),
-                group=_gid(run_as),
-                extra_groups=_groups(run_as),
-            )
+        # its group holds the bootstrap backend it runs: killed with it
+        process = _spawn(argv, log_path, directory, run_as)
         try:
             code = process.wait(timeout=max(0.0, deadline - clock.monotonic()))
         except BaseException as exc:  # a hang, or a Ctrl-C: its process group goes either way
@@ -194,18 +184,8 @@ class PostgresServer:
         argv += ["-k", str(directory)]  # its unix socket, out of the shared /var/run/postgresql
         for setting in SPEED_SETTINGS:
             argv += ["-c", setting]
-        with (directory / "server.log").open("ab") as log:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=directory,
-                start_new_session=True,  # a Ctrl-C meant for the test run is not a shutdown request
-                user=_uid(run_as),  # the server itself, not a runuser in between: its PID is the postmaster's
-                group=_gid(run_as),
-                extra_groups=_groups(run_as),
-            )
+        # a new session: a Ctrl-C meant for the test run is not a shutdown request
+        process = _spawn(argv, directory / "server.log", directory, run_as)
         return cls(process, port=port, directory=directory, binaries=binaries, clock=clock)
 
     def _wait_ready(self, deadline: float, *, may_retry: bool) -> bool:
@@ -321,6 +301,25 @@ class PostgresServer:
 
     def __repr__(self) -> str:
         return f"PostgresServer(pid={self.pid}, dsn={self.dsn!r})"
+
+
+def _spawn(
+    argv: list[str], log_path: Path, directory: Path, run_as: pwd.struct_passwd | None
+) -> subprocess.Popen[bytes]:
+    """``argv`` in a new session, output appended to ``log_path``, run as ``run_as`` itself (no runuser between: the
+    PID is the program's)."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=directory,
+            start_new_session=True,
+            user=_uid(run_as),
+            group=_gid(run_as),
+            extra_groups=_groups(run_as),
+        )
 
 
 def _checked(name: str) -> str:
