@@ -123,7 +123,10 @@ class LeaseCheckpointer:
         retry = Retry(backoff=CHECKPOINT_BACKOFF, clock=self._holder.clock)
         while True:
             try:
-                written = self._holder.checkpoint(self._lease_key, value, writes=writes)
+                if writes:
+                    written = self._holder.checkpoint(self._lease_key, value, writes=writes)
+                else:
+                    written = self._holder.checkpoint(self._lease_key, value)
                 break
             except DependencyError as exc:
                 if not self._holder.is_valid(self._lease_key):
