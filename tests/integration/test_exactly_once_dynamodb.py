@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -21,7 +21,7 @@ from worker_lib.core import aws
 from worker_lib.core.clock import ManualClock
 from worker_lib.core.config import AwsConfig
 from worker_lib.core.errors import OutputConditionError
-from worker_lib.core.models import Checkpoint, KinesisRecord
+from worker_lib.core.models import Checkpoint, KinesisRecord, Lease
 from worker_lib.leases.dynamodb import DynamoDBLeaseStore
 from worker_lib.leases.renewer import LeaseHolder
 from worker_lib.processing.checkpointer import LeaseCheckpointer
@@ -72,14 +72,28 @@ def ddb(moto_aws: AwsConfig, app_name: str) -> Any:
     return aws.client("dynamodb", moto_aws)
 
 
-def holding(ddb: Any, app: str, key: str, *, layout: TableLayout | None = None) -> tuple[DynamoDBLeaseStore, Any]:
-    """w1 holding lease ``key`` of ``app``, and its checkpointer's parts."""
+class Held(NamedTuple):
+    store: DynamoDBLeaseStore
+    holder: LeaseHolder
+    lease: Lease  # as w1 took it
+    table: str  # the outputs' table
+    checkpointer: LeaseCheckpointer
+
+
+def holding(
+    ddb: Any, app: str, key: str = "shard-a", *, layout: TableLayout | None = None, metrics: Any = None
+) -> Held:
+    """w1 holding lease ``key`` of ``app``, an empty output table, and the lease's checkpointer."""
     ensure_tables(app, ddb, layout=layout)
     store = DynamoDBLeaseStore(app, client=ddb, layout=layout)
     holder = LeaseHolder(store, "w1", clock=ManualClock())
-    lease = assigned_lease(store, key, "w1")
-    assert holder.take(lease)
-    return store, holder
+    assert holder.take(assigned_lease(store, key, "w1"))
+    lease = store.get_lease(key)
+    assert lease is not None
+    checkpointer = LeaseCheckpointer(
+        holder, key, initial=lease.checkpoint, fencing_token=lease.lease_counter, metrics=metrics
+    )
+    return Held(store, holder, lease, output_table(ddb, f"{app}-out"), checkpointer)
 
 
 @pytest.mark.parametrize(
@@ -95,11 +109,7 @@ def test_outputs_and_the_checkpoint_land_in_one_transaction(
     ddb: Any, app_name: str, layout: TableLayout, key: str
 ) -> None:
     # GIVEN w1 holding a lease, and a processor that stages one output per record
-    store, holder = holding(ddb, app_name, key, layout=layout)
-    table = output_table(ddb, f"{app_name}-out")
-    before = store.get_lease(key)
-    assert before is not None
-    checkpointer = LeaseCheckpointer(holder, key, initial=before.checkpoint, fencing_token=before.lease_counter)
+    store, _, before, table, checkpointer = holding(ddb, app_name, key, layout=layout)
     assert isinstance(checkpointer, ExactlyOnceCheckpointer)
     checkpointer.largest_permitted = record(3).checkpoint
     for n in (1, 2, 3):
@@ -122,12 +132,8 @@ def test_a_zombies_transaction_is_refused_and_nothing_of_it_lands(
     ddb: Any, app_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN w1 holding a lease with outputs staged, frozen while the leader gives the lease to w2
-    store, holder = holding(ddb, app_name, "shard-a")
-    table = output_table(ddb, f"{app_name}-out")
-    lease = store.get_lease("shard-a")
-    assert lease is not None
     metrics = CountingPublisher()
-    zombie = LeaseCheckpointer(holder, "shard-a", initial=lease.checkpoint, metrics=metrics)  # type: ignore[arg-type]
+    store, _, lease, table, zombie = holding(ddb, app_name, metrics=metrics)
     zombie.largest_permitted = record(2).checkpoint
     zombie.stage(record(1), put_item(table, {"pk": "r1"}))
     zombie.stage(record(2), put_item(table, {"pk": "r2"}))
@@ -146,12 +152,8 @@ def test_a_zombies_transaction_is_refused_and_nothing_of_it_lands(
 
 def test_a_failed_output_condition_applies_nothing_and_names_the_output(ddb: Any, app_name: str) -> None:
     # GIVEN an output table holding item "taken", and outputs staged: one new item, one conditioned on absence
-    store, holder = holding(ddb, app_name, "shard-a")
-    table = output_table(ddb, f"{app_name}-out")
+    store, holder, _, table, checkpointer = holding(ddb, app_name)
     ddb.put_item(TableName=table, Item={"pk": {"S": "taken"}})
-    lease = store.get_lease("shard-a")
-    assert lease is not None
-    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=lease.checkpoint)
     checkpointer.largest_permitted = record(2).checkpoint
     checkpointer.stage(record(1), put_item(table, {"pk": "new"}))
     checkpointer.stage(record(2), put_item(table, {"pk": "taken"}, condition="attribute_not_exists(pk)"))
@@ -166,11 +168,7 @@ def test_a_failed_output_condition_applies_nothing_and_names_the_output(ddb: Any
 
 def test_outputs_beyond_one_transaction_are_committed_in_consecutive_transactions(ddb: Any, app_name: str) -> None:
     # GIVEN 50 records with 5 outputs each (250 actions: three transactions' worth)
-    store, holder = holding(ddb, app_name, "shard-a")
-    table = output_table(ddb, f"{app_name}-out")
-    lease = store.get_lease("shard-a")
-    assert lease is not None
-    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=lease.checkpoint)
+    store, _, lease, table, checkpointer = holding(ddb, app_name)
     checkpointer.largest_permitted = record(49).checkpoint
     for n in range(50):
         checkpointer.stage(record(n), *(put_item(table, {"pk": f"r{n}-{i}"}) for i in range(5)))
@@ -245,11 +243,7 @@ def test_a_worker_commits_outputs_exactly_once_through_bisection_and_skip_and_re
 
 def test_a_lost_reply_is_recognised_and_the_outputs_apply_once(ddb: Any, app_name: str) -> None:
     # GIVEN outputs that count (ADD) staged for two records
-    store, holder = holding(ddb, app_name, "shard-a")
-    table = output_table(ddb, f"{app_name}-out")
-    lease = store.get_lease("shard-a")
-    assert lease is not None
-    checkpointer = LeaseCheckpointer(holder, "shard-a", initial=lease.checkpoint)
+    store, holder, _, table, checkpointer = holding(ddb, app_name)
     checkpointer.largest_permitted = record(2).checkpoint
     for n in (1, 2):
         checkpointer.stage(record(n), update_item(table, {"pk": f"r{n}"}, "ADD n :one", values={":one": 1}))

@@ -8,7 +8,7 @@ own wait, through the clock) releases; the consumer's waits move the manual cloc
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -133,7 +133,7 @@ class Rig:
             self.valid = False
             self.journal.append("lease invalid")
 
-    def checkpoint(self, key: str, value: Checkpoint) -> Lease | None:
+    def checkpoint(self, key: str, value: Checkpoint, *, writes: Sequence[Any] = ()) -> Lease | None:
         with self.lock:
             self.journal.append(f"checkpoint {value}" if self.valid else f"checkpoint {value} while invalid")
             self.writers.add(threading.current_thread().name)

@@ -4,7 +4,7 @@ source is closed before the lease moves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -62,7 +62,7 @@ class Rig:
     def note(self, what: str) -> Callable[..., Any]:
         return lambda *args, **kwargs: self.journal.append(what)
 
-    def checkpoint(self, key: str, value: Checkpoint) -> Lease | None:
+    def checkpoint(self, key: str, value: Checkpoint, *, writes: Sequence[Any] = ()) -> Lease | None:
         self.written = value
         return self.held if self.valid else None
 

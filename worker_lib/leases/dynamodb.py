@@ -358,9 +358,8 @@ class DynamoDBLeaseStore(LeaseTableReads):
         try:
             self._client.transact_write_items(TransactItems=[*writes, lease_action])
         except Exception as exc:
-            if aws.error_code(exc) != "TransactionCanceledException":
-                aws.raise_translated(exc, operation=f"TransactWriteItems ({operation})", resource=self.table_name)
-            reasons = list(getattr(exc, "response", {}).get("CancellationReasons") or [])
+            cancelled = aws.error_code(exc) == "TransactionCanceledException"
+            reasons = list(getattr(exc, "response", {}).get("CancellationReasons") or []) if cancelled else []
             codes = [str(reason.get("Code", "None")) for reason in reasons]
             if len(codes) == len(writes) + 1 and codes[-1] == "ConditionalCheckFailed":
                 return False  # the lease moved: the fence refused the whole transaction

@@ -55,7 +55,6 @@ class LeaseCheckpointer:
         metrics: MetricsPublisher | None = None,
     ) -> None:
         self._holder = holder
-        self._lease_key = lease_key
         self.lease_key = lease_key
         # The lease counter when this consumer took the lease: it grows with every change of owner, so a sink that
         # keeps the largest token it saw refuses an earlier owner's writes (docs/exactly-once.md).
@@ -123,18 +122,15 @@ class LeaseCheckpointer:
         retry = Retry(backoff=CHECKPOINT_BACKOFF, clock=self._holder.clock)
         while True:
             try:
-                if writes:
-                    written = self._holder.checkpoint(self._lease_key, value, writes=writes)
-                else:
-                    written = self._holder.checkpoint(self._lease_key, value)
+                written = self._holder.checkpoint(self.lease_key, value, writes=writes)
                 break
             except DependencyError as exc:
-                if not self._holder.is_valid(self._lease_key):
+                if not self._holder.is_valid(self.lease_key):
                     raise ShutdownError(
-                        f"lease {self._lease_key}: checkpoint could not be written before the lease ran out ({exc})"
+                        f"lease {self.lease_key}: checkpoint could not be written before the lease ran out ({exc})"
                     ) from exc
                 delay = retry.failed()
-                log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self._lease_key, delay, exc)
+                log.warning("checkpoint on %s failed, retrying in %.1f s: %s", self.lease_key, delay, exc)
                 retry.wait(delay)
         if written is None:
             if writes:  # a zombie's outputs: refused by the fence, as its checkpoint is
@@ -143,11 +139,11 @@ class LeaseCheckpointer:
                 log.warning(
                     "transaction refused on %s: the lease is no longer ours (moved to another owner, or run out "
                     "before the commit); %d outputs and checkpoint %s not applied (fenced)",
-                    self._lease_key,
+                    self.lease_key,
                     len(writes),
                     value,
                 )
-            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; checkpoint not written")
+            raise ShutdownError(f"lease {self.lease_key} is no longer held by this worker; checkpoint not written")
         self._last = value
         self.writes += 1
 
@@ -162,9 +158,9 @@ class LeaseCheckpointer:
     def prepare_checkpoint(self, sequence: str | None = None, sub_sequence: int = 0) -> PreparedCheckpointer:
         value = self._value(sequence, sub_sequence)
         if value is None:
-            raise ShutdownError(f"nothing delivered on {self._lease_key} yet: no checkpoint to prepare")
-        if self._holder.prepare_checkpoint(self._lease_key, value) is None:
-            raise ShutdownError(f"lease {self._lease_key} is no longer held by this worker; nothing prepared")
+            raise ShutdownError(f"nothing delivered on {self.lease_key} yet: no checkpoint to prepare")
+        if self._holder.prepare_checkpoint(self.lease_key, value) is None:
+            raise ShutdownError(f"lease {self.lease_key} is no longer held by this worker; nothing prepared")
         return _Prepared(self, value)
 
     def prepare_checkpoint_record(self, record: KinesisRecord) -> PreparedCheckpointer:

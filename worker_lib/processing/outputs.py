@@ -223,8 +223,9 @@ ItemIdentity = tuple[str, str]
 
 
 def item_identity(write: Write, key_names: Callable[[str], Sequence[str]]) -> ItemIdentity:
-    """Which item an action touches: (table, its key as JSON). A Put's key is read from its item."""
-    kind, body = validate_write(write)
+    """Which item an action touches (validated when staged): (table, its key as JSON). A Put's key is read from its
+    item."""
+    ((kind, body),) = write.items()
     table = str(body["TableName"])
     key = {name: body["Item"].get(name) for name in key_names(table)} if kind == "Put" else dict(body["Key"])
     return table, json.dumps(key, sort_keys=True, default=str)

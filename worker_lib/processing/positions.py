@@ -10,6 +10,7 @@ the sink as its checkpoint fails in the lease table. :class:`SqlPositions` does 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable
@@ -64,6 +65,7 @@ class SqlDialect:
 SQLITE = SqlDialect(name="sqlite3", paramstyle="qmark")
 POSTGRESQL = SqlDialect(name="postgresql", paramstyle="format")
 _DIALECTS = {dialect.name: dialect for dialect in (SQLITE, POSTGRESQL)} | {"sqlite": SQLITE, "postgres": POSTGRESQL}
+_WHERE = "WHERE application = ? AND lease_key = ?"  # a position row's key
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -107,32 +109,26 @@ class SqlPositions:
 
     def create_table(self) -> None:
         """Create the position table if it does not exist."""
-        connection = self._connect()
-        try:
+        with contextlib.closing(self._connect()) as connection:
             connection.cursor().execute(self.schema())
             connection.commit()
-        finally:
-            connection.close()
 
     def claim(self, lease_key: str, fencing_token: int) -> Checkpoint | None:
-        connection = self._connect()
-        try:
+        key = (self.application, lease_key)
+        with contextlib.closing(self._connect()) as connection:
             cursor = connection.cursor()
-            where = "WHERE application = ? AND lease_key = ?"
-            key = (self.application, lease_key)
             # Raise the token in place; under PostgreSQL's row lock this waits for a zombie's open transaction, then
             # sees its commit, so the position read below includes whatever it wrote.
             cursor.execute(
-                self.dialect.sql(f"UPDATE {self.table} SET fencing_token = ? {where} AND fencing_token <= ?"),
+                self.dialect.sql(f"UPDATE {self.table} SET fencing_token = ? {_WHERE} AND fencing_token <= ?"),
                 (fencing_token, *key, fencing_token),
             )
             if cursor.rowcount != 1:
-                cursor.execute(self.dialect.sql(f"SELECT fencing_token FROM {self.table} {where}"), key)
-                held = cursor.fetchone()
+                held = self._held_token(cursor, lease_key)
                 if held is not None:
                     connection.rollback()
                     raise PositionFencedError(
-                        f"lease {lease_key}: the position sink holds token {held[0]}, later than ours "
+                        f"lease {lease_key}: the position sink holds token {held}, later than ours "
                         f"({fencing_token}): another owner has the shard"
                     )
                 cursor.execute(
@@ -142,15 +138,21 @@ class SqlPositions:
                     (*key, fencing_token),
                 )
             cursor.execute(
-                self.dialect.sql(f"SELECT sequence_number, sub_sequence_number FROM {self.table} {where}"), key
+                self.dialect.sql(f"SELECT sequence_number, sub_sequence_number FROM {self.table} {_WHERE}"), key
             )
             row = cursor.fetchone()
             connection.commit()
-        finally:
-            connection.close()
         if row is None or row[0] is None:
             return None
         return Checkpoint(sequence=str(row[0]), sub_sequence=int(row[1] or 0))
+
+    def _held_token(self, cursor: Any, lease_key: str) -> int | None:
+        """The fencing token the shard's row holds (None: no row)."""
+        cursor.execute(
+            self.dialect.sql(f"SELECT fencing_token FROM {self.table} {_WHERE}"), (self.application, lease_key)
+        )
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
 
     def save(self, transaction: Any, checkpointer: _Positioned, record: KinesisRecord) -> None:
         """Write the shard's position at ``record`` in ``transaction`` (a DB-API connection or cursor with the
@@ -160,7 +162,7 @@ class SqlPositions:
         cursor.execute(
             self.dialect.sql(
                 f"UPDATE {self.table} SET sequence_number = ?, sub_sequence_number = ?, "
-                "updated_at = CURRENT_TIMESTAMP WHERE application = ? AND lease_key = ? AND fencing_token = ?"
+                f"updated_at = CURRENT_TIMESTAMP {_WHERE} AND fencing_token = ?"
             ),
             (
                 record.sequence_number,
@@ -171,11 +173,7 @@ class SqlPositions:
             ),
         )
         if cursor.rowcount != 1:
-            cursor.execute(
-                self.dialect.sql(f"SELECT fencing_token FROM {self.table} WHERE application = ? AND lease_key = ?"),
-                (self.application, checkpointer.lease_key),
-            )
-            if cursor.fetchone() is None:
+            if self._held_token(cursor, checkpointer.lease_key) is None:
                 raise ConfigError(
                     f"no position row for {checkpointer.lease_key} in {self.table}: the worker claims it when it takes "
                     "the lease, so give it this sink (Worker(position_sink=...) or --position-sink)"
